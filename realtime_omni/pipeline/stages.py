@@ -1,0 +1,259 @@
+"""One response as three stages in async chunks: thinker ─▶ talker ─▶ codec (+ wire edge).
+
+Each stage is an asyncio task; model calls run in worker threads; stages are joined by bounded
+queues (backpressure, never unbounded buffering). Every chunk carries its response's epoch and
+each stage drops a chunk whose epoch the session has fenced off (cancel, barge-in), so nothing of
+a cancelled response crosses a stage boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ..audio import AudioFormat, StreamResampler
+from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest
+
+T = TypeVar("T")
+_DONE = object()
+
+
+@dataclass
+class Chunk(Generic[T]):
+    """An inter-stage message. ``segment_end`` closes the turn; ``session_end`` is never set by a
+    response: the thinker's context outlives the turn and is released only when the session closes."""
+
+    epoch: int
+    payload: T | None = None
+    segment_end: bool = False
+    session_end: bool = False
+
+
+@dataclass
+class PipelineSettings:
+    queue_size: int = 8
+    #: max milliseconds of audio sent ahead of real time (None: as fast as produced)
+    lead_ms: float | None = 1500.0
+    #: max milliseconds per audio delta on the wire
+    delta_ms: float = 100.0
+    #: deadline for one model step (a stuck engine fails the response instead of hanging it)
+    step_timeout_s: float = 60.0
+
+
+@dataclass
+class Sink:
+    """Where a response's outputs go (the session mailbox, in order)."""
+
+    text: Callable[[str], Awaitable[None]]
+    audio: Callable[[bytes, str], Awaitable[None]]
+    usage: Callable[[int, int, int], Awaitable[None]]
+
+
+class ResponsePipeline:
+    """Runs one response. ``is_current()`` is the session's epoch fence for this response."""
+
+    def __init__(
+        self,
+        model: ModelSession,
+        info: ModelInfo,
+        executor: concurrent.futures.Executor,
+        settings: PipelineSettings,
+        is_current: Callable[[], bool],
+    ) -> None:
+        self.model = model
+        self.info = info
+        self.executor = executor
+        self.settings = settings
+        self.is_current = is_current
+
+    async def run(self, epoch: int, request: ThinkRequest, fmt: AudioFormat, sink: Sink) -> tuple[str, str | None]:
+        """Returns (status, reason) when the reply is complete: ("completed"|"incomplete", reason)."""
+        size = self.settings.queue_size
+        thought: asyncio.Queue[Chunk[ThinkerOutput]] = asyncio.Queue(size)
+        spoken: asyncio.Queue[Chunk[TalkerOutput]] = asyncio.Queue(size)
+        counts = {"tokens": 0}
+        tasks = [asyncio.create_task(self._thinker(epoch, request, thought, counts, sink))]
+        if request.want_audio:
+            tasks.append(asyncio.create_task(self._talker(epoch, request, thought, spoken)))
+            tasks.append(asyncio.create_task(self._codec(epoch, spoken, fmt, sink)))
+        else:
+            tasks.append(asyncio.create_task(self._text_only(epoch, thought, sink)))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            request.cancelled.set()  # stops worker threads on every exit path
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        limit = request.max_output_tokens
+        if limit is not None and counts["tokens"] >= limit:
+            return "incomplete", "max_output_tokens"
+        return "completed", None
+
+    # -- helpers --------------------------------------------------------------------------
+    async def _iterate_in_thread(self, make: Callable[[], Iterator[T]], cancelled: threading.Event, out: Callable[[T], Awaitable[None]]) -> None:
+        """Drive a blocking generator in a worker thread, handing each item to ``out`` with
+        backpressure (the thread waits while the consumer is behind)."""
+        loop = asyncio.get_running_loop()
+        bridge: asyncio.Queue[Any] = asyncio.Queue(2)
+        stop = threading.Event()  # this bridge's own stop; ``cancelled`` belongs to the response
+
+        def put(value: Any) -> None:
+            future = asyncio.run_coroutine_threadsafe(bridge.put(value), loop)
+            while True:
+                try:
+                    return future.result(0.05)
+                except concurrent.futures.TimeoutError:
+                    if stop.is_set():  # the consumer left: drop the value, free the thread
+                        future.cancel()
+                        return
+
+        def produce() -> None:
+            try:
+                for value in make():
+                    if cancelled.is_set() or stop.is_set():
+                        break
+                    put(value)
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the loop side
+                put(_Failure(exc))
+                return
+            put(_DONE)
+
+        loop.run_in_executor(self.executor, produce)
+        try:
+            while True:
+                value = await asyncio.wait_for(bridge.get(), self.settings.step_timeout_s)
+                if value is _DONE:
+                    break
+                if isinstance(value, _Failure):
+                    raise value.exc
+                await out(value)
+        finally:
+            stop.set()  # the worker thread leaves at its next step
+
+    # -- stages ---------------------------------------------------------------------------
+    async def _thinker(self, epoch: int, request: ThinkRequest, out: asyncio.Queue[Chunk[ThinkerOutput]], counts: dict[str, int], sink: Sink) -> None:
+        async def forward(piece: ThinkerOutput) -> None:
+            if not self.is_current():
+                request.cancelled.set()
+                return
+            if piece.prompt_tokens is not None:
+                cached = piece.prompt_tokens - (piece.prefilled_tokens or piece.prompt_tokens)
+                await sink.usage(piece.prompt_tokens, counts["tokens"], cached)
+                self.prompt_tokens, self.cached_tokens = piece.prompt_tokens, cached
+            counts["tokens"] += 1
+            await out.put(Chunk(epoch, piece))
+
+        self.prompt_tokens, self.cached_tokens = 0, 0
+        try:
+            await self._iterate_in_thread(lambda: self.model.think(request), request.cancelled, forward)
+        finally:
+            await sink.usage(self.prompt_tokens, counts["tokens"], self.cached_tokens)
+            await out.put(Chunk(epoch, segment_end=True))
+
+    async def _text_only(self, epoch: int, inbox: asyncio.Queue[Chunk[ThinkerOutput]], sink: Sink) -> None:
+        while True:
+            chunk = await inbox.get()
+            if chunk.segment_end:
+                return
+            if self.is_current() and chunk.payload is not None:
+                await sink.text(chunk.payload.text)
+
+    async def _talker(self, epoch: int, request: ThinkRequest, inbox: asyncio.Queue[Chunk[ThinkerOutput]], out: asyncio.Queue[Chunk[TalkerOutput]]) -> None:
+        pending: list[ThinkerOutput] = []
+
+        async def forward(piece: TalkerOutput) -> None:
+            if self.is_current():
+                await out.put(Chunk(epoch, piece))
+
+        async def speak(segment: list[ThinkerOutput], final: bool) -> None:
+            await self._iterate_in_thread(
+                lambda: self.model.talk(segment, request.voice, request.cancelled, final), threading.Event(), forward
+            )
+
+        try:
+            while True:
+                chunk = await inbox.get()
+                if not self.is_current():
+                    return
+                final = chunk.segment_end
+                if chunk.payload is not None:
+                    pending.append(chunk.payload)
+                while pending:
+                    cut = self.model.talk_boundary(pending, final)
+                    if cut <= 0:
+                        break
+                    segment, pending = pending[:cut], pending[cut:]
+                    await speak(segment, final and not pending)
+                if final:
+                    return
+        finally:
+            await out.put(Chunk(epoch, segment_end=True))
+
+    async def _codec(self, epoch: int, inbox: asyncio.Queue[Chunk[TalkerOutput]], fmt: AudioFormat, sink: Sink) -> None:
+        loop = asyncio.get_running_loop()
+        resampler = StreamResampler(self.info.output_rate, fmt.rate)
+        max_samples = max(int(fmt.rate * self.settings.delta_ms / 1000), 1)
+        clock = _PlayoutClock(self.settings.lead_ms)
+        while True:
+            chunk = await inbox.get()
+            if not self.is_current():
+                return
+            if chunk.segment_end:
+                tail = resampler.flush()
+                if len(tail):
+                    await self._send(fmt.encode(tail), "", sink, clock, fmt)
+                return
+            piece = chunk.payload
+            assert piece is not None
+            if piece.audio is not None:
+                audio = piece.audio
+            else:  # codes: the codec model decodes them off the loop
+                audio = await asyncio.wait_for(
+                    loop.run_in_executor(self.executor, self.model.decode, piece), self.settings.step_timeout_s
+                )
+            wire_pcm = resampler.process(np.asarray(audio, dtype=np.int16))
+            text = piece.text
+            for start in range(0, len(wire_pcm), max_samples):
+                if not self.is_current():
+                    return
+                await self._send(fmt.encode(wire_pcm[start : start + max_samples]), text, sink, clock, fmt)
+                text = ""
+
+    async def _send(self, wire: bytes, text: str, sink: Sink, clock: "_PlayoutClock", fmt: AudioFormat) -> None:
+        await clock.wait()
+        await sink.audio(wire, text)
+        clock.advance(fmt.duration_ms(len(wire)))
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _PlayoutClock:
+    """Keeps sending at most ``lead_ms`` ahead of real-time playback of what was sent."""
+
+    def __init__(self, lead_ms: float | None) -> None:
+        self.lead_ms = lead_ms
+        self.start: float | None = None
+        self.sent_ms = 0.0
+
+    async def wait(self) -> None:
+        if self.lead_ms is None or self.start is None:
+            return
+        ahead = self.sent_ms - 1000.0 * (time.monotonic() - self.start)
+        if ahead > self.lead_ms:
+            await asyncio.sleep((ahead - self.lead_ms) / 1000.0)
+
+    def advance(self, ms: float) -> None:
+        if self.start is None:
+            self.start = time.monotonic()
+        self.sent_ms += ms

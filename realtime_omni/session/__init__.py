@@ -1,0 +1,1 @@
+"""Sans-I/O session core (:mod:`.core`), its asyncio driver (:mod:`.runner`) and the manager."""

@@ -1,0 +1,53 @@
+"""What the sans-I/O session core asks its driver to do (the core never runs a model itself)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..audio import AudioFormat
+from ..engines.base import ThinkRequest
+
+
+@dataclass
+class DetectSpeech:
+    """Run the VAD over these 16 kHz samples (whole frames) and report probabilities."""
+
+    pcm16k: np.ndarray
+    start_ms: float
+
+
+@dataclass
+class Transcribe:
+    item_id: str
+    pcm16k: np.ndarray
+
+
+@dataclass
+class StartResponse:
+    response_id: str
+    epoch: int
+    request: ThinkRequest
+    output_format: AudioFormat
+
+
+@dataclass
+class CancelResponse:
+    response_id: str
+    epoch: int
+
+
+@dataclass
+class ConfirmHeard:
+    """Only ``text`` of the last reply reached the listener; cut the model context to it."""
+
+    text: str
+
+
+@dataclass
+class CloseSession:
+    reason: str
+
+
+Action = DetectSpeech | Transcribe | StartResponse | CancelResponse | ConfirmHeard | CloseSession

@@ -1,0 +1,140 @@
+"""Session settings: the GA session object, validated and applied field by field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..audio import AudioFormat, parse_audio_format
+from ..protocol import errors
+from ..protocol.errors import ProtocolError
+
+# semantic_vad has no separate model here: its eagerness maps onto the silence window.
+_EAGERNESS_SILENCE_MS = {"low": 900, "medium": 500, "auto": 500, "high": 250}
+
+
+class TurnDetection(BaseModel):
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    prefix_padding_ms: int = Field(300, ge=0, le=5000)
+    silence_duration_ms: int = Field(500, ge=0, le=10000)
+    create_response: bool = True
+    interrupt_response: bool = True
+    idle_timeout_ms: int | None = Field(None, ge=5000, le=30000)
+    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.model_dump(exclude_none=True)
+        if self.type == "semantic_vad":
+            out = {k: out[k] for k in ("type", "eagerness", "create_response", "interrupt_response") if k in out}
+        else:
+            out.pop("eagerness", None)
+            out.setdefault("idle_timeout_ms", None)
+        return out
+
+
+class SessionConfig(BaseModel):
+    """The effective configuration of one session (what ``session.updated`` reports)."""
+
+    model: str
+    instructions: str = ""
+    voice: str = "alloy"
+    output_modalities: list[Literal["text", "audio"]] = ["audio"]
+    input_format: AudioFormat = AudioFormat.PCM
+    output_format: AudioFormat = AudioFormat.PCM
+    turn_detection: TurnDetection | None = TurnDetection()
+    transcription: dict[str, Any] | None = None
+    max_output_tokens: int | Literal["inf"] = "inf"
+    speed: float = 1.0
+
+    @property
+    def wants_audio(self) -> bool:
+        return "audio" in self.output_modalities
+
+    def token_limit(self) -> int | None:
+        return None if self.max_output_tokens == "inf" else int(self.max_output_tokens)
+
+    def apply(self, update: dict[str, Any], *, audio_started: bool) -> None:
+        """Apply a (validated, GA-shaped) ``session.update`` payload; only present keys change."""
+        if "instructions" in update and update["instructions"] is not None:
+            self.instructions = update["instructions"]
+        if update.get("output_modalities") is not None:
+            mods = update["output_modalities"]
+            if not mods or len(mods) > 1 and "text" in mods and "audio" in mods:
+                mods = ["audio"] if "audio" in mods else ["text"]
+            self.output_modalities = list(mods)
+        if "max_output_tokens" in update and update["max_output_tokens"] is not None:
+            self.max_output_tokens = update["max_output_tokens"]
+        audio = update.get("audio") or {}
+        audio_in = audio.get("input") or {}
+        audio_out = audio.get("output") or {}
+        if audio_in.get("format") is not None:
+            self.input_format = parse_format(audio_in["format"], "session.audio.input.format")
+        if audio_out.get("format") is not None:
+            self.output_format = parse_format(audio_out["format"], "session.audio.output.format")
+        if "turn_detection" in audio_in:
+            self.turn_detection = _turn_detection(audio_in["turn_detection"])
+        if "transcription" in audio_in:
+            self.transcription = audio_in["transcription"]
+        if audio_out.get("voice") is not None:
+            voice = audio_out["voice"]
+            voice = voice.get("id", "") if isinstance(voice, dict) else str(voice)
+            if voice != self.voice and audio_started:
+                raise ProtocolError(
+                    errors.INVALID_VALUE,
+                    "voice cannot change once the session has produced audio",
+                    param="session.audio.output.voice",
+                )
+            self.voice = voice
+        if audio_out.get("speed") is not None:
+            self.speed = float(audio_out["speed"])
+
+    def to_dict(self, session_id: str, expires_at: int) -> dict[str, Any]:
+        """The GA ``session`` object."""
+        return {
+            "type": "realtime",
+            "object": "realtime.session",
+            "id": session_id,
+            "model": self.model,
+            "output_modalities": list(self.output_modalities),
+            "instructions": self.instructions,
+            "tools": [],
+            "tool_choice": "auto",
+            "max_output_tokens": self.max_output_tokens,
+            "tracing": None,
+            "prompt": None,
+            "expires_at": expires_at,
+            "audio": {
+                "input": {
+                    "format": _format_dict(self.input_format),
+                    "transcription": self.transcription,
+                    "noise_reduction": None,
+                    "turn_detection": self.turn_detection.to_dict() if self.turn_detection else None,
+                },
+                "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
+            },
+        }
+
+
+def parse_format(value: Any, param: str) -> AudioFormat:
+    try:
+        return parse_audio_format(value)
+    except ValueError as exc:
+        raise ProtocolError(errors.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param) from None
+
+
+def _format_dict(fmt: AudioFormat) -> dict[str, Any]:
+    return {"type": fmt.value, "rate": fmt.rate} if fmt is AudioFormat.PCM else {"type": fmt.value}
+
+
+def _turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
+    if value is None:
+        return None
+    fields = {k: v for k, v in value.items() if v is not None}
+    if fields.get("type") == "semantic_vad":
+        fields["silence_duration_ms"] = _EAGERNESS_SILENCE_MS[fields.get("eagerness") or "auto"]
+    try:
+        return TurnDetection(**fields)
+    except ValueError as exc:
+        raise ProtocolError(errors.INVALID_VALUE, str(exc), param="session.audio.input.turn_detection") from None

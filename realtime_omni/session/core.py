@@ -1,0 +1,457 @@
+"""The sans-I/O Realtime session: client events in, server events and actions out.
+
+Nothing here touches a socket, a thread or a model. A driver (:mod:`realtime_omni.session.runner`)
+feeds it client events and engine results in order, sends :meth:`RealtimeSession.drain_events`
+and performs :meth:`RealtimeSession.drain_actions`. Tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..audio import StreamResampler
+from ..engines.base import ModelInfo, ThinkRequest, TurnMessage
+from ..protocol import errors
+from ..protocol.errors import ProtocolError
+from . import actions as act
+from .config import SessionConfig, parse_format
+from .conversation import Conversation, Item, item_from_client, new_id
+from .input_buffer import MODEL_RATE, InputAudioBuffer
+from .playback import PlaybackLedger
+from .responses import Response
+from .turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+
+MIN_COMMIT_MS = 100
+
+
+@dataclass
+class Outgoing:
+    """A server event ready to send; ``epoch`` marks audio that a later cancel makes stale."""
+
+    event: dict[str, Any]
+    epoch: int | None = None
+    audio_ms: float = 0.0
+    response_id: str | None = None
+
+
+class RealtimeSession:
+    def __init__(
+        self,
+        model: ModelInfo,
+        *,
+        session_id: str | None = None,
+        has_vad: bool = True,
+        max_session_seconds: float = 3600.0,
+        clock=time.time,  # type: ignore[no-untyped-def]
+    ) -> None:
+        self.id = session_id or new_id("sess")
+        self.model = model
+        self.echo = "echo" in model.capabilities
+        self.has_vad = has_vad and not self.echo
+        self.config = SessionConfig(model=model.id)
+        if not self.has_vad:
+            self.config.turn_detection = None
+        self.created_at = clock()
+        self.expires_at = int(self.created_at + max_session_seconds)
+        self.conversation = Conversation()
+        self.input = InputAudioBuffer(self.config.input_format)
+        self.detector: TurnDetector | None = None
+        self.ledger = PlaybackLedger()
+        #: the epoch fence: audio tagged with an older epoch is dropped everywhere
+        self.epoch = 0
+        self.response: Response | None = None
+        self.audio_started = False
+        self._speech_item_id: str | None = None
+        self._speech_start_ms = 0
+        self._vad_pending = np.zeros(0, dtype=np.int16)
+        self._vad_position = 0  # stream samples already given to the VAD
+        self._pending_transcripts: set[str] = set()
+        self._echo_resampler: StreamResampler | None = None
+        self._events: list[Outgoing] = []
+        self._actions: list[act.Action] = []
+        self.closed = False
+        self._reset_detector()
+
+    # ---------------------------------------------------------------- outputs
+    def drain_events(self) -> list[Outgoing]:
+        out, self._events = self._events, []
+        return out
+
+    def drain_actions(self) -> list[act.Action]:
+        out, self._actions = self._actions, []
+        return out
+
+    def _emit(self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0, response_id: str | None = None) -> None:
+        event = {"event_id": f"event_{uuid.uuid4().hex[:20]}", **event}
+        self._events.append(Outgoing(event, epoch, audio_ms, response_id))
+
+    def error(self, exc: ProtocolError) -> None:
+        self._emit({"type": "error", "error": exc.to_error()})
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Greet the client: ``session.created`` (+ extension capabilities)."""
+        session = self.session_dict()
+        self._emit({"type": "session.created", "session": session})
+
+    def session_dict(self) -> dict[str, Any]:
+        session = self.config.to_dict(self.id, self.expires_at)
+        # Extension (not in OpenAI's schema): what this model can take and give.
+        session["capabilities"] = sorted(self.model.capabilities)
+        return session
+
+    def close(self, reason: str = "client_closed") -> None:
+        """End the session: any active response ends (cancelled) exactly once."""
+        if self.closed:
+            return
+        if self.response is not None:
+            self._cancel_active("client_cancelled")
+        self.closed = True
+        self._actions.append(act.CloseSession(reason))
+
+    # ---------------------------------------------------------------- client events
+    def receive(self, event: Any) -> None:
+        """Handle one validated client event (an ``openai.types.realtime`` model)."""
+        handler = getattr(self, "_on_" + event.type.replace(".", "_"))
+        try:
+            handler(event)
+        except ProtocolError as exc:
+            if exc.event_id is None:
+                exc.event_id = event.event_id
+            self.error(exc)
+
+    def _on_session_update(self, event: Any) -> None:
+        update = event.session.model_dump(exclude_unset=True)
+        if update.get("type") == "transcription":
+            raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
+        if update.get("model") not in (None, self.model.id):
+            raise ProtocolError(errors.INVALID_VALUE, "the model cannot change within a session", param="session.model")
+        config = self.config.model_copy(deep=True)
+        config.apply(update, audio_started=self.audio_started)
+        if config.turn_detection is not None and not self.has_vad:
+            raise ProtocolError(
+                errors.UNSUPPORTED,
+                f"model {self.model.id!r} has no voice activity detector; set turn_detection to null",
+                param="session.audio.input.turn_detection",
+            )
+        old_vad = self.config.turn_detection
+        self.config = config
+        self.input.set_format(config.input_format)
+        if old_vad != config.turn_detection:
+            self._reset_detector()
+        self._emit({"type": "session.updated", "session": self.session_dict()})
+
+    def _reset_detector(self) -> None:
+        td = self.config.turn_detection
+        self.detector = TurnDetector(td.threshold, td.silence_duration_ms) if td and self.has_vad else None
+        if self.detector is None and self._speech_item_id is not None:
+            self._speech_item_id = None
+
+    def _on_input_audio_buffer_append(self, event: Any) -> None:
+        try:
+            wire = base64.b64decode(event.audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError(errors.INVALID_BASE64, "audio is not valid base64", param="audio") from None
+        if self.echo:
+            self._echo(wire)
+            return
+        try:
+            pcm = self.input.append(wire)
+        except ValueError as exc:
+            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+        if self.detector is not None and len(pcm):
+            self._vad_pending = np.concatenate([self._vad_pending, pcm])
+            frame = 512
+            whole = len(self._vad_pending) // frame * frame
+            if whole:
+                start_ms = 1000.0 * self._vad_position / MODEL_RATE
+                self._actions.append(act.DetectSpeech(self._vad_pending[:whole], start_ms))
+                self._vad_position += whole
+                self._vad_pending = self._vad_pending[whole:]
+
+    def _on_input_audio_buffer_commit(self, event: Any) -> None:
+        if self.input.duration_ms < MIN_COMMIT_MS:
+            raise ProtocolError(
+                errors.BUFFER_TOO_SMALL,
+                f"buffer too small: {self.input.duration_ms:.0f} ms of audio, at least {MIN_COMMIT_MS} ms needed",
+            )
+        item_id = self._speech_item_id or new_id("item")
+        self._speech_item_id = None
+        if self.detector is not None:
+            self.detector.reset()
+        self._commit(item_id, self.input.take())
+
+    def _on_input_audio_buffer_clear(self, event: Any) -> None:
+        self.input.clear()
+        self._speech_item_id = None
+        if self.detector is not None:
+            self.detector.reset()
+        self._emit({"type": "input_audio_buffer.cleared"})
+
+    def _on_conversation_item_create(self, event: Any) -> None:
+        data = event.item.model_dump(exclude_none=True)
+        item = item_from_client(data)
+        for index, part in enumerate(item.content):
+            if part.get("type") == "input_audio" and part.get("audio"):
+                try:
+                    wire = base64.b64decode(part.pop("audio"), validate=True)
+                    pcm = StreamResampler(self.config.input_format.rate, MODEL_RATE).process(
+                        self.config.input_format.decode(wire), last=True
+                    )
+                except (binascii.Error, ValueError):
+                    raise ProtocolError(
+                        errors.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
+                    ) from None
+                item.audio16k = pcm if item.audio16k is None else np.concatenate([item.audio16k, pcm])
+                if not part.get("transcript") and not self.model.hears_audio:
+                    self._pending_transcripts.add(item.id)
+                    self._actions.append(act.Transcribe(item.id, pcm))
+        previous = self.conversation.add(item, event.previous_item_id)
+        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        if item.id not in self._pending_transcripts:
+            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+
+    def _on_conversation_item_retrieve(self, event: Any) -> None:
+        item = self.conversation.get(event.item_id)
+        self._emit({"type": "conversation.item.retrieved", "item": item.to_dict()})
+
+    def _on_conversation_item_delete(self, event: Any) -> None:
+        self.conversation.delete(event.item_id)
+        self._emit({"type": "conversation.item.deleted", "item_id": event.item_id})
+
+    def _on_conversation_item_truncate(self, event: Any) -> None:
+        item = self.conversation.get(event.item_id)
+        if item.role != "assistant" or event.content_index != 0 or not item.content or item.content[0].get("type") != "output_audio":
+            raise ProtocolError(errors.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
+        if event.audio_end_ms < 0 or event.audio_end_ms > item.audio_ms + 1:
+            raise ProtocolError(
+                errors.INVALID_TRUNCATE,
+                f"audio_end_ms {event.audio_end_ms} is beyond the item's {item.audio_ms:.0f} ms of audio",
+                param="audio_end_ms",
+            )
+        if self.response is not None and self.response.item is item:
+            self._cancel_active("client_cancelled", heard_ms=event.audio_end_ms)
+        heard = item.truncate_audio(event.audio_end_ms)
+        self._actions.append(act.ConfirmHeard(heard))
+        self._emit(
+            {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms}
+        )
+
+    def _on_response_create(self, event: Any) -> None:
+        if self.response is not None:
+            raise ProtocolError(
+                errors.ACTIVE_RESPONSE,
+                f"conversation already has an active response in progress: {self.response.id}",
+            )
+        params = event.response.model_dump(exclude_unset=True) if event.response else {}
+        if params.get("tools"):
+            raise ProtocolError(errors.UNSUPPORTED, "tools are not supported by this server", param="response.tools")
+        self._create_response(params)
+
+    def _on_response_cancel(self, event: Any) -> None:
+        if self.response is None or (event.response_id and event.response_id != self.response.id):
+            raise ProtocolError(errors.NO_ACTIVE_RESPONSE, "there is no active response to cancel", param="response_id")
+        self._cancel_active("client_cancelled")
+
+    def _on_output_audio_buffer_clear(self, event: Any) -> None:
+        if self.response is not None:
+            self._cancel_active("client_cancelled")
+        self._emit({"type": "output_audio_buffer.cleared", "response_id": self.ledger.current})
+
+    # ---------------------------------------------------------------- turns
+    def on_speech_probabilities(self, probabilities: list[float], start_ms: float) -> None:
+        """Driver callback: VAD results for a :class:`~.actions.DetectSpeech` action."""
+        if self.detector is None or self.closed:
+            return
+        td = self.config.turn_detection
+        assert td is not None
+        for decision in self.detector.feed(probabilities, start_ms):
+            if isinstance(decision, SpeechStarted):
+                self._speech_item_id = new_id("item")
+                self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
+                self._emit(
+                    {"type": "input_audio_buffer.speech_started", "audio_start_ms": decision.audio_start_ms, "item_id": self._speech_item_id}
+                )
+                if td.interrupt_response and self.response is not None:
+                    self._cancel_active("turn_detected")
+                    self.barge_in_at = time.monotonic()
+            elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
+                item_id, self._speech_item_id = self._speech_item_id, None
+                self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": decision.audio_end_ms, "item_id": item_id})
+                audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
+                self._commit(item_id, audio)
+                if td.create_response and self.response is None:
+                    self._create_response({})
+
+    def _commit(self, item_id: str, audio: np.ndarray) -> None:
+        item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
+        previous = self.conversation.add(item)
+        self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
+        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        if self.model.hears_audio and self.config.transcription is None:
+            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            return
+        self._pending_transcripts.add(item_id)
+        self._actions.append(act.Transcribe(item_id, audio))
+
+    def on_transcription(self, item_id: str, transcript: str | None, error: str | None = None) -> None:
+        """Driver callback: the transcript of a committed item (or why there is none)."""
+        self._pending_transcripts.discard(item_id)
+        try:
+            item = self.conversation.get(item_id)
+        except ProtocolError:
+            item = None  # deleted meanwhile
+        if item is not None:
+            if error is not None:
+                self._emit(
+                    {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
+                     "error": {"type": "transcription_error", "code": errors.SERVER_ERROR, "message": error}}
+                )
+            else:
+                for part in item.content:
+                    if part.get("type") == "input_audio":
+                        part["transcript"] = transcript
+                if self.config.transcription is not None:
+                    seconds = 0.0 if item.audio16k is None else len(item.audio16k) / MODEL_RATE
+                    self._emit(
+                        {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+                         "content_index": 0, "transcript": transcript or "",
+                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+                    )
+            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+        self._maybe_start_pipeline()
+
+    # ---------------------------------------------------------------- responses
+    def _create_response(self, params: dict[str, Any]) -> None:
+        cfg = self.config
+        modalities = params.get("output_modalities") or cfg.output_modalities
+        modalities = ["audio"] if "audio" in modalities else ["text"]
+        output_format = cfg.output_format
+        audio = (params.get("audio") or {}).get("output") or {}
+        if audio.get("format"):
+            output_format = parse_format(audio["format"], "response.audio.output.format")
+        in_conversation = params.get("conversation") not in ("none",)
+        self.epoch += 1
+        item = Item(id=new_id("item"), role="assistant", status="in_progress")
+        response = Response(
+            id=new_id("resp"),
+            epoch=self.epoch,
+            item=item,
+            modalities=modalities,
+            output_format=output_format,
+            voice=cfg.voice,
+            max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
+            in_conversation=in_conversation,
+        )
+        previous = self.conversation.last_id()
+        if in_conversation:
+            self.conversation.add(item)
+        self.response = response
+        self.ledger.begin(response.id)
+        if "audio" in modalities:
+            self.audio_started = True
+        response.start_events(self._emit, previous)
+        self._pending_request = self._think_request(params, response)
+        self._pending_input = params.get("input")
+        self._maybe_start_pipeline()
+
+    def _think_request(self, params: dict[str, Any], response: Response) -> ThinkRequest:
+        limit = response.max_output_tokens
+        instructions = params.get("instructions")
+        return ThinkRequest(
+            instructions=self.config.instructions if instructions is None else instructions,
+            messages=[],  # filled when the pipeline starts, after pending transcripts arrive
+            max_output_tokens=None if limit == "inf" else int(limit),
+            voice=self.config.voice,
+            want_audio=response.wants_audio,
+        )
+
+    def _messages(self, params_input: list[dict[str, Any]] | None) -> list[TurnMessage]:
+        if params_input is None:
+            return self.conversation.to_messages()
+        messages = []
+        for data in params_input:
+            item = self.conversation.get(data["id"], param="response.input") if data.get("type") == "item_reference" else item_from_client(data)
+            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k))
+        return messages
+
+    def _maybe_start_pipeline(self) -> None:
+        response = self.response
+        if response is None or response.pipeline_started or self._pending_transcripts or self.echo:
+            return
+        response.pipeline_started = True
+        request = self._pending_request
+        request.messages = self._messages(self._pending_input)
+        self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format))
+
+    def _cancel_active(self, reason: str, heard_ms: float | None = None) -> None:
+        response = self.response
+        assert response is not None
+        self.epoch += 1  # fence: every chunk of the old epoch is now stale
+        if heard_ms is None:
+            heard_ms = self.ledger.sent_ms(response.id)
+        heard = response.finish(self._emit, "cancelled", reason=reason, heard_ms=heard_ms)
+        self.response = None
+        if not self.echo:
+            self._actions.append(act.CancelResponse(response.id, response.epoch))
+        if heard is not None:
+            self._actions.append(act.ConfirmHeard(heard))
+
+    def on_response_text(self, response_id: str, epoch: int, text: str) -> None:
+        response = self._live(response_id, epoch)
+        if response is not None:
+            response.text_delta(self._emit, text)
+
+    def on_response_audio(self, response_id: str, epoch: int, wire: bytes, text: str = "") -> None:
+        response = self._live(response_id, epoch)
+        if response is not None and wire:
+            response.audio_delta(self._emit, wire, text)
+
+    def on_response_usage(self, response_id: str, epoch: int, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
+        response = self._live(response_id, epoch)
+        if response is not None:
+            response.input_tokens, response.output_tokens, response.cached_tokens = input_tokens, output_tokens, cached_tokens
+
+    def on_response_end(self, response_id: str, epoch: int, status: str = "completed", error: str | None = None, reason: str | None = None) -> None:
+        """Driver callback: the pipeline finished (or failed). Stale epochs are ignored."""
+        response = self._live(response_id, epoch)
+        if response is None:
+            return
+        err = None
+        if status == "failed":
+            err = {"type": "server_error", "code": errors.SERVER_ERROR, "message": error or "the model failed"}
+            self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
+        response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
+        self.response = None
+
+    def _live(self, response_id: str, epoch: int) -> Response | None:
+        response = self.response
+        if response is None or response.id != response_id or response.epoch != epoch or epoch != self.epoch:
+            return None
+        return response
+
+    # ---------------------------------------------------------------- echo model
+    def _echo(self, wire: bytes) -> None:
+        """Echo model: the appended audio goes straight back as one long response's deltas."""
+        in_fmt, out_fmt = self.config.input_format, self.config.output_format
+        try:
+            pcm = in_fmt.decode(wire)
+        except ValueError as exc:
+            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+        if self.response is None:
+            self._create_response({"output_modalities": ["audio"]})
+            self._echo_resampler = StreamResampler(in_fmt.rate, out_fmt.rate)
+        assert self.response is not None and self._echo_resampler is not None
+        if in_fmt is out_fmt:
+            out = wire
+        else:
+            out = out_fmt.encode(self._echo_resampler.process(pcm))
+        self.response.audio_delta(self._emit, out, "")
+

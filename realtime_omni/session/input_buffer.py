@@ -1,0 +1,70 @@
+"""The input audio buffer: wire audio in, 16 kHz samples held until commit or clear."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..audio import AudioFormat, StreamResampler
+
+MODEL_RATE = 16_000
+
+
+class InputAudioBuffer:
+    """Holds uncommitted input at 16 kHz and tracks stream time in milliseconds.
+
+    Bounded: past ``max_seconds`` the oldest audio is dropped (and :attr:`overflowed` is set),
+    so a client that never commits cannot grow memory without limit.
+    """
+
+    def __init__(self, fmt: AudioFormat, max_seconds: float = 300.0) -> None:
+        self.format = fmt
+        self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
+        self._chunks: list[np.ndarray] = []
+        self._samples = 0
+        self._max_samples = int(max_seconds * MODEL_RATE)
+        #: samples at 16 kHz received since the stream began (the clock for audio_*_ms)
+        self.stream_samples = 0
+        #: stream position (samples) where the current buffer begins
+        self.buffer_start = 0
+        self.overflowed = False
+
+    def set_format(self, fmt: AudioFormat) -> None:
+        if fmt is not self.format:
+            self.format = fmt
+            self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
+
+    def append(self, wire: bytes) -> np.ndarray:
+        """Decode and resample a wire chunk; returns the new 16 kHz samples."""
+        pcm = self._resampler.process(self.format.decode(wire))
+        if len(pcm):
+            self._chunks.append(pcm)
+            self._samples += len(pcm)
+            self.stream_samples += len(pcm)
+            while self._samples > self._max_samples and self._chunks:
+                dropped = self._chunks.pop(0)
+                self._samples -= len(dropped)
+                self.buffer_start += len(dropped)
+                self.overflowed = True
+        return pcm
+
+    @property
+    def duration_ms(self) -> float:
+        return 1000.0 * self._samples / MODEL_RATE
+
+    @property
+    def now_ms(self) -> int:
+        return int(1000 * self.stream_samples / MODEL_RATE)
+
+    def take(self, start_ms: float | None = None, end_ms: float | None = None) -> np.ndarray:
+        """Remove the buffered audio and return the part between the stream positions given."""
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=np.int16)
+        offset = self.buffer_start
+        lo = 0 if start_ms is None else max(int(start_ms * MODEL_RATE / 1000) - offset, 0)
+        hi = len(audio) if end_ms is None else max(int(end_ms * MODEL_RATE / 1000) - offset, lo)
+        self.clear()
+        return audio[lo:hi]
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._samples = 0
+        self.buffer_start = self.stream_samples

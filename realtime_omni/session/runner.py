@@ -1,0 +1,255 @@
+"""The asyncio driver of one session: one mailbox, one task, engines in worker threads.
+
+Transports put raw client text into :meth:`SessionRunner.submit` and send what
+:meth:`SessionRunner.next_outgoing` yields from their single writer task. Everything that changes
+the session happens on the runner's own task, in the order it arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..engines.base import ModelSession, VADStream
+from ..pipeline import PipelineSettings, ResponsePipeline, Sink
+from ..protocol import parse_client_event
+from ..protocol.errors import ProtocolError
+from . import actions as act
+from .core import Outgoing, RealtimeSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerLimits:
+    mailbox_size: int = 256
+    outbox_size: int = 512
+    idle_timeout_s: float = 600.0
+    max_session_s: float = 3600.0
+    max_event_bytes: int = 15 * 1024 * 1024
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        core: RealtimeSession,
+        model: ModelSession | None,
+        executor: concurrent.futures.Executor,
+        vad_executor: concurrent.futures.Executor,
+        limits: RunnerLimits | None = None,
+        pipeline: PipelineSettings | None = None,
+        on_close: Callable[["SessionRunner"], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.model = model
+        self.executor = executor
+        self.vad_executor = vad_executor
+        self.limits = limits or RunnerLimits()
+        self.pipeline_settings = pipeline or PipelineSettings()
+        self._on_close = on_close
+        self.mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.limits.mailbox_size)
+        self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
+        self.vad: VADStream | None = None
+        self._response_task: asyncio.Task[None] | None = None
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        self.started_at = time.monotonic()
+
+    # ------------------------------------------------------------ transport-facing API
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"session-{self.core.id}")
+
+    async def submit(self, raw: str | bytes) -> None:
+        """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure)."""
+        if not self.closed.is_set():
+            await self.mailbox.put(("client", raw))
+
+    async def next_outgoing(self) -> Outgoing | None:
+        """The next event to send; None when the session is over. Stale audio is skipped."""
+        while True:
+            out = await self.outbox.get()
+            if out is None:
+                return None
+            if out.epoch is not None and out.epoch != self.core.epoch:
+                continue  # fenced off by a cancel/barge-in after it was queued
+            return out
+
+    def mark_sent(self, out: Outgoing) -> None:
+        """Writers call this after each send (playback truth for WebSocket clients)."""
+        if out.response_id is not None:
+            self.core.ledger.mark_sent(out.response_id, out.audio_ms)
+
+    async def close(self, reason: str = "client_closed") -> None:
+        """Request a clean close; returns when everything the session held is released."""
+        if self._task is None:
+            return
+        if not self.closed.is_set():
+            try:
+                self.mailbox.put_nowait(("close", reason))
+            except asyncio.QueueFull:
+                self._task.cancel()
+        # The task may be blocked on a full outbox whose writer is gone: bounded wait, then cancel.
+        done, _ = await asyncio.wait({self._task}, timeout=2.0)
+        if not done:
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=10.0)
+
+    # ------------------------------------------------------------ the session task
+    async def _run(self) -> None:
+        try:
+            if self.model is not None:
+                self.vad = self.model.new_vad() if self.core.has_vad else None
+            self.core.start()
+            await self._flush()
+            deadline = self.started_at + self.limits.max_session_s
+            while not self.core.closed:
+                timeout = min(self.limits.idle_timeout_s, max(deadline - time.monotonic(), 0.0))
+                try:
+                    message = await asyncio.wait_for(self.mailbox.get(), timeout)
+                except asyncio.TimeoutError:
+                    expired = time.monotonic() >= deadline
+                    code, text = ("session_expired", "session reached its maximum duration") if expired else (
+                        "session_idle_timeout", "session closed after being idle")
+                    self.core.error(ProtocolError(code, text, type="session_error"))
+                    self.core.close(code)
+                    await self._flush()
+                    break
+                await self._handle(message)
+                await self._flush()
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - a bug here must not take the server down
+            log.exception("session %s crashed", self.core.id)
+        finally:
+            await self._release()
+
+    async def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        core = self.core
+        if kind == "client":
+            try:
+                event = parse_client_event(message[1], self.limits.max_event_bytes)
+            except ProtocolError as exc:
+                core.error(exc)
+                return
+            core.receive(event)
+        elif kind == "speech":
+            core.on_speech_probabilities(message[1], message[2])
+        elif kind == "transcript":
+            core.on_transcription(message[1], message[2], message[3])
+        elif kind == "text":
+            core.on_response_text(message[1], message[2], message[3])
+        elif kind == "audio":
+            core.on_response_audio(message[1], message[2], message[3], message[4])
+        elif kind == "usage":
+            core.on_response_usage(*message[1:])
+        elif kind == "end":
+            core.on_response_end(message[1], message[2], message[3], message[4], message[5])
+        elif kind == "close":
+            core.close(message[1])
+
+    async def _flush(self) -> None:
+        for out in self.core.drain_events():
+            await self.outbox.put(out)
+        for action in self.core.drain_actions():
+            await self._perform(action)
+
+    async def _perform(self, action: act.Action) -> None:
+        loop = asyncio.get_running_loop()
+        if isinstance(action, act.DetectSpeech):
+            if self.vad is None:
+                return
+            # Inline (not a side task): turn decisions must follow the audio order.
+            probs = await loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k)
+            self.core.on_speech_probabilities(probs, action.start_ms)
+            for out in self.core.drain_events():
+                await self.outbox.put(out)
+            for follow in self.core.drain_actions():
+                await self._perform(follow)
+        elif isinstance(action, act.Transcribe):
+            self._spawn(self._transcribe(action))
+        elif isinstance(action, act.StartResponse):
+            self._response_task = asyncio.create_task(self._respond(action))
+        elif isinstance(action, act.CancelResponse):
+            task = self._response_task
+            if task is not None and not task.done():
+                task.cancel()
+        elif isinstance(action, act.ConfirmHeard):
+            if self.model is not None:
+                await loop.run_in_executor(self.executor, self.model.confirm, action.text)
+        elif isinstance(action, act.CloseSession):
+            pass  # the loop in _run sees core.closed
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _transcribe(self, action: act.Transcribe) -> None:
+        loop = asyncio.get_running_loop()
+        text, error = None, None
+        try:
+            if self.model is None:
+                raise RuntimeError("this model cannot transcribe")
+            text = await asyncio.wait_for(
+                loop.run_in_executor(self.executor, self.model.transcribe, action.pcm16k),
+                self.pipeline_settings.step_timeout_s,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client as transcription.failed
+            log.exception("transcription failed")
+            error = str(exc) or type(exc).__name__
+        await self.mailbox.put(("transcript", action.item_id, text, error))
+
+    async def _respond(self, action: act.StartResponse) -> None:
+        rid, epoch = action.response_id, action.epoch
+        assert self.model is not None
+        pipeline = ResponsePipeline(
+            self.model, self.core.model, self.executor, self.pipeline_settings, lambda: self.core.epoch == epoch
+        )
+        sink = Sink(
+            text=lambda text: self.mailbox.put(("text", rid, epoch, text)),
+            audio=lambda wire, text: self.mailbox.put(("audio", rid, epoch, wire, text)),
+            usage=lambda i, o, c: self.mailbox.put(("usage", rid, epoch, i, o, c)),
+        )
+        try:
+            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
+            await self.mailbox.put(("end", rid, epoch, status, None, reason))
+        except asyncio.CancelledError:
+            action.request.cancelled.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - fails this response, never the server
+            log.exception("response %s failed", rid)
+            await self.mailbox.put(("end", rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
+
+    async def _release(self) -> None:
+        """Free everything on every exit path: tasks, model state, the writer."""
+        self.closed.set()
+        self.core.close()
+        tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.model is not None:
+            model, self.model = self.model, None
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.executor, model.close)
+            except Exception:  # noqa: BLE001
+                log.exception("closing model session failed")
+        # Wake the writer after what is queued (the oldest events give way if it is full).
+        while True:
+            try:
+                self.outbox.put_nowait(None)
+                break
+            except asyncio.QueueFull:
+                self.outbox.get_nowait()
+        if self._on_close is not None:
+            self._on_close(self)
+

@@ -1,0 +1,65 @@
+"""Server VAD turn detection: speech probabilities per frame → speech start/stop decisions.
+
+Pure state machine over the VAD's frame probabilities, so it is tested without a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SpeechStarted:
+    audio_start_ms: int
+
+
+@dataclass
+class SpeechStopped:
+    audio_end_ms: int
+
+
+class TurnDetector:
+    """Hysteresis over frame probabilities.
+
+    Speech starts when ``min_speech_frames`` consecutive frames reach ``threshold``; it stops
+    after ``silence_duration_ms`` of frames below ``threshold - 0.15``. Positions are in ms of
+    input audio since the stream began.
+    """
+
+    def __init__(self, threshold: float, silence_duration_ms: int, frame_ms: float = 32.0, min_speech_frames: int = 2):
+        self.threshold = threshold
+        self.release = max(threshold - 0.15, 0.01)
+        self.silence_duration_ms = silence_duration_ms
+        self.frame_ms = frame_ms
+        self.min_speech_frames = min_speech_frames
+        self.in_speech = False
+        self._run = 0
+        self._silence_ms = 0.0
+
+    def feed(self, probabilities: list[float], first_frame_start_ms: float) -> list[SpeechStarted | SpeechStopped]:
+        decisions: list[SpeechStarted | SpeechStopped] = []
+        for index, prob in enumerate(probabilities):
+            start_ms = first_frame_start_ms + index * self.frame_ms
+            if not self.in_speech:
+                self._run = self._run + 1 if prob >= self.threshold else 0
+                if self._run >= self.min_speech_frames:
+                    self.in_speech = True
+                    self._silence_ms = 0.0
+                    onset = start_ms - (self.min_speech_frames - 1) * self.frame_ms
+                    decisions.append(SpeechStarted(int(onset)))
+            else:
+                if prob < self.release:
+                    self._silence_ms += self.frame_ms
+                    if self._silence_ms >= self.silence_duration_ms:
+                        self.in_speech = False
+                        self._run = 0
+                        end = start_ms + self.frame_ms - self._silence_ms
+                        decisions.append(SpeechStopped(int(end)))
+                else:
+                    self._silence_ms = 0.0
+        return decisions
+
+    def reset(self) -> None:
+        self.in_speech = False
+        self._run = 0
+        self._silence_ms = 0.0
