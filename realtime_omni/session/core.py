@@ -39,6 +39,8 @@ class Outgoing:
     epoch: int | None = None
     audio_ms: float = 0.0
     response_id: str | None = None
+    #: the raw wire audio of an audio delta, for transports that carry audio off the JSON channel
+    audio: bytes | None = None
 
 
 class RealtimeSession:
@@ -88,9 +90,12 @@ class RealtimeSession:
         out, self._actions = self._actions, []
         return out
 
-    def _emit(self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0, response_id: str | None = None) -> None:
+    def _emit(
+        self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0,
+        response_id: str | None = None, audio: bytes | None = None,
+    ) -> None:
         event = {"event_id": f"event_{uuid.uuid4().hex[:20]}", **event}
-        self._events.append(Outgoing(event, epoch, audio_ms, response_id))
+        self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio))
 
     def error(self, exc: ProtocolError) -> None:
         self._emit({"type": "error", "error": exc.to_error()})
@@ -159,6 +164,10 @@ class RealtimeSession:
             wire = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError(errors.INVALID_BASE64, "audio is not valid base64", param="audio") from None
+        self.append_audio(wire)
+
+    def append_audio(self, wire: bytes) -> None:
+        """Input audio in the session's input format, from JSON or from a media track."""
         if self.echo:
             self._echo(wire)
             return

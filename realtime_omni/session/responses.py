@@ -102,6 +102,7 @@ class Response:
             epoch=self.epoch,
             audio_ms=duration,
             response_id=self.id,
+            audio=wire,
         )
 
     def finish(

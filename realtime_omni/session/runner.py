@@ -70,6 +70,11 @@ class SessionRunner:
         if not self.closed.is_set():
             await self.mailbox.put(("client", raw))
 
+    async def submit_audio(self, wire: bytes) -> None:
+        """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
+        if not self.closed.is_set():
+            await self.mailbox.put(("audio_in", wire))
+
     async def next_outgoing(self) -> Outgoing | None:
         """The next event to send; None when the session is over. Stale audio is skipped."""
         while True:
@@ -139,6 +144,11 @@ class SessionRunner:
                 core.error(exc)
                 return
             core.receive(event)
+        elif kind == "audio_in":
+            try:
+                core.append_audio(message[1])
+            except ProtocolError as exc:
+                core.error(exc)
         elif kind == "speech":
             core.on_speech_probabilities(message[1], message[2])
         elif kind == "transcript":
