@@ -57,8 +57,6 @@ def to_beta(event: dict[str, Any]) -> dict[str, Any] | None:
     out["type"] = _RENAMES.get(kind, kind)
     if "item" in out:
         out["item"] = _item(out["item"])
-    if "part" in out:
-        out["part"] = _part(out["part"])
     if kind in ("session.created", "session.updated"):
         out["session"] = _session(out["session"])
     if kind.startswith("response.") and isinstance(out.get("response"), dict):

@@ -9,6 +9,7 @@ are rewritten to GA shapes first, so beta clients keep working.
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pydantic
@@ -19,22 +20,13 @@ from .errors import ProtocolError
 
 MAX_EVENT_BYTES = 15 * 1024 * 1024
 
-_ADAPTER: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(RealtimeClientEvent)
-KNOWN_TYPES = frozenset(
-    {
-        "session.update",
-        "input_audio_buffer.append",
-        "input_audio_buffer.commit",
-        "input_audio_buffer.clear",
-        "conversation.item.create",
-        "conversation.item.retrieve",
-        "conversation.item.truncate",
-        "conversation.item.delete",
-        "response.create",
-        "response.cancel",
-        "output_audio_buffer.clear",
-    }
-)
+# One adapter per event type: the SDK's union carries its discriminator as SDK metadata that
+# pydantic does not read, so dispatching by "type" ourselves gives precise error locations.
+_ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {
+    typing.get_args(model.model_fields["type"].annotation)[0]: pydantic.TypeAdapter(model)
+    for model in typing.get_args(typing.get_args(RealtimeClientEvent)[0])
+}
+KNOWN_TYPES = frozenset(_ADAPTERS)
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
@@ -96,10 +88,29 @@ def _normalize_item(item: Any) -> Any:
     return item
 
 
+def _check_formats(session: dict[str, Any], event_id: str | None) -> None:
+    """Name an unsupported audio format plainly instead of as a schema mismatch."""
+    from ..audio import parse_audio_format
+
+    audio = session.get("audio")
+    for direction in ("input", "output"):
+        block = audio.get(direction) if isinstance(audio, dict) else None
+        fmt = block.get("format") if isinstance(block, dict) else None
+        if fmt is None:
+            continue
+        try:
+            parse_audio_format(fmt)
+        except ValueError as exc:
+            raise ProtocolError(
+                errors.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=f"session.audio.{direction}.format", event_id=event_id
+            ) from None
+
+
 def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     kind = data.get("type")
     if kind == "session.update" and isinstance(data.get("session"), dict):
         data = {**data, "session": normalize_session(data["session"])}
+        _check_formats(data["session"], data.get("event_id") if isinstance(data.get("event_id"), str) else None)
     elif kind == "conversation.item.create":
         data = {**data, "item": _normalize_item(data.get("item"))}
     elif kind == "response.create" and isinstance(data.get("response"), dict):
@@ -114,11 +125,7 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _param_of(error: dict[str, Any]) -> str:
-    # The union discriminator adds the type name as the first location element; drop it.
-    loc = [str(p) for p in error.get("loc", ())]
-    if loc and "." in loc[0]:
-        loc = loc[1:]
-    return ".".join(loc)
+    return ".".join(str(p) for p in error.get("loc", ()))
 
 
 def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> Any:
@@ -142,7 +149,7 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
             errors.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
         )
     try:
-        return _ADAPTER.validate_python(_normalize(data))
+        return _ADAPTERS[kind].validate_python(_normalize(data))
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = _param_of(first)

@@ -41,10 +41,6 @@ class Response:
     def wants_audio(self) -> bool:
         return "audio" in self.modalities
 
-    @property
-    def part_type(self) -> str:
-        return "output_audio" if self.wants_audio else "output_text"
-
     def to_dict(self) -> dict[str, Any]:
         total = self.input_tokens + self.output_tokens
         return {
@@ -75,8 +71,9 @@ class Response:
         emit({"type": "response.output_item.added", "response_id": self.id, "output_index": 0, "item": self.item.to_dict()})
         if self.in_conversation:
             emit({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_dict()})
-        part = {"type": self.part_type, "transcript": ""} if self.wants_audio else {"type": "output_text", "text": ""}
-        self.item.content = [dict(part)]
+        # Items use the output_* part types; the content_part events use plain audio/text (GA SDK).
+        self.item.content = [{"type": "output_audio", "transcript": ""} if self.wants_audio else {"type": "output_text", "text": ""}]
+        part = {"type": "audio", "transcript": ""} if self.wants_audio else {"type": "text", "text": ""}
         emit({"type": "response.content_part.added", **self._ids(), "part": part})
 
     def text_delta(self, emit: EventSink, text: str) -> None:
@@ -133,6 +130,7 @@ class Response:
             self.status_details = {"type": "failed", "error": error}
         self.item.status = "completed" if status == "completed" else "incomplete"
         part = dict(self.item.content[0])
+        part["type"] = "audio" if self.wants_audio else "text"
         if self.wants_audio:
             emit({"type": "response.output_audio.done", **self._ids()})
             emit({"type": "response.output_audio_transcript.done", **self._ids(), "transcript": part["transcript"]})

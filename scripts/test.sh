@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs (system packages, the package with its extras) and run it.
+# Usage: ./scripts/test.sh [pytest args]      (slow tests: ./scripts/test.sh -m slow)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -f .ci/apt-packages.txt ] && command -v apt-get >/dev/null; then
+  mapfile -t pkgs < <(grep -v '^\s*#' .ci/apt-packages.txt | sed '/^\s*$/d')
+  missing=()
+  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+python3 -m pip install -q -e '.[embedded,test]'
+exec python3 -m pytest "$@"

@@ -1,0 +1,26 @@
+"""Shared test helpers (no fakes of real components: pure functions only)."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import pydantic
+from openai.types.realtime import RealtimeServerEvent
+
+# The SDK's union discriminates by "type" through its own metadata; dispatch by type here.
+_ADAPTERS = {
+    typing.get_args(model.model_fields["type"].annotation)[0]: pydantic.TypeAdapter(model)
+    for model in typing.get_args(typing.get_args(RealtimeServerEvent)[0])
+}
+
+# Extension events (not in OpenAI's schema) are checked by hand.
+EXTENSION_EVENTS: set[str] = set()
+
+
+def assert_valid_server_event(event: dict[str, Any]) -> None:
+    """Every server event must validate against the official SDK's typed models."""
+    if event["type"] in EXTENSION_EVENTS:
+        return
+    assert event["type"] in _ADAPTERS, f"unknown server event type {event['type']}"
+    _ADAPTERS[event["type"]].validate_python(event)

@@ -1,0 +1,243 @@
+"""The sans-I/O session core, driven directly: no socket, no thread, no model."""
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from realtime_omni.audio import AudioFormat
+from realtime_omni.engines.base import ModelInfo
+from realtime_omni.protocol import parse_client_event
+from realtime_omni.session import actions as act
+from realtime_omni.session.core import RealtimeSession
+from tests.helpers import assert_valid_server_event
+
+CASCADE = ModelInfo(id="cascade", capabilities=frozenset({"audio_in", "text_in", "audio_out", "text_out"}), output_rate=24000)
+ECHO = ModelInfo(id="echo", capabilities=frozenset({"audio_in", "audio_out", "echo"}))
+
+
+class Driver:
+    """Feeds the core like the runner does and records what it emits (validated)."""
+
+    def __init__(self, info=CASCADE, has_vad=True):
+        self.s = RealtimeSession(info, has_vad=has_vad)
+        self.events: list[dict] = []
+        self.actions: list = []
+        self.s.start()
+        self.pump()
+
+    def pump(self):
+        for out in self.s.drain_events():
+            assert_valid_server_event(out.event)
+            self.events.append(out.event)
+            if out.response_id:
+                self.s.ledger.mark_sent(out.response_id, out.audio_ms)
+        new = self.s.drain_actions()
+        self.actions.extend(new)
+        return new
+
+    def send(self, **event):
+        self.s.receive(parse_client_event(json.dumps(event)))
+        return self.pump()
+
+    def types(self):
+        return [e["type"] for e in self.events]
+
+    def take(self):
+        out, self.events = self.events, []
+        return out
+
+
+def pcm24(ms: int) -> str:
+    return base64.b64encode(np.zeros(24 * ms, np.int16).tobytes()).decode()
+
+
+def test_session_created_reports_ga_session_and_capabilities():
+    d = Driver()
+    created = d.events[0]
+    assert created["type"] == "session.created"
+    assert created["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert "audio_out" in created["session"]["capabilities"]
+
+
+def test_session_update_changes_only_given_fields():
+    d = Driver()
+    d.take()
+    d.send(type="session.update", session={"type": "realtime", "instructions": "Be brief.",
+                                          "audio": {"output": {"format": {"type": "audio/pcmu"}}}})
+    updated = d.events[-1]["session"]
+    assert updated["instructions"] == "Be brief."
+    assert updated["audio"]["output"]["format"] == {"type": "audio/pcmu"}
+    assert updated["audio"]["input"]["format"]["type"] == "audio/pcm"
+
+
+def test_server_vad_commits_a_turn_then_responds_after_transcript():
+    d = Driver()
+    d.take()
+    new = d.send(type="input_audio_buffer.append", audio=pcm24(960))  # 0.96 s → 30 VAD frames
+    detect = [a for a in new if isinstance(a, act.DetectSpeech)]
+    assert detect and len(detect[0].pcm16k) % 512 == 0
+    # speech in frames 5..20, silence after: start, then stop after 500 ms of silence
+    probs = [0.0] * 5 + [0.9] * 15 + [0.0] * 30
+    d.s.on_speech_probabilities(probs, 0.0)
+    new = d.pump()
+    types = d.types()
+    assert types[:4] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "conversation.item.added"]
+    assert "response.created" in types
+    transcribe = [a for a in new if isinstance(a, act.Transcribe)]
+    assert len(transcribe) == 1
+    # the pipeline waits for the transcript: no StartResponse yet
+    assert not any(isinstance(a, act.StartResponse) for a in new)
+    d.s.on_transcription(transcribe[0].item_id, "hello there")
+    new = d.pump()
+    start = [a for a in new if isinstance(a, act.StartResponse)]
+    assert start and start[0].request.messages[-1].text == "hello there"
+
+
+def test_response_stream_and_exactly_one_done():
+    d = Driver(has_vad=False)
+    d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hi"}]})
+    d.take()
+    new = d.send(type="response.create")
+    start = next(a for a in new if isinstance(a, act.StartResponse))
+    rid, epoch = start.response_id, start.epoch
+    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 2400, "Hello there.")
+    d.s.on_response_end(rid, epoch, "completed")
+    d.s.on_response_end(rid, epoch, "completed")  # a second end is ignored
+    d.pump()
+    types = d.types()
+    assert types.count("response.done") == 1
+    assert types.index("response.output_audio_transcript.delta") < types.index("response.output_audio.delta")
+    done = d.events[-1]["response"]
+    assert done["status"] == "completed"
+    assert done["output"][0]["content"][0]["transcript"] == "Hello there."
+
+
+def test_cancel_truncates_to_audio_sent_and_fences_late_chunks():
+    d = Driver(has_vad=False)
+    d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hi"}]})
+    new = d.send(type="response.create")
+    start = next(a for a in new if isinstance(a, act.StartResponse))
+    rid, epoch = start.response_id, start.epoch
+    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 24000, "One two three four.")  # 1 s
+    d.pump()
+    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 24000, "Five six seven eight.")
+    d.s.ledger.set_heard(rid, 1500.0)  # the listener heard 1.5 s
+    d.take()
+    d.send(type="response.cancel")
+    done = [e for e in d.events if e["type"] == "response.done"][0]["response"]
+    assert done["status"] == "cancelled"
+    assert done["output"][0]["content"][0]["transcript"] == "One two three four. Five six"
+    assert any(isinstance(a, act.CancelResponse) for a in d.actions)
+    # a chunk of the cancelled epoch arriving late is dropped
+    d.take()
+    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 2400, "late")
+    d.s.on_response_end(rid, epoch, "completed")
+    d.pump()
+    assert d.events == []
+
+
+def test_barge_in_cancels_the_active_response():
+    d = Driver()
+    d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hi"}]})
+    d.send(type="response.create")
+    d.take()
+    d.send(type="input_audio_buffer.append", audio=pcm24(200))
+    d.s.on_speech_probabilities([0.9, 0.9, 0.9], 0.0)
+    d.pump()
+    types = d.types()
+    assert types[0] == "input_audio_buffer.speech_started"
+    done = [e for e in d.events if e["type"] == "response.done"][0]
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+
+
+@pytest.mark.parametrize("event, code", [
+    ({"type": "input_audio_buffer.append", "audio": "***"}, "invalid_base64"),
+    ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+    ({"type": "conversation.item.retrieve", "item_id": "nope"}, "item_not_found"),
+    ({"type": "conversation.item.delete", "item_id": "nope"}, "item_not_found"),
+    ({"type": "response.cancel"}, "response_cancel_not_active"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"format": "opus"}}}}, "unsupported_audio_format"),
+])
+def test_bad_input_is_an_error_event_and_the_session_goes_on(event, code):
+    d = Driver(has_vad=False)
+    d.take()
+    try:
+        d.send(**event)
+    except Exception as exc:  # parse-level errors surface as ProtocolError from parse_client_event
+        assert getattr(exc, "code", None) == code
+        return
+    errors_ = [e for e in d.events if e["type"] == "error"]
+    assert errors_ and errors_[0]["error"]["code"] == code
+    d.take()
+    d.send(type="session.update", session={"type": "realtime", "instructions": "still alive"})
+    assert d.events[-1]["type"] == "session.updated"
+
+
+def test_second_response_create_while_active_is_rejected():
+    d = Driver(has_vad=False)
+    d.send(type="response.create")
+    d.take()
+    d.send(type="response.create", event_id="evt_2")
+    err = d.events[-1]
+    assert err["error"]["code"] == "conversation_already_has_active_response"
+    assert err["error"]["event_id"] == "evt_2"
+
+
+def test_truncate_beyond_audio_is_rejected():
+    d = Driver(has_vad=False)
+    new = d.send(type="response.create")
+    start = next(a for a in new if isinstance(a, act.StartResponse))
+    d.s.on_response_audio(start.response_id, start.epoch, b"\x00\x00" * 24000, "Hi.")
+    d.s.on_response_end(start.response_id, start.epoch)
+    d.pump()
+    item_id = d.events[-1]["response"]["output"][0]["id"]
+    d.take()
+    d.send(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=5000)
+    assert d.events[-1]["error"]["code"] == "invalid_truncate"
+    d.take()
+    d.send(type="conversation.item.truncate", item_id=item_id, content_index=0, audio_end_ms=500)
+    assert d.events[-1]["type"] == "conversation.item.truncated"
+    assert any(isinstance(a, act.ConfirmHeard) for a in d.actions)
+
+
+def test_echo_model_returns_input_as_one_long_response():
+    d = Driver(ECHO)
+    d.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    d.take()
+    chunk = (np.arange(480, dtype=np.int16) * 7).tobytes()
+    for _ in range(3):
+        d.send(type="input_audio_buffer.append", audio=base64.b64encode(chunk).decode())
+    deltas = [e for e in d.events if e["type"] == "response.output_audio.delta"]
+    assert [base64.b64decode(e["delta"]) for e in deltas] == [chunk] * 3
+    assert d.types().count("response.created") == 1
+    d.send(type="response.cancel")
+    assert d.events[-1]["response"]["status"] == "cancelled"
+
+
+def test_echo_transcodes_between_formats():
+    d = Driver(ECHO)
+    d.send(type="session.update", session={"type": "realtime", "audio": {
+        "input": {"turn_detection": None, "format": {"type": "audio/pcmu"}},
+        "output": {"format": {"type": "audio/pcm", "rate": 24000}}}})
+    d.take()
+    d.send(type="input_audio_buffer.append", audio=base64.b64encode(b"\xff" * 1600).decode())  # 200 ms
+    delta = next(e for e in d.events if e["type"] == "response.output_audio.delta")
+    assert 0 < len(base64.b64decode(delta["delta"])) <= 2 * 4800
+    assert AudioFormat.PCM.rate == 24000
+
+
+def test_close_ends_the_active_response_once():
+    d = Driver(has_vad=False)
+    d.send(type="response.create")
+    d.s.close()
+    d.pump()
+    assert d.types().count("response.done") == 1
+    d.s.close()
+    d.pump()
+    assert d.types().count("response.done") == 1
