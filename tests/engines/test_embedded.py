@@ -1,0 +1,244 @@
+"""The embedded cascade against the real pip-installed models (no mocks).
+
+Loads everything once per module (~3 s on 2 cores); every test is a short real inference.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("faster_whisper")
+pytest.importorskip("piper")
+
+from realtime_omni.audio.resample import resample_once  # noqa: E402
+from realtime_omni.engines.base import ThinkerOutput, ThinkRequest, TurnMessage  # noqa: E402
+from realtime_omni.engines.echo import EchoModel  # noqa: E402
+from realtime_omni.engines.embedded import EmbeddedModel  # noqa: E402
+
+QUESTION = "What is the capital of France?"
+SILENCE = 8_000  # 0.5 s at 16 kHz
+
+
+@pytest.fixture(scope="module")
+def model() -> EmbeddedModel:
+    loaded = EmbeddedModel()
+    messages: list[str] = []
+    loaded.load(messages.append)
+    assert any("VAD" in m for m in messages) and any("TTS" in m for m in messages)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def question_16k(model: EmbeddedModel) -> np.ndarray:
+    """Piper's rendition of QUESTION at 16 kHz, with 0.5 s of silence on both sides."""
+    speech = np.concatenate(list(model.tts.synthesize(QUESTION)))
+    speech16 = resample_once(speech, model.info.output_rate, 16_000)
+    silence = np.zeros(SILENCE, dtype=np.int16)
+    clip = np.concatenate([silence, speech16, silence])
+    return np.concatenate([clip, np.zeros(-len(clip) % 512, dtype=np.int16)])
+
+
+def request(messages: list[TurnMessage], **kwargs) -> ThinkRequest:
+    return ThinkRequest(
+        instructions=kwargs.pop("instructions", ""),
+        messages=messages,
+        max_output_tokens=kwargs.pop("max_output_tokens", None),
+        voice="alloy",
+        want_audio=True,
+        **kwargs,
+    )
+
+
+def test_info(model: EmbeddedModel) -> None:
+    assert model.info.id == "embedded"
+    assert model.info.output_rate == 22_050
+    assert not model.info.hears_audio
+    assert {"audio_in", "text_in", "audio_out", "text_out", "transcription"} <= model.info.capabilities
+
+
+def test_vad_separates_speech_from_silence(model: EmbeddedModel, question_16k: np.ndarray) -> None:
+    session = model.open_session()
+    try:
+        vad = session.new_vad()
+        probs = np.array(vad.probabilities(question_16k))
+    finally:
+        session.close()
+    frames_in_silence = SILENCE // 512  # frames lying wholly inside each silent margin
+    speech_frames = probs[frames_in_silence + 1 : len(probs) - frames_in_silence - 1]
+    assert probs[:frames_in_silence].max() < 0.2
+    assert probs[-frames_in_silence + 4 :].max() < 0.2  # 4 frames (128 ms) of decay allowed
+    assert np.mean(speech_frames > 0.5) > 0.8
+    assert speech_frames.max() > 0.95
+
+
+def test_vad_state_is_per_stream(model: EmbeddedModel, question_16k: np.ndarray) -> None:
+    whole = model.vad.stream().probabilities(question_16k)
+    a, b = model.vad.stream(), model.vad.stream()
+    interleaved_a: list[float] = []
+    for start in range(0, len(question_16k), 2048):  # interleave two streams frame-block-wise
+        chunk = question_16k[start : start + 2048]
+        interleaved_a += a.probabilities(chunk)
+        b.probabilities(chunk[::-1].copy())
+    np.testing.assert_allclose(interleaved_a, whole, atol=1e-5)
+    a.reset()
+    np.testing.assert_allclose(a.probabilities(question_16k[:4096]), whole[:8], atol=1e-5)
+    with pytest.raises(ValueError):
+        a.probabilities(np.zeros(100, dtype=np.int16))
+
+
+def test_whisper_transcribes_piper_speech(model: EmbeddedModel, question_16k: np.ndarray) -> None:
+    session = model.open_session()
+    try:
+        text = session.transcribe(question_16k).lower()
+    finally:
+        session.close()
+    assert "capital" in text and "france" in text
+    assert model.asr.transcribe(np.zeros(800, dtype=np.int16)) == ""
+
+
+def test_llm_streams_and_reuses_the_previous_turn(model: EmbeddedModel) -> None:
+    session = model.open_session()
+    llm = session._thinker._instance.result()
+    evaluated: list[int] = []
+    original_eval = llm.eval
+
+    def counting_eval(tokens):  # instrumentation only: the real eval still runs
+        evaluated.append(len(tokens))
+        return original_eval(tokens)
+
+    llm.eval = counting_eval
+    try:
+        history = [TurnMessage("user", QUESTION)]
+        first = list(session.think(request(history)))
+        assert len(first) >= 3, first
+        assert first[0].prompt_tokens and first[0].prefilled_tokens
+        assert all(out.prompt_tokens is None for out in first[1:])
+        # the warm-up already holds the default system prompt: only the user turn is new
+        assert first[0].prefilled_tokens < first[0].prompt_tokens
+        assert evaluated[0] == first[0].prefilled_tokens
+        reply = "".join(out.text for out in first)
+        assert "paris" in reply.lower()
+
+        evaluated.clear()
+        history += [TurnMessage("assistant", reply), TurnMessage("user", "And what about Germany?")]
+        second = list(session.think(request(history)))
+        assert second and second[0].prompt_tokens > first[0].prompt_tokens
+        # only the closing of the reply plus the new user turn are evaluated
+        assert second[0].prefilled_tokens < 25
+        assert second[0].prefilled_tokens * 3 < second[0].prompt_tokens
+        assert evaluated[0] == second[0].prefilled_tokens
+    finally:
+        session.close()
+
+
+def test_llm_cancellation_max_tokens_and_confirm(model: EmbeddedModel) -> None:
+    session = model.open_session()
+    try:
+        history = [TurnMessage("user", "Tell me a very long story about a dragon and a knight.")]
+        req = request(history, max_output_tokens=150)
+        outputs: list[ThinkerOutput] = []
+        for out in session.think(req):
+            outputs.append(out)
+            if len(outputs) == 3:
+                req.cancelled.set()
+        assert 3 <= len(outputs) <= 4
+
+        capped = list(session.think(request(history, max_output_tokens=4)))
+        assert 1 <= len(capped) <= 4
+        full = "".join(out.text for out in capped)
+
+        # Interrupted after a few words: the next prompt carries just the heard part, and it
+        # reuses the cache up to the cut rather than re-evaluating the conversation.
+        heard = full[: max(1, len(full) // 2)]
+        session.confirm(heard)
+        history += [TurnMessage("assistant", full), TurnMessage("user", "Stop, thanks.")]
+        after = list(session.think(request(history)))
+        assert after and after[0].prefilled_tokens < 20
+    finally:
+        session.close()
+
+
+def test_sessions_think_concurrently(model: EmbeddedModel) -> None:
+    sessions = [model.open_session() for _ in range(2)]
+    replies: dict[int, str] = {}
+
+    def run(index: int) -> None:
+        req = request([TurnMessage("user", QUESTION)], instructions="Be brief.", max_output_tokens=24)
+        replies[index] = "".join(out.text for out in sessions[index].think(req))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        for session in sessions:
+            session.close()
+    assert all(replies.get(i) for i in range(2)), replies
+
+
+def _anonymous_mib() -> float:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no Anonymous line")
+
+
+def test_close_frees_the_llama_instance(model: EmbeddedModel) -> None:
+    before = _anonymous_mib()
+    session = model.open_session()
+    list(session.think(request([TurnMessage("user", "Hi!")], max_output_tokens=8)))
+    opened = _anonymous_mib()
+    session.close()
+    closed = _anonymous_mib()
+    assert opened - before > 30  # KV cache (~47 MiB at n_ctx 2048) + compute buffers
+    assert opened - closed > 30
+    with pytest.raises(RuntimeError):
+        next(iter(session.think(request([TurnMessage("user", "Hi!")]))))
+
+
+def test_piper_talk(model: EmbeddedModel) -> None:
+    session = model.open_session()
+    try:
+        text = "Sure, here it is. Paris is **lovely** in spring!"
+        segment = [ThinkerOutput(text=piece) for piece in ("Sure, here", " it is. Paris is **lovely** in spring!")]
+        start = time.perf_counter()
+        outputs = []
+        for out in session.talk(segment, "alloy", threading.Event(), final=True):
+            outputs.append((time.perf_counter() - start, out))
+        assert len(outputs) == 2  # one per sentence
+        assert outputs[0][0] < 1.0
+        assert "".join(out.text for _, out in outputs) == text
+        assert [out.final for _, out in outputs] == [False, True]
+        for _, out in outputs:
+            assert out.audio is not None and out.audio.dtype == np.int16
+            assert 0.3 * 22_050 < len(out.audio) < 4 * 22_050  # markdown is not read out
+            assert np.abs(out.audio).max() > 3_000
+
+        # unspeakable text still reaches the transcript; a cancelled talk yields nothing
+        (blank,) = session.talk([ThinkerOutput(text=" ** ")], "verse", threading.Event(), final=True)
+        assert blank.text == " ** " and blank.final and len(blank.audio) == 0
+        cancelled = threading.Event()
+        cancelled.set()
+        assert list(session.talk(segment, "alloy", cancelled, final=True)) == []
+    finally:
+        session.close()
+
+
+def test_echo_model_is_inert() -> None:
+    echo = EchoModel()
+    echo.load()
+    assert echo.info.id == "echo" and "echo" in echo.info.capabilities
+    session = echo.open_session()
+    assert list(session.think(request([TurnMessage("user", "hi")]))) == []
+    assert list(session.talk([ThinkerOutput(text="hi")], "alloy", threading.Event(), True)) == []
+    assert session.new_vad() is None
+    session.close()
