@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -23,3 +25,33 @@ class ServerSettings(BaseSettings):
     log_level: str = "info"
     #: folder of the browser demo served at /
     web_dir: str | None = None
+    #: API keys accepted as ``Authorization: Bearer``; empty: no authentication
+    api_keys: list[str] = Field(default_factory=list)
+    #: browser Origins allowed to open sessions (None: any); non-browser clients send none
+    allowed_origins: list[str] | None = None
+    #: lifetime of ephemeral client secrets (POST /v1/realtime/client_secrets)
+    client_secret_ttl_s: float = 60.0
+    #: client events per second per session (excess events are answered with an error)
+    max_events_per_s: float = 500.0
+    #: a dropped session stays resumable this long (0 disables resume)
+    resume_grace_s: float = 30.0
+    #: where sessions persist: sqlite:///path.db, redis://host:port/0, or none
+    session_store: str = "sqlite:///realtime_omni_sessions.db"
+    #: how long a stored session can be resumed after its last change (e.g. across a restart)
+    persist_ttl_s: float = 3600.0
+    # --- WebRTC (/v1/realtime/calls) ---
+    #: STUN/TURN servers as RTCIceServer dicts (JSON in REALTIME_OMNI_ICE_SERVERS); empty: host
+    #: candidates only, nothing outside the machine is contacted. Also handed to browsers.
+    ice_servers: list[dict[str, Any]] = Field(default_factory=list)
+    #: local addresses for host candidates; empty: 127.0.0.1 when bound to loopback, else all
+    webrtc_ice_addresses: list[str] = Field(default_factory=list)
+    #: frames aiortc's receive jitter buffer holds before decoding (aiortc's own default: 4)
+    webrtc_jitter_prefetch: int = 1
+    #: camera frames sampled per second for models with image_in
+    webrtc_video_fps: float = 1.0
+    webrtc_datachannel_timeout_s: float = 5.0
+    webrtc_connect_timeout_s: float = 15.0
+    #: hang up when the peer sends neither media nor events for this long (0: never)
+    webrtc_peer_timeout_s: float = 10.0
+    #: bound of the outgoing audio queued on a call's track
+    webrtc_max_queue_ms: float = 5000.0

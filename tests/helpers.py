@@ -15,7 +15,7 @@ _ADAPTERS = {
 }
 
 # Extension events (not in OpenAI's schema) are checked by hand.
-EXTENSION_EVENTS: set[str] = set()
+EXTENSION_EVENTS = {"session.expiring", "session.resumed"}
 
 
 def assert_valid_server_event(event: dict[str, Any]) -> None:

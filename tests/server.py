@@ -22,6 +22,7 @@ def free_port() -> int:
 class ServerThread:
     def __init__(self, registry: ModelRegistry, **settings) -> None:
         self.port = free_port()
+        settings.setdefault("session_store", "none")
         self.settings = ServerSettings(host="127.0.0.1", port=self.port, **settings)
         self.app = create_app(self.settings, registry=registry)
         config = uvicorn.Config(

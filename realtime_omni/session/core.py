@@ -79,6 +79,8 @@ class RealtimeSession:
         self._events: list[Outgoing] = []
         self._actions: list[act.Action] = []
         self.closed = False
+        #: extension: the secret a client presents to resume this session after a disconnect
+        self.resume_token: str | None = None
         self._reset_detector()
 
     # ---------------------------------------------------------------- outputs
@@ -104,6 +106,8 @@ class RealtimeSession:
     def start(self) -> None:
         """Greet the client: ``session.created`` (+ extension capabilities)."""
         session = self.session_dict()
+        if self.resume_token is not None:
+            session["resume_token"] = self.resume_token
         self._emit({"type": "session.created", "session": session})
 
     def session_dict(self) -> dict[str, Any]:
@@ -111,6 +115,10 @@ class RealtimeSession:
         # Extension (not in OpenAI's schema): what this model can take and give.
         session["capabilities"] = sorted(self.model.capabilities)
         return session
+
+    def warn_expiring(self, seconds_left: int) -> None:
+        """Extension event: the session will be closed at its lifetime limit."""
+        self._emit({"type": "session.expiring", "seconds_left": seconds_left, "expires_at": self.expires_at})
 
     def close(self, reason: str = "client_closed") -> None:
         """End the session: any active response ends (cancelled) exactly once."""
@@ -120,6 +128,31 @@ class RealtimeSession:
             self._cancel_active("client_cancelled")
         self.closed = True
         self._actions.append(act.CloseSession(reason))
+
+    # ---------------------------------------------------------------- persistence
+    def snapshot(self) -> dict[str, Any]:
+        """What a store keeps: settings and items (text/transcripts), not audio or model state."""
+        return {
+            "id": self.id,
+            "model": self.model.id,
+            "created_at": self.created_at,
+            "config": self.config.model_dump(mode="json"),
+            "items": [item.to_dict() for item in self.conversation],
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Rebuild settings and conversation from a snapshot (the model context follows on the
+        next turn, since every response sends the whole conversation to the thinker)."""
+        self.config = SessionConfig.model_validate(snapshot["config"])
+        if not self.has_vad:
+            self.config.turn_detection = None
+        self.input.set_format(self.config.input_format)
+        self._reset_detector()
+        for data in snapshot["items"]:
+            status = data.get("status") if data.get("status") != "in_progress" else "incomplete"
+            self.conversation.add(Item(id=data["id"], role=data["role"], type=data.get("type", "message"),
+                                       status=status, content=data.get("content") or []))
+        self.audio_started = any(i.role == "assistant" for i in self.conversation)
 
     # ---------------------------------------------------------------- client events
     def receive(self, event: Any) -> None:

@@ -1,4 +1,4 @@
-"""SessionManager: the registry of live sessions, their limits, and clean shutdown."""
+"""SessionManager: the registry of live sessions, limits, resume, persistence and shutdown."""
 
 from __future__ import annotations
 
@@ -6,12 +6,18 @@ import asyncio
 import concurrent.futures
 import logging
 
+from ..engines.base import ModelSession
 from ..engines.registry import ModelRegistry
 from ..pipeline import PipelineSettings
-from .core import RealtimeSession
+from .core import Outgoing, RealtimeSession
+from .journal import Journal
 from .runner import RunnerLimits, SessionRunner
+from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
+
+# Close reasons after which a session is over for good (its stored snapshot goes too).
+_FINAL = frozenset({"client_closed", "resume_grace_expired", "session_expired", "session_idle_timeout", "call_ended"})
 
 
 class SessionLimitError(Exception):
@@ -20,6 +26,10 @@ class SessionLimitError(Exception):
 
 class UnknownModelError(Exception):
     """``?model=`` names no loaded model (HTTP 400)."""
+
+
+class ResumeError(Exception):
+    """The resume token is unknown or its grace period has passed."""
 
 
 class SessionManager:
@@ -31,19 +41,29 @@ class SessionManager:
         limits: RunnerLimits | None = None,
         pipeline: PipelineSettings | None = None,
         model_threads: int = 4,
+        store: SessionStore | None = None,
+        resume_grace_s: float = 30.0,
+        persist_ttl_s: float = 3600.0,
     ) -> None:
         self.registry = registry
         self.max_sessions = max_sessions
         self.limits = limits or RunnerLimits()
         self.pipeline = pipeline or PipelineSettings()
+        self.store = store
+        self.resume_grace_s = resume_grace_s
+        self.persist_ttl_s = persist_ttl_s
         # Models never run on the event loop: heavy steps (ASR/LLM/TTS) and the per-frame VAD get
         # separate pools so a long synthesis cannot delay barge-in detection.
         self.executor = concurrent.futures.ThreadPoolExecutor(model_threads, thread_name_prefix="model")
         self.vad_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vad")
+        # One thread for store writes keeps snapshots of a session in order.
+        self.store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
         self.sessions: dict[str, SessionRunner] = {}
+        self._by_token: dict[str, SessionRunner] = {}
         self.total_opened = 0
 
-    def open(self, model_name: str | None) -> SessionRunner:
+    def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
+             last_seq: int = 0) -> SessionRunner:
         """Create and start a session (call on the event loop)."""
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
@@ -52,17 +72,65 @@ class SessionManager:
             known = ", ".join(m.id for m in self.registry.infos())
             raise UnknownModelError(f"unknown model {model_name!r}; available: {known}")
         model_session = model.open_session()
-        core = RealtimeSession(model.info, has_vad=_has_vad(model_session), max_session_seconds=self.limits.max_session_s)
-        runner = SessionRunner(
-            core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline, on_close=self._forget
+        core = RealtimeSession(
+            model.info, session_id=snapshot["id"] if snapshot else None,
+            has_vad=_has_vad(model_session), max_session_seconds=self.limits.max_session_s,
         )
+        if snapshot is not None:
+            core.restore(snapshot)
+        runner = SessionRunner(
+            core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
+            on_close=self._forget, on_change=self._persist if self.store else None,
+        )
+        if token is not None:
+            runner.resume_token = token
+            runner.journal = Journal(self.limits.journal_events, last_seq)
         self.sessions[core.id] = runner
+        self._by_token[runner.resume_token] = runner
         self.total_opened += 1
         runner.start()
+        if self.store is not None and snapshot is None:
+            self._persist(runner)
         return runner
+
+    async def resume(self, token: str, last_seq: int) -> tuple[SessionRunner, list[Outgoing], bool]:
+        """Re-attach to a live (detached) session, or rebuild a stored one after a restart.
+
+        Returns the runner, the events the client missed, and whether some were lost (gap).
+        """
+        runner = self._by_token.get(token)
+        if runner is not None and not runner.closed.is_set():
+            if runner.detached_since is None:
+                raise ResumeError("this session is still connected elsewhere")
+            missed, gap = await runner.attach(last_seq)
+            return runner, missed, gap
+        if self.store is not None:
+            loop = asyncio.get_running_loop()
+            snapshot = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token), self.persist_ttl_s)
+            if snapshot is not None and snapshot["id"] not in self.sessions:
+                stored_seq = int(snapshot.get("last_seq", 0))
+                # Number on from whatever the client saw last, so no number is ever reused.
+                runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq))
+                # Events after the snapshot died with the old process: say so if any were missed.
+                return runner, [], last_seq < stored_seq
+        raise ResumeError("unknown or expired resume token")
+
+    def _persist(self, runner: SessionRunner) -> None:
+        store = self.store
+        if store is None:
+            return
+        snapshot = runner.core.snapshot()
+        snapshot["last_seq"] = runner.journal.last_seq
+        digest = token_hash(runner.resume_token)
+        snapshot["token_digest"] = digest
+        future = self.store_executor.submit(store.save, runner.core.id, digest, snapshot)
+        future.add_done_callback(_log_failure)
 
     def _forget(self, runner: SessionRunner) -> None:
         self.sessions.pop(runner.core.id, None)
+        self._by_token.pop(runner.resume_token, None)
+        if self.store is not None and runner.close_reason in _FINAL:
+            self.store_executor.submit(self.store.delete, runner.core.id).add_done_callback(_log_failure)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         runners = list(self.sessions.values())
@@ -70,12 +138,18 @@ class SessionManager:
             await asyncio.wait_for(
                 asyncio.gather(*(r.close("server_shutdown") for r in runners), return_exceptions=True), timeout
             )
+        self.store_executor.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _has_vad(model_session) -> bool:  # type: ignore[no-untyped-def]
-    # A ModelSession that keeps the base implementation has no VAD.
-    from ..engines.base import ModelSession
+def _log_failure(future: concurrent.futures.Future) -> None:  # type: ignore[type-arg]
+    if future.exception() is not None:
+        log.error("session store operation failed: %s", future.exception())
 
+
+def _has_vad(model_session: ModelSession) -> bool:
+    # A ModelSession that keeps the base implementation has no VAD.
     return type(model_session).new_vad is not ModelSession.new_vad

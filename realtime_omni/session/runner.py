@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from ..protocol import parse_client_event
 from ..protocol.errors import ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
+from .journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,12 @@ class RunnerLimits:
     outbox_size: int = 512
     idle_timeout_s: float = 600.0
     max_session_s: float = 3600.0
+    #: a ``session.expiring`` warning goes out this long before the lifetime limit closes it
+    expiry_warning_s: float = 60.0
     max_event_bytes: int = 15 * 1024 * 1024
+    #: client events per second (token bucket; burst = 2 s worth); excess events get an error
+    max_events_per_s: float = 500.0
+    journal_events: int = 8192
 
 
 class SessionRunner:
@@ -44,6 +51,7 @@ class SessionRunner:
         limits: RunnerLimits | None = None,
         pipeline: PipelineSettings | None = None,
         on_close: Callable[["SessionRunner"], None] | None = None,
+        on_change: Callable[["SessionRunner"], None] | None = None,
     ) -> None:
         self.core = core
         self.model = model
@@ -52,6 +60,8 @@ class SessionRunner:
         self.limits = limits or RunnerLimits()
         self.pipeline_settings = pipeline or PipelineSettings()
         self._on_close = on_close
+        self._on_change = on_change
+        self.close_reason: str | None = None
         self.mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.limits.mailbox_size)
         self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
         self.vad: VADStream | None = None
@@ -60,6 +70,11 @@ class SessionRunner:
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.started_at = time.monotonic()
+        self.journal = Journal(self.limits.journal_events)
+        self.resume_token = secrets.token_urlsafe(24)
+        self.detached_since: float | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self._bucket = _TokenBucket(self.limits.max_events_per_s)
 
     # ------------------------------------------------------------ transport-facing API
     def start(self) -> None:
@@ -67,8 +82,12 @@ class SessionRunner:
 
     async def submit(self, raw: str | bytes) -> None:
         """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure)."""
-        if not self.closed.is_set():
-            await self.mailbox.put(("client", raw))
+        if self.closed.is_set():
+            return
+        if not self._bucket.take():
+            await self.mailbox.put(("rate_limited", len(raw)))
+            return
+        await self.mailbox.put(("client", raw))
 
     async def submit_audio(self, wire: bytes) -> None:
         """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
@@ -83,7 +102,41 @@ class SessionRunner:
                 return None
             if out.epoch is not None and out.epoch != self.core.epoch:
                 continue  # fenced off by a cancel/barge-in after it was queued
+            self.journal.record(out)
             return out
+
+    # ------------------------------------------------------------ resume
+    def detach(self, grace_s: float) -> None:
+        """The connection dropped: keep running, journal what would have been sent, and close
+        the session if nobody resumes it within ``grace_s``."""
+        if self.closed.is_set() or self._drain is not None:
+            return
+        self.detached_since = time.monotonic()
+        self._drain = asyncio.create_task(self._journal_while_detached(grace_s))
+
+    async def _journal_while_detached(self, grace_s: float) -> None:
+        async def drain() -> None:
+            while await self.next_outgoing() is not None:
+                pass
+
+        try:
+            await asyncio.wait_for(drain(), grace_s)
+        except asyncio.TimeoutError:
+            log.info("session %s expired after %.0f s detached", self.core.id, grace_s)
+            self._drain = None
+            await self.close("resume_grace_expired")
+
+    async def attach(self, last_seq: int) -> tuple[list[Outgoing], bool]:
+        """A client resumed: stop journaling on its behalf; returns (missed events, gap)."""
+        if self._drain is not None:
+            drain, self._drain = self._drain, None
+            drain.cancel()
+            await asyncio.gather(drain, return_exceptions=True)
+        self.detached_since = None
+        missed, gap = self.journal.since(last_seq)
+        for out in missed:
+            self.mark_sent(out)
+        return missed, gap
 
     def mark_sent(self, out: Outgoing) -> None:
         """Writers call this after each send (playback truth for WebSocket clients)."""
@@ -94,6 +147,7 @@ class SessionRunner:
         """Request a clean close; returns when everything the session held is released."""
         if self._task is None:
             return
+        self.close_reason = self.close_reason or reason
         if not self.closed.is_set():
             try:
                 self.mailbox.put_nowait(("close", reason))
@@ -110,18 +164,29 @@ class SessionRunner:
         try:
             if self.model is not None:
                 self.vad = self.model.new_vad() if self.core.has_vad else None
+            self.core.resume_token = self.resume_token
             self.core.start()
             await self._flush()
             deadline = self.started_at + self.limits.max_session_s
+            warn_at: float | None = deadline - self.limits.expiry_warning_s
             while not self.core.closed:
-                timeout = min(self.limits.idle_timeout_s, max(deadline - time.monotonic(), 0.0))
+                now = time.monotonic()
+                timeout = min(self.limits.idle_timeout_s, max(deadline - now, 0.0))
+                if warn_at is not None:
+                    timeout = min(timeout, max(warn_at - now, 0.0))
                 try:
                     message = await asyncio.wait_for(self.mailbox.get(), timeout)
                 except asyncio.TimeoutError:
+                    if warn_at is not None and warn_at <= time.monotonic() < deadline:
+                        warn_at = None
+                        self.core.warn_expiring(int(deadline - time.monotonic()))
+                        await self._flush()
+                        continue
                     expired = time.monotonic() >= deadline
                     code, text = ("session_expired", "session reached its maximum duration") if expired else (
                         "session_idle_timeout", "session closed after being idle")
                     self.core.error(ProtocolError(code, text, type="session_error"))
+                    self.close_reason = code
                     self.core.close(code)
                     await self._flush()
                     break
@@ -144,6 +209,11 @@ class SessionRunner:
                 core.error(exc)
                 return
             core.receive(event)
+        elif kind == "rate_limited":
+            core.error(ProtocolError(
+                "rate_limit_exceeded",
+                f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
+                type="rate_limit_error"))
         elif kind == "audio_in":
             try:
                 core.append_audio(message[1])
@@ -162,11 +232,16 @@ class SessionRunner:
         elif kind == "end":
             core.on_response_end(message[1], message[2], message[3], message[4], message[5])
         elif kind == "close":
+            self.close_reason = self.close_reason or message[1]
             core.close(message[1])
 
     async def _flush(self) -> None:
+        changed = False
         for out in self.core.drain_events():
+            changed = changed or out.event["type"] in _STATE_CHANGES
             await self.outbox.put(out)
+        if changed and self._on_change is not None:
+            self._on_change(self)
         for action in self.core.drain_actions():
             await self._perform(action)
 
@@ -242,6 +317,8 @@ class SessionRunner:
     async def _release(self) -> None:
         """Free everything on every exit path: tasks, model state, the writer."""
         self.closed.set()
+        if self._drain is not None and self._drain is not asyncio.current_task():
+            self._drain.cancel()
         self.core.close()
         tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
         for task in tasks:
@@ -263,3 +340,26 @@ class SessionRunner:
         if self._on_close is not None:
             self._on_close(self)
 
+
+
+# Events after which the stored snapshot is out of date.
+_STATE_CHANGES = frozenset({
+    "session.updated", "conversation.item.done", "conversation.item.deleted", "conversation.item.truncated", "response.done",
+})
+
+
+class _TokenBucket:
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.capacity = 2 * rate
+        self.tokens = self.capacity
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True

@@ -1,6 +1,8 @@
 """``/v1/realtime`` over WebSocket: JSON text frames in both directions.
 
-One reader (this handler) feeds the session mailbox; one writer task owns every send.
+One reader (this handler) feeds the session mailbox; one writer task owns every send. A clean
+close (code 1000) ends the session; a dropped connection leaves it resumable for the grace
+period (``?resume_token=...&last_sequence_number=N`` on a new connection).
 """
 
 from __future__ import annotations
@@ -8,39 +10,70 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..protocol.beta import to_beta
-from ..session.manager import SessionLimitError, SessionManager, UnknownModelError
+from ..security import AuthError, Guard
+from ..session.core import Outgoing
+from ..session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
 from ..session.runner import SessionRunner
 
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 30.0
+NORMAL_CLOSURE = 1000
+
+
+def _error(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"type": "error", "event_id": f"event_{code}", "error": {
+        "type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": None}}
 
 
 async def realtime_websocket(websocket: WebSocket) -> None:
     manager: SessionManager = websocket.app.state.manager
-    beta = "realtime=v1" in websocket.headers.get("openai-beta", "")
+    guard: Guard = websocket.app.state.guard
     subprotocols = websocket.scope.get("subprotocols") or []
-    # Browsers cannot set headers; OpenAI's convention puts them in subprotocols.
-    beta = beta or "openai-beta.realtime-v1" in subprotocols
-    await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
     try:
-        runner = manager.open(websocket.query_params.get("model"))
-    except (SessionLimitError, UnknownModelError) as exc:
-        code = "session_limit_reached" if isinstance(exc, SessionLimitError) else "model_not_found"
-        error = {"type": "error", "event_id": "event_reject", "error": {
-            "type": "invalid_request_error", "code": code, "message": str(exc), "param": "model" if code == "model_not_found" else None, "event_id": None}}
-        await websocket.send_text(json.dumps(error))
+        bound_session = guard.admit(websocket.headers, subprotocols)
+    except AuthError as exc:
+        await websocket.send_denial_response(JSONResponse(exc.body(), status_code=exc.status))
+        return
+    # Browsers cannot set headers; OpenAI's convention puts them in subprotocols.
+    beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in subprotocols
+    await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)
+
+    query = websocket.query_params
+    token = query.get("resume_token") or websocket.headers.get("x-resume-token")
+    replay: list[Outgoing] = []
+    try:
+        if token:
+            last_seq = int(query.get("last_sequence_number") or websocket.headers.get("x-last-sequence-number") or 0)
+            runner, replay, gap = await manager.resume(token, last_seq)
+        else:
+            runner = manager.open(query.get("model"))
+    except (SessionLimitError, UnknownModelError, ResumeError, ValueError) as exc:
+        code = {SessionLimitError: "session_limit_reached", UnknownModelError: "model_not_found",
+                ResumeError: "resume_token_invalid"}.get(type(exc), "invalid_value")
+        await websocket.send_text(json.dumps(_error(code, str(exc), "model" if code == "model_not_found" else None)))
         await websocket.close(code=1013 if code == "session_limit_reached" else 1008, reason=code)
         return
-    writer = asyncio.create_task(_writer(websocket, runner, beta))
+    if token:
+        resumed = {"type": "session.resumed", "event_id": "event_resumed", "session": runner.core.session_dict(),
+                   "replayed": len(replay), "gap": gap, "last_sequence_number": runner.journal.last_seq}
+        await websocket.send_text(json.dumps(resumed))
+    elif bound_session:
+        await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
+
+    writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
+    clean = False
     try:
         while True:
             message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
+                clean = message.get("code") == NORMAL_CLOSURE
                 break
             raw = message.get("text")
             if raw is None:
@@ -48,14 +81,15 @@ async def realtime_websocket(websocket: WebSocket) -> None:
             await runner.submit(raw)
             if runner.closed.is_set():
                 break
-    except WebSocketDisconnect:
-        pass
+    except WebSocketDisconnect as exc:
+        clean = exc.code == NORMAL_CLOSURE
     finally:
-        await runner.close("client_disconnected")
-        try:
-            await asyncio.wait_for(writer, SEND_TIMEOUT_S)
-        except (asyncio.TimeoutError, Exception):  # noqa: BLE001
-            writer.cancel()
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        if clean or manager.resume_grace_s <= 0 or runner.closed.is_set():
+            await runner.close("client_closed")
+        else:
+            runner.detach(manager.resume_grace_s)
         if websocket.client_state is WebSocketState.CONNECTED:
             try:
                 await websocket.close()
@@ -63,20 +97,25 @@ async def realtime_websocket(websocket: WebSocket) -> None:
                 pass
 
 
-async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool) -> None:
-    """The only task that sends on this connection."""
+async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, replay: list[Outgoing]) -> None:
+    """The only task that sends on this connection (replayed events first)."""
+
+    async def send(out: Outgoing) -> None:
+        event = to_beta(out.event) if beta else out.event
+        if event is not None:
+            await asyncio.wait_for(websocket.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+
     try:
+        for out in replay:
+            await send(out)
         while True:
             out = await runner.next_outgoing()
             if out is None:
                 break
-            event = to_beta(out.event) if beta else out.event
-            if event is None:
-                continue
-            await asyncio.wait_for(websocket.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+            await send(out)
             runner.mark_sent(out)
     except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError, ConnectionError):
-        await runner.close("client_disconnected")
+        return  # the reader sees the disconnect and decides between close and detach
     if websocket.client_state is WebSocketState.CONNECTED:
         try:
             await websocket.close()

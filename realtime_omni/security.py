@@ -1,0 +1,92 @@
+"""API keys, ephemeral client secrets and the browser Origin allow-list."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.datastructures import Headers
+
+# Browsers cannot set headers on a WebSocket; OpenAI's convention carries the key as a subprotocol.
+_SUBPROTOCOL_KEY = "openai-insecure-api-key."
+
+
+class AuthError(Exception):
+    def __init__(self, code: str, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"type": "invalid_request_error", "code": self.code, "message": self.message}}
+
+
+@dataclass
+class ClientSecret:
+    value: str
+    expires_at: float
+    session: dict[str, Any]
+
+
+@dataclass
+class Guard:
+    """Checks every HTTP request and WebSocket/WebRTC connection that opens a session."""
+
+    api_keys: list[str] = field(default_factory=list)
+    allowed_origins: list[str] | None = None
+    secret_ttl_s: float = 60.0
+    _secrets: dict[str, ClientSecret] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    @staticmethod
+    def presented_key(headers: Headers, subprotocols: list[str] | None = None) -> str | None:
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        for proto in subprotocols or []:
+            if proto.startswith(_SUBPROTOCOL_KEY):
+                return proto[len(_SUBPROTOCOL_KEY):]
+        return None
+
+    def check_origin(self, headers: Headers) -> None:
+        origin = headers.get("origin")
+        if origin is None or self.allowed_origins is None:
+            return  # non-browser clients send no Origin
+        if origin not in self.allowed_origins and "*" not in self.allowed_origins:
+            raise AuthError("origin_not_allowed", f"origin {origin!r} is not allowed", status=403)
+
+    def check_api_key(self, headers: Headers) -> None:
+        """Endpoints that only a server-side holder of the API key may call (client secrets)."""
+        if not self.enabled:
+            return
+        key = self.presented_key(headers)
+        if key is None or not any(hmac.compare_digest(key, k) for k in self.api_keys):
+            raise AuthError("invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
+
+    def admit(self, headers: Headers, subprotocols: list[str] | None = None) -> dict[str, Any] | None:
+        """Admit a session opener. Returns the session settings bound to a client secret, if one
+        was used (it is consumed: one session per secret)."""
+        self.check_origin(headers)
+        key = self.presented_key(headers, subprotocols)
+        if key is not None and key.startswith("ek_"):
+            secret = self._secrets.pop(key, None)
+            if secret is None or secret.expires_at < time.time():
+                raise AuthError("invalid_client_secret", "the client secret is unknown, used or expired")
+            return secret.session
+        if self.enabled and (key is None or not any(hmac.compare_digest(key, k) for k in self.api_keys)):
+            raise AuthError("invalid_api_key", "a valid API key or client secret is required")
+        return None
+
+    def issue_secret(self, session: dict[str, Any], ttl_s: float | None = None) -> ClientSecret:
+        now = time.time()
+        for value in [v for v, s in self._secrets.items() if s.expires_at < now]:
+            del self._secrets[value]  # bounded: expired secrets are swept on each issue
+        ttl = min(ttl_s or self.secret_ttl_s, 7200.0)
+        secret = ClientSecret(value="ek_" + secrets.token_urlsafe(24), expires_at=now + ttl, session=session)
+        self._secrets[secret.value] = secret
+        return secret
