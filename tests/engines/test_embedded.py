@@ -59,7 +59,8 @@ def test_info(model: EmbeddedModel) -> None:
     assert model.info.id == "embedded"
     assert model.info.output_rate == 22_050
     assert not model.info.hears_audio
-    assert {"audio_in", "text_in", "audio_out", "text_out", "transcription"} <= model.info.capabilities
+    expected = {"audio_in", "text_in", "audio_out", "text_out", "transcription"}
+    assert expected <= model.info.capabilities
 
 
 def test_vad_separates_speech_from_silence(model: EmbeddedModel, question_16k: np.ndarray) -> None:
@@ -169,7 +170,8 @@ def test_sessions_think_concurrently(model: EmbeddedModel) -> None:
     replies: dict[int, str] = {}
 
     def run(index: int) -> None:
-        req = request([TurnMessage("user", QUESTION)], instructions="Be brief.", max_output_tokens=24)
+        messages = [TurnMessage("user", QUESTION)]
+        req = request(messages, instructions="Be brief.", max_output_tokens=24)
         replies[index] = "".join(out.text for out in sessions[index].think(req))
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
@@ -209,7 +211,8 @@ def test_piper_talk(model: EmbeddedModel) -> None:
     session = model.open_session()
     try:
         text = "Sure, here it is. Paris is **lovely** in spring!"
-        segment = [ThinkerOutput(text=piece) for piece in ("Sure, here", " it is. Paris is **lovely** in spring!")]
+        pieces = ("Sure, here", " it is. Paris is **lovely** in spring!")
+        segment = [ThinkerOutput(text=piece) for piece in pieces]
         start = time.perf_counter()
         outputs = []
         for out in session.talk(segment, "alloy", threading.Event(), final=True):
@@ -224,7 +227,8 @@ def test_piper_talk(model: EmbeddedModel) -> None:
             assert np.abs(out.audio).max() > 3_000
 
         # unspeakable text still reaches the transcript; a cancelled talk yields nothing
-        (blank,) = session.talk([ThinkerOutput(text=" ** ")], "verse", threading.Event(), final=True)
+        blank_segment = [ThinkerOutput(text=" ** ")]
+        (blank,) = session.talk(blank_segment, "verse", threading.Event(), final=True)
         assert blank.text == " ** " and blank.final and len(blank.audio) == 0
         cancelled = threading.Event()
         cancelled.set()

@@ -1,4 +1,7 @@
-"""In-process CPU cascade (Silero VAD, Whisper tiny.en, SmolLM2-135M, Piper) from pip-installed weights."""
+"""In-process CPU cascade (Silero VAD, Whisper tiny.en, SmolLM2-135M, Piper).
+
+All weights come from pip packages (the ``embedded`` extra).
+"""
 
 from .model import EmbeddedModel, EmbeddedSession
 

