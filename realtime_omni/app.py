@@ -19,8 +19,11 @@ from . import __version__, metrics
 from .config import ServerSettings
 from .engines.registry import ModelRegistry
 from .pipeline import PipelineSettings
+from .security import AuthError, Guard
 from .session.manager import SessionManager
 from .session.runner import RunnerLimits
+from .session.store import open_store
+from .transports import webrtc
 from .transports.websocket import realtime_websocket
 
 log = logging.getLogger(__name__)
@@ -39,12 +42,38 @@ async def ready(request: Request) -> JSONResponse:
 
 
 async def list_models(request: Request) -> JSONResponse:
+    try:
+        request.app.state.guard.check_api_key(request.headers)
+    except AuthError as exc:
+        return JSONResponse(exc.body(), status_code=exc.status)
     manager: SessionManager = request.app.state.manager
     data = [
         {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by, "capabilities": sorted(info.capabilities)}
         for info in manager.registry.infos()
     ]
     return JSONResponse({"object": "list", "data": data})
+
+
+async def client_secrets(request: Request) -> JSONResponse:
+    """Mint a short-lived, single-use secret so a browser never sees the API key."""
+    guard: Guard = request.app.state.guard
+    try:
+        guard.check_api_key(request.headers)
+        guard.check_origin(request.headers)
+    except AuthError as exc:
+        return JSONResponse(exc.body(), status_code=exc.status)
+    try:
+        body = await request.json() if await request.body() else {}
+        session = dict(body.get("session") or {})
+        ttl = (body.get("expires_after") or {}).get("seconds")
+        ttl = float(ttl) if ttl is not None else None
+    except (ValueError, AttributeError, TypeError):
+        return JSONResponse({"error": {"type": "invalid_request_error", "code": "invalid_json",
+                                       "message": "body must be a JSON object"}}, status_code=400)
+    session.pop("type", None)
+    secret = guard.issue_secret(session, ttl)
+    return JSONResponse({"value": secret.value, "expires_at": int(secret.expires_at),
+                         "session": {"type": "realtime", **session}})
 
 
 async def metrics_endpoint(request: Request) -> Response:
@@ -63,17 +92,23 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             reg = ModelRegistry()
             await asyncio.to_thread(reg.load, settings.models)
         limits = RunnerLimits(
-            idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s, max_event_bytes=settings.max_event_bytes
+            idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
+            max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,
+            expiry_warning_s=settings.expiry_warning_s,
         )
+        app.state.loop = asyncio.get_running_loop()
         lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None
+        store = await asyncio.to_thread(open_store, settings.session_store, settings.persist_ttl_s)
         app.state.manager = SessionManager(
             reg, max_sessions=settings.max_sessions, limits=limits,
             pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
+            store=store, resume_grace_s=settings.resume_grace_s, persist_ttl_s=settings.persist_ttl_s,
         )
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
         try:
             yield
         finally:
+            await webrtc.shutdown(app)
             await app.state.manager.shutdown()
             if registry is None:
                 reg.close()
@@ -83,11 +118,14 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         Route("/ready", ready),
         Route("/v1/models", list_models),
         Route("/metrics", metrics_endpoint),
+        Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_websocket),
+        *webrtc.routes(),
     ]
     web_dir = Path(settings.web_dir) if settings.web_dir else Path(__file__).resolve().parent.parent / "web"
     if web_dir.is_dir():
         routes.append(Mount("/", StaticFiles(directory=web_dir, html=True), name="web"))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.settings = settings
+    app.state.guard = Guard(list(settings.api_keys), settings.allowed_origins, settings.client_secret_ttl_s)
     return app

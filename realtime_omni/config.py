@@ -18,6 +18,8 @@ class ServerSettings(BaseSettings):
     max_sessions: int = 100
     idle_timeout_s: float = 600.0
     max_session_s: float = 3600.0
+    #: a session.expiring warning goes out this long before max_session_s closes a session
+    expiry_warning_s: float = 60.0
     max_event_bytes: int = 15 * 1024 * 1024
     #: audio is sent at most this far ahead of real time (ms); negative disables pacing
     output_lead_ms: float = 1500.0

@@ -101,7 +101,14 @@ class SessionManager:
         runner = self._by_token.get(token)
         if runner is not None and not runner.closed.is_set():
             if runner.detached_since is None:
-                raise ResumeError("this session is still connected elsewhere")
+                # The old connection may be half-dead (the server has not seen the drop yet):
+                # the token holder takes over and the old connection is let go.
+                if runner.kick is not None:
+                    runner.kick()
+                try:
+                    await asyncio.wait_for(runner.detached.wait(), 5.0)
+                except asyncio.TimeoutError:
+                    raise ResumeError("this session is still connected elsewhere") from None
             missed, gap = await runner.attach(last_seq)
             return runner, missed, gap
         if self.store is not None:

@@ -73,6 +73,11 @@ class SessionRunner:
         self.journal = Journal(self.limits.journal_events)
         self.resume_token = secrets.token_urlsafe(24)
         self.detached_since: float | None = None
+        self.detached = asyncio.Event()
+        #: the event_id of the last client event this session processed (resume bookkeeping)
+        self.last_client_event_id: str | None = None
+        #: set by the attached transport: makes it let go of the session (a resume takes over)
+        self.kick: Callable[[], None] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
 
@@ -112,6 +117,8 @@ class SessionRunner:
         if self.closed.is_set() or self._drain is not None:
             return
         self.detached_since = time.monotonic()
+        self.kick = None
+        self.detached.set()
         self._drain = asyncio.create_task(self._journal_while_detached(grace_s))
 
     async def _journal_while_detached(self, grace_s: float) -> None:
@@ -133,6 +140,12 @@ class SessionRunner:
             drain.cancel()
             await asyncio.gather(drain, return_exceptions=True)
         self.detached_since = None
+        self.detached.clear()
+        # Let every client event accepted before the drop be processed, so the client learns
+        # exactly which of its events to send again (those after last_client_event_id).
+        synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self.mailbox.put(("sync", synced))
+        await asyncio.wait({synced}, timeout=10.0)
         missed, gap = self.journal.since(last_seq)
         for out in missed:
             self.mark_sent(out)
@@ -209,6 +222,11 @@ class SessionRunner:
                 core.error(exc)
                 return
             core.receive(event)
+            if event.event_id:
+                self.last_client_event_id = event.event_id
+        elif kind == "sync":
+            if not message[1].done():
+                message[1].set_result(None)
         elif kind == "rate_limited":
             core.error(ProtocolError(
                 "rate_limit_exceeded",
@@ -267,7 +285,8 @@ class SessionRunner:
                 task.cancel()
         elif isinstance(action, act.ConfirmHeard):
             if self.model is not None:
-                await loop.run_in_executor(self.executor, self.model.confirm, action.text)
+                # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
+                await asyncio.to_thread(self.model.confirm, action.text)
         elif isinstance(action, act.CloseSession):
             pass  # the loop in _run sees core.closed
 
@@ -327,7 +346,7 @@ class SessionRunner:
         if self.model is not None:
             model, self.model = self.model, None
             try:
-                await asyncio.get_running_loop().run_in_executor(self.executor, model.close)
+                await asyncio.to_thread(model.close)  # not the model pool: it may be saturated
             except Exception:  # noqa: BLE001
                 log.exception("closing model session failed")
         # Wake the writer after what is queued (the oldest events give way if it is full).

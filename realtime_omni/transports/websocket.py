@@ -62,39 +62,54 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         return
     if token:
         resumed = {"type": "session.resumed", "event_id": "event_resumed", "session": runner.core.session_dict(),
-                   "replayed": len(replay), "gap": gap, "last_sequence_number": runner.journal.last_seq}
+                   "replayed": len(replay), "gap": gap, "last_sequence_number": runner.journal.last_seq,
+                   "last_client_event_id": runner.last_client_event_id}
         await websocket.send_text(json.dumps(resumed))
     elif bound_session:
         await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
 
     writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
+    reader = asyncio.create_task(_reader(websocket, runner))
+    kicked = asyncio.Event()
+    runner.kick = kicked.set
+    kick_wait = asyncio.create_task(kicked.wait())
     clean = False
     try:
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                clean = message.get("code") == NORMAL_CLOSURE
-                break
-            raw = message.get("text")
-            if raw is None:
-                raw = message.get("bytes") or b""
-            await runner.submit(raw)
-            if runner.closed.is_set():
-                break
-    except WebSocketDisconnect as exc:
-        clean = exc.code == NORMAL_CLOSURE
+        await asyncio.wait({reader, kick_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if reader.done() and not reader.cancelled() and reader.exception() is None:
+            clean = reader.result()
     finally:
-        writer.cancel()
-        await asyncio.gather(writer, return_exceptions=True)
-        if clean or manager.resume_grace_s <= 0 or runner.closed.is_set():
+        for task in (reader, writer, kick_wait):
+            task.cancel()
+        await asyncio.gather(reader, writer, kick_wait, return_exceptions=True)
+        if kicked.is_set():
+            runner.detach(manager.resume_grace_s)  # a resuming connection takes over at once
+        elif clean or manager.resume_grace_s <= 0 or runner.closed.is_set():
             await runner.close("client_closed")
         else:
             runner.detach(manager.resume_grace_s)
         if websocket.client_state is WebSocketState.CONNECTED:
             try:
-                await websocket.close()
+                await websocket.close(code=4000 if kicked.is_set() else 1000)
             except RuntimeError:
                 pass
+
+
+async def _reader(websocket: WebSocket, runner: SessionRunner) -> bool:
+    """Feeds the mailbox in wire order; returns True when the client closed cleanly."""
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return message.get("code") == NORMAL_CLOSURE
+            raw = message.get("text")
+            if raw is None:
+                raw = message.get("bytes") or b""
+            await runner.submit(raw)
+            if runner.closed.is_set():
+                return True
+    except WebSocketDisconnect as exc:
+        return exc.code == NORMAL_CLOSURE
 
 
 async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, replay: list[Outgoing]) -> None:

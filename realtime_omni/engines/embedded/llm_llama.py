@@ -13,6 +13,8 @@ import contextlib
 import ctypes
 import importlib.resources
 import threading
+from concurrent.futures import CancelledError as FutureCancelled
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -177,7 +179,9 @@ class LlamaThinker:
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         if self._closed:
             raise RuntimeError("thinker is closed")
-        llm = self._instance.result()
+        llm = self._wait_for_instance(request.cancelled)
+        if llm is None:
+            return  # cancelled (or closed) before this session's instance was ready
         with self._lock:
             if self._closed:
                 raise RuntimeError("thinker is closed")
@@ -266,6 +270,18 @@ class LlamaThinker:
             self._instance.add_done_callback(_close_instance)
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _wait_for_instance(self, cancelled: threading.Event) -> llama_cpp.Llama | None:
+        """Wait for the background-created instance without pinning a worker thread after a
+        cancel: an abandoned response must not hold a model thread while instances load."""
+        while True:
+            try:
+                return self._instance.result(timeout=0.05)
+            except FutureTimeout:
+                if cancelled.is_set() or self._closed:
+                    return None
+            except FutureCancelled:
+                return None
 
     def _render(self, llm: llama_cpp.Llama, request: ThinkRequest) -> list[int]:
         shared = self._shared
