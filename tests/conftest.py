@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
+import time
+
 import numpy as np
 import pytest
 
@@ -52,3 +57,28 @@ def transcribe(embedded):
         return embedded.asr.transcribe(resample_once(pcm, rate, 16_000))
 
     return _transcribe
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A real redis-server on a free loopback port, for this test only."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (scripts/test.sh installs it)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+

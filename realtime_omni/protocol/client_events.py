@@ -39,6 +39,10 @@ def _beta_format(value: Any) -> Any:
     return value
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def normalize_session(session: dict[str, Any]) -> dict[str, Any]:
     """Rewrite a beta session object into the GA shape (GA objects pass through unchanged)."""
     s = dict(session)
@@ -49,9 +53,9 @@ def normalize_session(session: dict[str, Any]) -> dict[str, Any]:
         s["output_modalities"] = ["audio"] if "audio" in mods else ["text"]
     if "max_response_output_tokens" in s and "max_output_tokens" not in s:
         s["max_output_tokens"] = s.pop("max_response_output_tokens")
-    audio = dict(s.get("audio") or {})
-    audio_in = dict(audio.get("input") or {})
-    audio_out = dict(audio.get("output") or {})
+    audio = _as_dict(s.get("audio"))
+    audio_in = _as_dict(audio.get("input"))
+    audio_out = _as_dict(audio.get("output"))
     moved = False
     for beta_key, target, ga_key, convert in (
         ("input_audio_format", audio_in, "format", _beta_format),
@@ -64,7 +68,7 @@ def normalize_session(session: dict[str, Any]) -> dict[str, Any]:
         if beta_key in s:
             target[ga_key] = convert(s.pop(beta_key))
             moved = True
-    if moved:
+    if moved and (s.get("audio") is None or isinstance(s.get("audio"), dict)):
         if audio_in:
             audio["input"] = audio_in
         if audio_out:

@@ -303,6 +303,8 @@ class RealtimeSession:
         self._cancel_active("client_cancelled")
 
     def _on_output_audio_buffer_clear(self, event: Any) -> None:
+        if self.ledger.current is None:
+            raise ProtocolError(errors.INVALID_VALUE, "there is no output audio to clear yet")
         if self.response is not None:
             self._cancel_active("client_cancelled")
         self._emit({"type": "output_audio_buffer.cleared", "response_id": self.ledger.current})

@@ -189,8 +189,9 @@ def _rss_mb() -> float:
     return 0.0
 
 
-async def test_a_stored_session_resumes_after_a_server_restart(registry, tmp_path):
-    db = f"sqlite:///{tmp_path}/sessions.db"
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_a_stored_session_resumes_after_a_server_restart(registry, tmp_path, kind, request):
+    db = f"sqlite:///{tmp_path}/sessions.db" if kind == "sqlite" else request.getfixturevalue("redis_url")
     with ServerThread(registry, session_store=db) as first:
         ws = await websockets.connect(f"{first.ws}/v1/realtime?model=embedded")
         created = await recv(ws)

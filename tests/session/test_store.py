@@ -1,0 +1,60 @@
+"""Session stores against the real thing: SQLite on disk and a redis-server the test starts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from realtime_omni.session.store import RedisStore, SQLiteStore, open_store, token_hash
+
+SNAPSHOT = {"id": "sess_1", "model": "embedded", "config": {"model": "embedded", "instructions": "hi"},
+            "items": [{"id": "item_1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+            "last_seq": 7}
+
+
+def exercise(store) -> None:
+    digest = token_hash("secret-token")
+    store.save("sess_1", digest, {**SNAPSHOT, "token_digest": digest})
+    loaded = store.load(digest, max_age_s=60)
+    assert loaded["items"][0]["content"][0]["text"] == "hello" and loaded["last_seq"] == 7
+    assert store.load(token_hash("other"), max_age_s=60) is None
+    assert store.load(digest, max_age_s=-1) is None  # too old
+    store.save("sess_1", digest, {**SNAPSHOT, "last_seq": 9, "token_digest": digest})
+    assert store.load(digest, max_age_s=60)["last_seq"] == 9
+    store.delete("sess_1")
+    assert store.load(digest, max_age_s=60) is None
+
+
+def test_sqlite_store_round_trip_in_wal_mode(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path}/s.db", 60)
+    assert isinstance(store, SQLiteStore)
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    exercise(store)
+    store.close()
+
+
+def test_sqlite_store_survives_reopening(tmp_path):
+    path = tmp_path / "s.db"
+    first = SQLiteStore(path)
+    first.save("sess_1", token_hash("t"), SNAPSHOT)
+    first.close()
+    second = SQLiteStore(path)
+    assert second.load(token_hash("t"), 60)["id"] == "sess_1"
+    second.close()
+
+
+def test_redis_store_round_trip(redis_url):
+    store = open_store(redis_url, 60)
+    assert isinstance(store, RedisStore)
+    exercise(store)
+    store.close()
+
+
+def test_redis_keys_expire(redis_url):
+    store = RedisStore(redis_url, ttl_s=1)
+    store.save("sess_2", token_hash("t2"), SNAPSHOT)
+    assert store.load(token_hash("t2"), 60) is not None
+    time.sleep(1.5)
+    assert store.load(token_hash("t2"), 60) is None
+    store.close()
