@@ -16,6 +16,8 @@ def _serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "models": args.model, "log_level": args.log_level,
         "max_sessions": args.max_sessions, "output_lead_ms": args.output_lead_ms,
+        "api_keys": args.api_key, "allowed_origins": args.allowed_origin, "session_store": args.session_store,
+        "resume_grace_s": args.resume_grace_s,
     }.items() if v is not None}
     settings = ServerSettings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--max-sessions", type=int)
     serve.add_argument("--output-lead-ms", type=float, help="send audio at most this far ahead of real time; -1: unpaced")
+    serve.add_argument("--api-key", action="append", help="accepted API key (repeatable); none: no authentication")
+    serve.add_argument("--allowed-origin", action="append", help="browser Origin allowed to connect (repeatable)")
+    serve.add_argument("--session-store", help="sqlite:///path.db, redis://host:port/0 or none")
+    serve.add_argument("--resume-grace-s", type=float, help="how long a dropped session stays resumable")
     serve.set_defaults(func=_serve)
 
     try:
