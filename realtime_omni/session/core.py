@@ -11,6 +11,7 @@ import base64
 import binascii
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,8 @@ class RealtimeSession:
         self.closed = False
         #: extension: the secret a client presents to resume this session after a disconnect
         self.resume_token: str | None = None
+        #: the driver's view of this session's limits, reported as rate_limits.updated
+        self.rate_limits: Callable[[], list[dict[str, Any]]] | None = None
         self._reset_detector()
 
     # ---------------------------------------------------------------- outputs
@@ -402,6 +405,8 @@ class RealtimeSession:
         if "audio" in modalities:
             self.audio_started = True
         response.start_events(self._emit, previous)
+        if self.rate_limits is not None:
+            self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
         self._pending_request = self._think_request(params, response)
         self._pending_input = params.get("input")
         self._maybe_start_pipeline()

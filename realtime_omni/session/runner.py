@@ -178,6 +178,7 @@ class SessionRunner:
             if self.model is not None:
                 self.vad = self.model.new_vad() if self.core.has_vad else None
             self.core.resume_token = self.resume_token
+            self.core.rate_limits = self._bucket.report
             self.core.start()
             await self._flush()
             deadline = self.started_at + self.limits.max_session_s
@@ -374,11 +375,16 @@ class _TokenBucket:
         self.tokens = self.capacity
         self.stamp = time.monotonic()
 
-    def take(self) -> bool:
+    def report(self) -> list[dict[str, Any]]:
+        self.take(0)
+        reset = (self.capacity - self.tokens) / self.rate if self.rate else 0.0
+        return [{"name": "requests", "limit": int(self.capacity), "remaining": int(self.tokens), "reset_seconds": round(reset, 3)}]
+
+    def take(self, cost: int = 1) -> bool:
         now = time.monotonic()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens < 1:
+        if self.tokens < cost:
             return False
-        self.tokens -= 1
+        self.tokens -= cost
         return True

@@ -115,6 +115,8 @@ async def test_text_in_audio_and_transcript_out_then_text_only(server):
                                                   "content": [{"type": "input_text", "text": "Say hello to me."}]})
         await conn.response.create()
         events = await collect_until_done(conn)
+        limits = next(e for e in events if e.type == "rate_limits.updated")
+        assert limits.rate_limits[0].name == "requests" and limits.rate_limits[0].remaining > 0
         transcript = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
         assert transcript.strip()
         assert len(audio_of(events)) > 0
