@@ -76,6 +76,9 @@ class RealtimeSession:
         self._vad_pending = np.zeros(0, dtype=np.int16)
         self._vad_position = 0  # stream samples already given to the VAD
         self._pending_transcripts: set[str] = set()
+        # the next response's request, held until every pending transcript has arrived
+        self._pending_request: ThinkRequest | None = None
+        self._pending_input: list[dict[str, Any]] | None = None
         self._echo_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
         self._actions: list[act.Action] = []
@@ -328,7 +331,6 @@ class RealtimeSession:
                 )
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
-                    self.barge_in_at = time.monotonic()
             elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
                 item_id, self._speech_item_id = self._speech_item_id, None
                 self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": decision.audio_end_ms, "item_id": item_id})
@@ -437,6 +439,7 @@ class RealtimeSession:
             return
         response.pipeline_started = True
         request = self._pending_request
+        assert request is not None
         request.messages = self._messages(self._pending_input)
         self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format))
 
