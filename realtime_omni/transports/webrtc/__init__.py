@@ -1,0 +1,11 @@
+"""WebRTC transport (OpenAI Realtime GA flow) on aiortc.
+
+One module per piece: :mod:`.calls` (HTTP signalling, call registry), :mod:`.peer` (one call's
+RTCPeerConnection ⇄ session runner), :mod:`.tracks` (incoming microphone, outgoing paced track),
+:mod:`.video` (camera sampling), :mod:`.ice` (ICE servers, candidate addresses).
+"""
+
+from .calls import CallRegistry, registry, routes, shutdown
+from .peer import Peer, WebRTCOptions
+
+__all__ = ["CallRegistry", "Peer", "WebRTCOptions", "registry", "routes", "shutdown"]

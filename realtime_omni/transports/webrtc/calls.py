@@ -1,0 +1,249 @@
+"""HTTP signalling of the GA WebRTC flow (``/v1/realtime/calls``), and the registry of live calls.
+
+``POST /v1/realtime/calls[?model=]`` takes the SDP offer (``application/sdp``, or
+``multipart/form-data`` with ``sdp`` and an optional ``session`` JSON object applied as a
+``session.update`` before anything else) and answers ``201`` with the SDP answer and
+``Location: /v1/realtime/calls/{call_id}``. ``DELETE /v1/realtime/calls/{call_id}`` (or ``POST
+.../hangup``) ends the call. ``GET /v1/realtime/ice`` tells browsers which ICE servers to use.
+Every refusal is a JSON ``{"error": {...}}`` with a ``code``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from email import policy
+from email.parser import BytesParser
+from typing import Any
+
+from aiortc import sdp as aiortc_sdp
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ...protocol import parse_client_event
+from ...protocol.errors import ProtocolError
+from ...session.manager import SessionLimitError, SessionManager, UnknownModelError
+from .ice import local_addresses, parse_ice_servers
+from .peer import Peer, WebRTCOptions, new_call_id
+
+log = logging.getLogger(__name__)
+
+MAX_OFFER_BYTES = 256 * 1024
+ANSWER_TIMEOUT_S = 15.0
+
+
+class CallRegistry:
+    """The live calls of one app; each removes itself when it ends."""
+
+    def __init__(self, options: WebRTCOptions) -> None:
+        self.options = options
+        self.calls: dict[str, Peer] = {}
+        self.total_opened = 0
+
+    def add(self, peer: Peer) -> None:
+        self.calls[peer.id] = peer
+        self.total_opened += 1
+
+    def forget(self, peer: Peer) -> None:
+        self.calls.pop(peer.id, None)
+
+    async def close_all(self, reason: str = "server_shutdown", timeout: float = 15.0) -> None:
+        peers = list(self.calls.values())
+        if peers:
+            await asyncio.wait([p.hangup(reason) for p in peers], timeout=timeout)
+
+
+def options_from_settings(settings: Any) -> WebRTCOptions:
+    get = lambda name, default: getattr(settings, name, default)  # noqa: E731 - older settings objects
+    return WebRTCOptions(
+        ice_servers=parse_ice_servers(get("ice_servers", [])),
+        local_addresses=local_addresses(get("webrtc_ice_addresses", None) or None, get("host", "127.0.0.1")),
+        jitter_prefetch=get("webrtc_jitter_prefetch", 1),
+        video_fps=get("webrtc_video_fps", 1.0),
+        datachannel_timeout_s=get("webrtc_datachannel_timeout_s", 5.0),
+        connect_timeout_s=get("webrtc_connect_timeout_s", 15.0),
+        peer_timeout_s=get("webrtc_peer_timeout_s", 10.0),
+        max_queue_ms=get("webrtc_max_queue_ms", 5000.0),
+    )
+
+
+def registry(app: Starlette) -> CallRegistry:
+    reg: CallRegistry | None = getattr(app.state, "webrtc_calls", None)
+    if reg is None:
+        reg = CallRegistry(options_from_settings(getattr(app.state, "settings", None)))
+        app.state.webrtc_calls = reg
+    return reg
+
+
+async def shutdown(app: Starlette) -> None:
+    """Hang up every call (the app's lifespan calls this before the sessions are shut down)."""
+    reg: CallRegistry | None = getattr(app.state, "webrtc_calls", None)
+    if reg is not None:
+        await reg.close_all()
+
+
+def error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"type": kind, "code": code, "message": message, "param": param}}, status_code=status)
+
+
+class _BadRequest(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param, self.status = code, message, param, status
+
+
+def _parse_body(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | None]:
+    """(offer SDP, session object or None) from either request shape."""
+    media_type = content_type.split(";")[0].strip().lower()
+    if media_type == "multipart/form-data":
+        message = BytesParser(policy=policy.HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
+        )
+        if not message.is_multipart():
+            raise _BadRequest("invalid_multipart", "malformed multipart/form-data body")
+        fields: dict[str, bytes] = {}
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition")
+            if isinstance(name, str):
+                fields[name] = part.get_payload(decode=True) or b""
+        if "sdp" not in fields:
+            raise _BadRequest("missing_sdp", "multipart body has no 'sdp' field", param="sdp")
+        sdp_text = fields["sdp"].decode("utf-8", "replace")
+        session = None
+        if fields.get("session"):
+            try:
+                session = json.loads(fields["session"])
+            except ValueError as exc:
+                raise _BadRequest("invalid_session", f"'session' is not valid JSON: {exc}", param="session") from None
+            if not isinstance(session, dict):
+                raise _BadRequest("invalid_session", "'session' must be a JSON object", param="session")
+        return sdp_text, session
+    if media_type in ("application/sdp", "text/plain", ""):
+        return body.decode("utf-8", "replace"), None
+    raise _BadRequest(
+        "unsupported_media_type", f"send the SDP offer as application/sdp or multipart/form-data, not {media_type!r}",
+        status=415,
+    )
+
+
+def _check_offer(sdp_text: str) -> None:
+    """Refuse what can never become a call, before a session is opened for it."""
+    if not sdp_text.lstrip().startswith("v=0"):
+        raise _BadRequest("invalid_sdp", "the body is not an SDP offer (it must start with v=0)", param="sdp")
+    try:
+        description = aiortc_sdp.SessionDescription.parse(sdp_text)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
+        raise _BadRequest("invalid_sdp", f"the SDP offer could not be parsed: {exc}", param="sdp") from None
+    kinds = [m.kind for m in description.media]
+    if "audio" not in kinds:
+        raise _BadRequest("missing_audio", "the offer has no audio m-line; add an audio transceiver", param="sdp")
+    if "application" not in kinds:
+        raise _BadRequest(
+            "missing_data_channel", "the offer has no data channel; create the 'oai-events' data channel before the offer",
+            param="sdp",
+        )
+    for media in description.media:
+        if not (media.ice and media.ice.usernameFragment and media.ice.password):
+            raise _BadRequest("invalid_sdp", f"the {media.kind} m-line has no ICE credentials", param="sdp")
+        if not (media.dtls and media.dtls.fingerprints):
+            raise _BadRequest("invalid_sdp", f"the {media.kind} m-line has no DTLS fingerprint", param="sdp")
+
+
+async def create_call(request: Request) -> Response:
+    manager: SessionManager = request.app.state.manager
+    reg = registry(request.app)
+    bound: dict[str, Any] | None = None
+    guard = getattr(request.app.state, "guard", None)
+    if guard is not None:  # API key or single-use client secret (ek_...), and the Origin allow-list
+        try:
+            bound = guard.admit(request.headers)
+        except Exception as exc:  # noqa: BLE001 - security.AuthError
+            status, code = getattr(exc, "status", 401), getattr(exc, "code", "unauthorized")
+            return error(status, code, getattr(exc, "message", str(exc)))
+    body = await request.body()
+    if len(body) > MAX_OFFER_BYTES:
+        return error(413, "offer_too_large", f"the offer exceeds {MAX_OFFER_BYTES} bytes")
+    try:
+        offer, session = _parse_body(request.headers.get("content-type", ""), body)
+        _check_offer(offer)
+        if bound:  # the settings a client secret was minted with come first; the call's own win
+            session = {"type": "realtime", **bound, **(session or {})}
+        update = None
+        if session is not None:
+            update = json.dumps({"type": "session.update", "session": session})
+            parse_client_event(update)  # the same validation as the data channel's, before any work
+    except _BadRequest as exc:
+        return error(exc.status, exc.code, exc.message, exc.param)
+    except ProtocolError as exc:
+        return error(400, exc.code, exc.message, f"session.{exc.param}" if exc.param else "session")
+    model = request.query_params.get("model") or (session or {}).get("model")
+    try:
+        runner = manager.open(model)
+    except SessionLimitError as exc:
+        return error(503, "session_limit_reached", str(exc))
+    except UnknownModelError as exc:
+        return error(400, "model_not_found", str(exc), "model")
+    if update is not None:
+        await runner.submit(update)  # first in the mailbox: before any audio or client event
+    peer = Peer(new_call_id(), runner, reg.options, reg.forget)
+    reg.add(peer)
+    try:
+        answer = await asyncio.wait_for(peer.answer(offer), ANSWER_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - a bad offer fails this call only
+        await peer.hangup("invalid_offer")
+        log.info("call refused: %s", exc)
+        message = str(exc) or type(exc).__name__
+        if isinstance(exc, asyncio.TimeoutError):
+            return error(500, "answer_timeout", "the answer could not be created in time")
+        return error(400, "invalid_offer", f"the offer could not be applied: {message}", "sdp")
+    return Response(
+        answer, status_code=201, media_type="application/sdp", headers={"Location": f"/v1/realtime/calls/{peer.id}"}
+    )
+
+
+def _call_or_404(request: Request) -> Peer | JSONResponse:
+    call_id = request.path_params["call_id"]
+    peer = registry(request.app).calls.get(call_id)
+    if peer is None:
+        return error(404, "call_not_found", f"no live call {call_id!r}", "call_id")
+    return peer
+
+
+async def hangup_call(request: Request) -> Response:
+    peer = _call_or_404(request)
+    if isinstance(peer, JSONResponse):
+        return peer
+    await peer.hangup("hangup")
+    return JSONResponse({"id": peer.id, "object": "realtime.call", "status": "ended"})
+
+
+async def get_call(request: Request) -> Response:
+    peer = _call_or_404(request)
+    if isinstance(peer, JSONResponse):
+        return peer
+    return JSONResponse(peer.info())
+
+
+async def list_calls(request: Request) -> Response:
+    reg = registry(request.app)
+    return JSONResponse({"object": "list", "data": [p.info() for p in reg.calls.values()], "total_opened": reg.total_opened})
+
+
+async def ice_config(request: Request) -> Response:
+    """ICE servers for browsers (the same list the server uses; empty: host candidates only)."""
+    return JSONResponse({"object": "realtime.ice_config", "ice_servers": registry(request.app).options.ice_servers})
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/realtime/calls", create_call, methods=["POST"]),
+        Route("/v1/realtime/calls", list_calls, methods=["GET"]),
+        Route("/v1/realtime/calls/{call_id}", get_call, methods=["GET"]),
+        Route("/v1/realtime/calls/{call_id}", hangup_call, methods=["DELETE"]),
+        Route("/v1/realtime/calls/{call_id}/hangup", hangup_call, methods=["POST"]),
+        Route("/v1/realtime/ice", ice_config, methods=["GET"]),
+    ]

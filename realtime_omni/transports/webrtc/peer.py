@@ -1,0 +1,412 @@
+"""One WebRTC call: an RTCPeerConnection around one session runner.
+
+Inputs, each on its own task: the ``oai-events`` data channel (client JSON events, in order, into
+:meth:`SessionRunner.submit`), the microphone track (:func:`~.tracks.pump_audio_in`) and, for
+models that see, the camera (:func:`~.video.pump_video_in`). One writer task owns every send on
+the data channel: the session's events (audio deltas go to the outgoing track instead, never on
+the channel) and the track's ``output_audio_buffer.*`` notifications. Every exit path —
+hang-up, data channel or connection closed, peer gone silent, session ended, server shutdown —
+goes through :meth:`Peer.hangup`, which releases the session, the tasks and the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
+
+from ...audio import AudioFormat, StreamResampler
+from ...audio.formats import parse_audio_format
+from ...session.runner import SessionRunner
+from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
+from .tracks import AudioInputStats, OutgoingAudioTrack, decode_wire, pump_audio_in, server_event
+from .video import VideoSampler, pump_video_in
+
+log = logging.getLogger(__name__)
+
+EVENTS_LABEL = "oai-events"
+_HIGH_WATER = 1 << 20  # bytes buffered on the data channel before the writer waits
+_INBOX = 256
+
+
+@dataclass
+class WebRTCOptions:
+    ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    #: addresses to gather host candidates on (None: every non-loopback interface, via aioice)
+    local_addresses: list[str] | None = None
+    #: aiortc's receive jitter buffer holds this many frames before decoding (aiortc: 4 = 80 ms)
+    jitter_prefetch: int = 1
+    video_fps: float = 1.0
+    #: the data channel must open within this long after the connection is up
+    datachannel_timeout_s: float = 5.0
+    #: ICE + DTLS must connect within this long after the answer
+    connect_timeout_s: float = 15.0
+    #: no media or event from the peer for this long: the peer is gone (0 disables)
+    peer_timeout_s: float = 10.0
+    #: outgoing audio queued on the track at most (the session paces ~1.5 s ahead)
+    max_queue_ms: float = 5000.0
+    #: live streams (echo) keep at most this much backlog on the track
+    live_max_ms: float = 60.0
+
+
+class Peer:
+    def __init__(
+        self, call_id: str, runner: SessionRunner, options: WebRTCOptions, on_closed: Callable[[Peer], None]
+    ) -> None:
+        self.id = call_id
+        self.runner = runner
+        self.options = options
+        self._on_closed = on_closed
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
+        live = options.live_max_ms if runner.core.echo else None  # echo: a live stream, not paced ahead
+        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
+        self.video = VideoSampler(options.video_fps, enabled=self.sees)
+        self.audio_in = AudioInputStats()
+        self.channel: Any | None = None
+        self.created_at = time.monotonic()
+        self.connected_at: float | None = None
+        self.hangup_reason: str | None = None
+        self.closed = asyncio.Event()
+        self._notes: deque[dict[str, Any]] = deque(maxlen=256)
+        self._notes_ready = asyncio.Event()
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(_INBOX)
+        self._channel_open = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._early: deque[dict[str, Any]] = deque(maxlen=1024)  # events before the channel opened
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closer: asyncio.Task[None] | None = None
+        self._last_activity = time.monotonic()
+        # per-response bookkeeping of the writer
+        self._formats: dict[str, AudioFormat] = {}
+        self._items: dict[str, str] = {}
+        self._audio_ms: dict[str, float] = {}
+        self._done: dict[str, str] = {}
+        self._resamplers: dict[str, StreamResampler] = {}
+        self.events_sent = 0
+        self.events_received = 0
+        self.audio_deltas = 0
+
+    @property
+    def sees(self) -> bool:
+        return "image_in" in self.runner.core.model.capabilities
+
+    # ------------------------------------------------------------------ setup
+    async def answer(self, offer_sdp: str) -> str:
+        """Apply the offer, attach the tracks, gather, and return the answer SDP."""
+        pc = self.pc
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_connection_state)
+        addresses = self.options.local_addresses
+        offer = filter_offer_candidates(offer_sdp, loopback_only(addresses))
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+        audio_seen = video_seen = False
+        for transceiver in pc.getTransceivers():
+            if transceiver.kind == "audio" and not audio_seen:
+                audio_seen = True
+                transceiver.sender.replaceTrack(self.track)
+                transceiver.direction = "sendrecv"
+                self._tune_jitter_buffer(transceiver.receiver)
+            elif transceiver.kind == "video" and not video_seen and self.sees:
+                video_seen = True
+                transceiver.direction = "recvonly"
+            else:  # extra m-lines, or video for a model that cannot see: nothing flows
+                transceiver.direction = "inactive"
+        await gather_on(pc, addresses)
+        answer = await pc.createAnswer()
+        await pc.setLocalDescription(answer)
+        self._spawn(self._writer(), "writer")
+        self._spawn(self._reader(), "reader")
+        self._spawn(self._watchdog(), "watchdog")
+        return pc.localDescription.sdp
+
+    def _tune_jitter_buffer(self, receiver: Any) -> None:
+        # aiortc 1.16 hard-codes JitterBuffer(capacity=16, prefetch=4) for audio: 4 frames = 80 ms
+        # before the first decode. A server feeding a VAD/ASR needs no playout smoothing, so a
+        # one-frame prefetch (a frame is released when the next one arrives) is enough.
+        name = "_RTCRtpReceiver__jitter_buffer"
+        prefetch = self.options.jitter_prefetch
+        if prefetch >= 4 or not hasattr(receiver, name):
+            return
+        setattr(receiver, name, JitterBuffer(capacity=16, prefetch=max(prefetch, 0)))
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"webrtc-{self.id}-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call %s: task %s failed", self.id, task.get_name(), exc_info=task.exception())
+            self.hangup("server_error")
+
+    # ------------------------------------------------------------------ aiortc callbacks
+    def _on_datachannel(self, channel: Any) -> None:
+        if self.channel is None and channel.label == EVENTS_LABEL:
+            self.channel = channel
+            channel.bufferedAmountLowThreshold = _HIGH_WATER // 4
+            channel.on("message", self._on_message)
+            channel.on("close", lambda: self.hangup("data_channel_closed"))
+            self._channel_open.set()
+            return
+        why = (
+            f"only one {EVENTS_LABEL!r} data channel is supported"
+            if channel.label == EVENTS_LABEL
+            else f"unsupported data channel {channel.label!r}; events go on {EVENTS_LABEL!r}"
+        )
+        log.info("call %s: closing data channel %r: %s", self.id, channel.label, why)
+        self._note(server_event("error", error={
+            "type": "invalid_request_error", "code": "unsupported_data_channel", "message": why,
+            "param": None, "event_id": None}))
+        channel.close()
+
+    def _on_message(self, message: str | bytes) -> None:
+        self._last_activity = time.monotonic()
+        self.events_received += 1
+        try:
+            self._inbox.put_nowait(message)
+        except asyncio.QueueFull:  # overflow policy: refuse the event, tell the client
+            self._note(server_event("error", error={
+                "type": "invalid_request_error", "code": "rate_limit_exceeded",
+                "message": "too many events in flight on the data channel; event dropped",
+                "param": None, "event_id": None}))
+
+    def _on_track(self, track: Any) -> None:
+        if track.kind == "audio":
+            self._spawn(pump_audio_in(track, self.runner, self.audio_in), "audio-in")
+        elif track.kind == "video":
+            self._spawn(pump_video_in(track, self.video), "video-in")
+
+    def _on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.connected_at = self.connected_at or time.monotonic()
+            self._connected.set()
+        elif state in ("failed", "closed"):
+            self.hangup(f"connection_{state}")
+
+    def _note(self, event: dict[str, Any]) -> None:
+        self._notes.append(event)
+        self._notes_ready.set()
+
+    # ------------------------------------------------------------------ tasks
+    async def _reader(self) -> None:
+        """Data channel → session, in arrival order, with the runner's backpressure."""
+        while True:
+            message = await self._inbox.get()
+            await self.runner.submit(message)
+            if self.runner.closed.is_set():
+                return
+
+    async def _watchdog(self) -> None:
+        opts = self.options
+        try:
+            await asyncio.wait_for(self._connected.wait(), opts.connect_timeout_s)
+        except asyncio.TimeoutError:
+            self.hangup("connect_timeout")
+            return
+        try:
+            await asyncio.wait_for(self._channel_open.wait(), opts.datachannel_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("call %s: no %r data channel within %.1f s", self.id, EVENTS_LABEL, opts.datachannel_timeout_s)
+            self.hangup("no_data_channel")
+            return
+        while opts.peer_timeout_s > 0:
+            await asyncio.sleep(min(1.0, opts.peer_timeout_s / 4))
+            last = max(self._last_activity, self.audio_in.last_at)
+            if time.monotonic() - last > opts.peer_timeout_s:
+                self.hangup("peer_timeout")
+                return
+
+    async def _writer(self) -> None:
+        """The only task that sends on the data channel."""
+        runner = self.runner
+        out_task: asyncio.Task[Any] | None = None
+        note_task: asyncio.Task[Any] | None = None
+        open_task: asyncio.Task[Any] | None = asyncio.ensure_future(self._channel_open.wait())
+        try:
+            while True:
+                if out_task is None:
+                    out_task = asyncio.ensure_future(runner.next_outgoing())
+                if note_task is None:
+                    note_task = asyncio.ensure_future(self._notes_ready.wait())
+                waiting = {out_task, note_task} | ({open_task} if open_task else set())
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if open_task in done:
+                    open_task = None
+                    while self._early:
+                        await self._send(self._early.popleft())
+                if note_task in done:
+                    note_task = None
+                    self._notes_ready.clear()
+                    while self._notes:
+                        await self._send(self._notes.popleft())
+                if out_task in done:
+                    out = out_task.result()
+                    out_task = None
+                    if out is None:
+                        break
+                    await self._handle(out)
+        finally:
+            for task in (out_task, note_task, open_task):
+                if task is not None:
+                    task.cancel()
+        # The session ended (idle timeout, expiry, close): say what is left, then hang up.
+        while self._notes:
+            await self._send(self._notes.popleft())
+        self.hangup(self.hangup_reason or "session_closed")
+
+    async def _handle(self, out: Any) -> None:
+        event = out.event
+        kind = event["type"]
+        runner = self.runner
+        if kind == "response.output_audio.delta":
+            rid = out.response_id
+            fmt = self._formats.get(rid, AudioFormat.PCM)
+            if rid not in self._items:
+                self._items[rid] = event.get("item_id")
+            self._audio_ms[rid] = self._audio_ms.get(rid, 0.0) + out.audio_ms
+            self.audio_deltas += 1
+            await self.track.push(decode_wire(out.audio or b"", fmt, self._resamplers), rid, out.epoch)
+            return  # the audio goes on the track, never on the data channel
+        after: Callable[[], Any] | None = None
+        if kind == "response.created":
+            response = event.get("response") or {}
+            self._remember(response.get("id"), response)
+        elif kind == "output_audio_buffer.cleared":
+            # the core's answer to the client's output_audio_buffer.clear: cut the track now
+            playing = self.track.playing
+            self.track.clear(announce=False)
+            if event.get("response_id") is None and playing is not None:
+                event = {**event, "response_id": playing}
+        elif kind == "input_audio_buffer.speech_started":
+            td = runner.core.config.turn_detection
+            if td is not None and td.interrupt_response:
+                after = self._interrupted
+        elif kind == "response.output_audio.done":
+            self.track.finish(event["response_id"])
+        elif kind == "response.done":
+            response = event.get("response") or {}
+            rid = response.get("id")
+            if rid is not None:
+                self._done[rid] = response.get("status", "completed")
+                while len(self._done) > 16:
+                    del self._done[next(iter(self._done))]
+                if response.get("status") == "cancelled":
+                    self.track.clear(rid)
+                self.track.finish(rid)
+        await self._send(event)
+        runner.mark_sent(out)
+        if after is not None:
+            await after()
+
+    def _remember(self, rid: str | None, response: dict[str, Any]) -> None:
+        if rid is None:
+            return
+        fmt = ((response.get("audio") or {}).get("output") or {}).get("format")
+        try:
+            self._formats[rid] = parse_audio_format(fmt) if fmt else AudioFormat.PCM
+        except ValueError:
+            self._formats[rid] = AudioFormat.PCM
+        for table in (self._formats, self._items, self._audio_ms):
+            while len(table) > 16:
+                del table[next(iter(table))]
+
+    async def _interrupted(self) -> None:
+        """Server VAD heard the user: stop the assistant's voice now.
+
+        An active response is cancelled by the session itself (its response.done follows, and
+        the ledger the track keeps tells the session what was heard). A response that already
+        completed may still be playing its last second: cut it and truncate its item to what
+        was heard, through the same session API a client would use."""
+        rid = self.track.playing
+        if not self.track.clear():
+            return
+        if rid is None or self._done.get(rid) != "completed" or rid not in self._items:
+            return
+        heard = self.runner.core.ledger.sent_ms(rid)
+        if heard + 20 >= self._audio_ms.get(rid, 0.0):
+            return
+        truncate = {"type": "conversation.item.truncate", "item_id": self._items[rid], "content_index": 0,
+                    "audio_end_ms": int(heard)}
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.runner.submit(json.dumps(truncate)), 1.0)
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        channel = self.channel
+        if channel is None:
+            self._early.append(event)
+            return
+        if channel.readyState != "open":
+            return
+        channel.send(json.dumps(event))
+        self.events_sent += 1
+        if channel.bufferedAmount > _HIGH_WATER:
+            drained = asyncio.Event()
+            channel.once("bufferedamountlow", drained.set)
+            try:
+                await asyncio.wait_for(drained.wait(), 30.0)
+            except asyncio.TimeoutError:
+                self.hangup("data_channel_stalled")
+
+    # ------------------------------------------------------------------ shutdown
+    def hangup(self, reason: str = "hangup") -> asyncio.Task[None]:
+        """Release the call (idempotent; callable from any task, including the call's own)."""
+        if self._closer is None:
+            self.hangup_reason = self.hangup_reason or reason
+            self._closer = asyncio.get_running_loop().create_task(self._close(reason), name=f"webrtc-{self.id}-close")
+        return self._closer
+
+    async def _close(self, reason: str) -> None:
+        log.info("call %s (session %s) ends: %s", self.id, self.runner.core.id, reason)
+        try:
+            await self.runner.close(reason if reason != "hangup" else "client_closed")
+        except Exception:  # noqa: BLE001 - keep releasing
+            log.exception("call %s: closing the session failed", self.id)
+        self.track.stop()
+        tasks = list(self._tasks)
+        writer = [t for t in tasks if t.get_name().endswith("-writer")]
+        if writer:  # let it send the session's last events (the runner has woken it with None)
+            await asyncio.wait(writer, timeout=2.0)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+        try:
+            await asyncio.wait_for(self.pc.close(), 10.0)
+        except Exception:  # noqa: BLE001
+            log.exception("call %s: closing the peer connection failed", self.id)
+        self.video.release()
+        self.channel = None
+        self.closed.set()
+        self._on_closed(self)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "realtime.call",
+            "session_id": self.runner.core.id,
+            "model": self.runner.core.model.id,
+            "connection_state": self.pc.connectionState,
+            "data_channel": self.channel is not None,
+            "audio_in_frames": self.audio_in.frames,
+            "audio_out_frames": self.track.audio_frames_sent,
+            "underruns": self.track.underruns,
+            "skipped_ms": round(self.track.skipped_ms, 1),
+            "video_frames": self.video.frames_seen,
+        }
+
+
+def new_call_id() -> str:
+    return f"rtc_{uuid.uuid4().hex[:24]}"

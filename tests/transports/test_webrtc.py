@@ -1,0 +1,364 @@
+"""WebRTC transport end to end: a real aiortc client against a real server over loopback.
+
+Nothing is mocked: the server runs uvicorn in a thread with the real session core and models;
+the client is aiortc with an audio track and the ``oai-events`` data channel, exactly as a
+browser would connect. Only host candidates on 127.0.0.1 are used (no STUN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import textwrap
+import time
+
+import httpx
+import numpy as np
+import pytest
+from aiortc import RTCPeerConnection
+
+from realtime_omni.engines.registry import ModelRegistry
+from realtime_omni.transports.webrtc.client import WebRTCClient
+
+from ..helpers import assert_valid_server_event
+from ..server import ServerThread
+
+FAST = {"webrtc_peer_timeout_s": 2.0, "webrtc_datachannel_timeout_s": 1.5, "webrtc_connect_timeout_s": 5.0}
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    with ServerThread(registry, models=["echo"], **FAST) as srv:
+        yield srv
+    registry.close()
+
+
+def live_calls(server) -> int:
+    return len(server.app.state.webrtc_calls.calls) if hasattr(server.app.state, "webrtc_calls") else 0
+
+
+def open_peer_connections() -> int:
+    """RTCPeerConnections in this process (server's and clients') not yet closed."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, RTCPeerConnection) and o.connectionState != "closed")
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def chirp(seconds: float = 1.0, rate: int = 48_000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    f0, f1 = 300.0, 3000.0
+    phase = 2 * np.pi * (f0 * t + (f1 - f0) * t * t / (2 * seconds))
+    envelope = np.minimum(1.0, np.minimum(t, seconds - t) / 0.02)
+    return (np.sin(phase) * envelope * 9000).astype(np.int16)
+
+
+def best_alignment(received: np.ndarray, sent: np.ndarray) -> tuple[int, float]:
+    """(lag in samples, normalised correlation) of ``sent`` inside ``received`` (FFT)."""
+    n = len(received) + len(sent)
+    size = 1 << (n - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(received.astype(np.float64), size) * np.conj(np.fft.rfft(sent.astype(np.float64), size)), size)
+    corr = corr[: len(received) - len(sent) + 1]
+    lag = int(np.argmax(np.abs(corr)))
+    window = received[lag : lag + len(sent)].astype(np.float64)
+    return lag, float(abs(corr[lag]) / (np.linalg.norm(sent) * np.linalg.norm(window) + 1e-9))
+
+
+def rms(pcm: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if len(pcm) else 0.0
+
+
+# ---------------------------------------------------------------------------------- (a) echo
+async def test_echo_audio_round_trip_and_events(echo_server) -> None:
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    try:
+        created = await client.wait_for("session.created")
+        assert "echo" in created["session"]["capabilities"]
+        updated = await client.wait_for("session.updated")  # the multipart 'session' was applied first
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
+        assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+
+        sent = chirp(1.0)
+        await asyncio.sleep(0.2)
+        t0 = time.monotonic()
+        client.source.play(sent)
+        started = await client.wait_for("output_audio_buffer.started", timeout=5)
+        t_started = time.monotonic()
+        await asyncio.sleep(1.6)
+        got = client.audio_since(t0)
+
+        # the audio came back on the server's track: same level, and the same signal
+        assert rms(got) > 0.5 * rms(sent), (rms(got), rms(sent))
+        # piecewise (a late input frame may shift the rest of the echo by one 20 ms frame)
+        pieces = [best_alignment(got, sent[i : i + 4800]) + (i,) for i in range(0, len(sent) - 4800 + 1, 4800)]
+        peaks = sorted(p for _, p, _ in pieces)
+        assert peaks[len(peaks) // 2] > 0.8, f"echo does not match what was sent (correlations {peaks})"
+        delays = [(lag - i) / 48 for lag, _, i in pieces]
+        assert 0 < min(delays) and max(delays) < 400, f"echo delays {delays} ms"
+
+        # events on oai-events: the GA flow, validated by the SDK's models; no audio deltas on it
+        types = [e["type"] for e in client.events]
+        assert "response.created" in types and started["response_id"]
+        assert "response.output_audio.delta" not in types
+        for event in client.events:
+            assert_valid_server_event(event)
+
+        # playback truth: the track reported what it played (the echo of silence included) into
+        # the session's ledger, frame by frame, in step with the wall clock
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        elapsed = 1000 * (time.monotonic() - t_started)
+        played = peer.runner.core.ledger.sent_ms(started["response_id"])
+        assert abs(played - elapsed) < 250, (played, elapsed)
+
+        # a client event goes through the same session core and is answered on the channel
+        client.send({"type": "output_audio_buffer.clear", "event_id": "evt_clear"})
+        cleared = await client.wait_for("output_audio_buffer.cleared")
+        assert cleared["response_id"] == started["response_id"]
+        client.send({"type": "no.such.event"})
+        error = await client.wait_for("error")
+        assert error["error"]["code"] == "unknown_event_type"
+    finally:
+        await client.close()
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
+
+
+async def test_second_data_channel_is_refused_with_an_error_event(echo_server) -> None:
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    try:
+        await client.wait_for("session.updated")
+        extra = client.pc.createDataChannel("oai-events")  # a second one with the same label
+        error = await client.wait_for("error", timeout=5)
+        assert error["error"]["code"] == "unsupported_data_channel"
+        await wait_until(lambda: extra.readyState == "closed", 5)
+        # the call goes on
+        client.source.play(chirp(0.3))
+        await client.wait_for("output_audio_buffer.started", timeout=5)
+    finally:
+        await client.close()
+
+
+# ---------------------------------------------------------------------------------- (c) leaks
+async def test_hangup_and_peer_loss_release_everything(echo_server) -> None:
+    base_pcs = open_peer_connections()
+    # 1. hang-up by DELETE
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    await client.wait_for("session.created")
+    assert live_calls(echo_server) == 1 and len(echo_server.manager.sessions) == 1
+    assert open_peer_connections() == base_pcs + 2  # ours and the server's
+    assert await client.hangup() == 200
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
+    await client.close(hangup=False)
+    await wait_until(lambda: open_peer_connections() == base_pcs)
+
+    # 2. hang-up with POST .../hangup, then the call id is gone
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    async with httpx.AsyncClient() as http:
+        r = await http.post(f"{echo_server.http}/v1/realtime/calls/{client.call_id}/hangup")
+        assert r.status_code == 200
+        r = await http.delete(f"{echo_server.http}/v1/realtime/calls/{client.call_id}")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "call_not_found"
+    await client.close(hangup=False)
+    await wait_until(lambda: live_calls(echo_server) == 0 and open_peer_connections() == base_pcs)
+
+    # 3. the client just closes its peer connection (no HTTP hang-up)
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    await client.close(hangup=False)
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
+    await wait_until(lambda: open_peer_connections() == base_pcs)
+
+    # 4. abrupt loss: the client process is killed mid-call (no DTLS close, no hang-up)
+    script = textwrap.dedent(f"""
+        import asyncio, sys
+        from realtime_omni.transports.webrtc.client import WebRTCClient
+        async def main():
+            c = WebRTCClient({echo_server.http!r}, model="echo", session={NO_VAD!r})
+            await c.connect()
+            print("connected", flush=True)
+            await asyncio.sleep(60)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert line.strip() == "connected"
+        await wait_until(lambda: live_calls(echo_server) == 1)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    # the server notices the silence (webrtc_peer_timeout_s=2) and releases the call
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions, 15)
+    await wait_until(lambda: open_peer_connections() == base_pcs)
+
+
+# ---------------------------------------------------------------------------------- (d) bad input
+async def test_bad_offers_get_clear_errors_and_the_server_goes_on(echo_server) -> None:
+    url = f"{echo_server.http}/v1/realtime/calls"
+    async with httpx.AsyncClient() as http:
+        r = await http.post(url, content="hello", headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sdp"
+        r = await http.post(url, content="v=0\r\nthis is not sdp\r\n", headers={"Content-Type": "application/sdp"})
+        assert r.status_code == 400 and r.json()["error"]["code"] in ("invalid_sdp", "missing_audio")
+        r = await http.post(url, content="{}", headers={"Content-Type": "application/json"})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        r = await http.delete(f"{url}/rtc_nosuchcall")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "call_not_found"
+        r = await http.post(f"{url}/rtc_nosuchcall/hangup")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "call_not_found"
+
+    async def offer_of(client: WebRTCClient) -> str:
+        from realtime_omni.transports.webrtc.ice import gather_on
+
+        offer = await client.pc.createOffer()
+        await gather_on(client.pc, ["127.0.0.1"])
+        await client.pc.setLocalDescription(offer)
+        return client.pc.localDescription.sdp
+
+    # no audio m-line (a data channel only)
+    no_audio = WebRTCClient(echo_server.http, model="echo", audio=False)
+    no_audio.pc.createDataChannel("oai-events")
+    status, body, _ = await no_audio.post_offer(await offer_of(no_audio))
+    assert status == 400 and '"missing_audio"' in body
+    await no_audio.pc.close()
+
+    # no data channel at all
+    no_channel = WebRTCClient(echo_server.http, model="echo", data_channel=False)
+    no_channel.pc.addTransceiver(no_channel.source, direction="sendrecv")
+    status, body, _ = await no_channel.post_offer(await offer_of(no_channel))
+    assert status == 400 and '"missing_data_channel"' in body
+    await no_channel.pc.close()
+
+    # unknown model, invalid session object
+    bad_model = WebRTCClient(echo_server.http, model="nope")
+    with pytest.raises(ConnectionError, match="model_not_found"):
+        await bad_model.connect()
+    await bad_model.pc.close()
+    bad_session = WebRTCClient(echo_server.http, model="echo", session={"type": "realtime", "audio": {"input": {"format": {"type": "audio/flac"}}}})
+    with pytest.raises(ConnectionError, match="400"):
+        await bad_session.connect()
+    await bad_session.pc.close()
+
+    # a data channel with another label, and no oai-events: the call is dropped after a timeout
+    wrong_label = WebRTCClient(echo_server.http, model="echo", data_channel=False)
+    wrong_label.pc.createDataChannel("chat")
+    await wrong_label.connect()
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions, 10)
+    await wrong_label.close(hangup=False)
+
+    assert live_calls(echo_server) == 0 and not echo_server.manager.sessions
+    # the server still serves a good call
+    good = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await good.connect()
+    try:
+        good.source.play(chirp(0.4))
+        await good.wait_for("output_audio_buffer.started", timeout=5)
+    finally:
+        await good.close()
+    async with httpx.AsyncClient() as http:
+        r = await http.get(f"{echo_server.http}/v1/realtime/ice")
+        assert r.status_code == 200 and r.json()["ice_servers"] == []
+
+
+# ---------------------------------------------------------------------------------- (b) embedded
+@pytest.fixture(scope="module")
+def embedded_server(registry):
+    with ServerThread(registry, **FAST) as srv:
+        yield srv
+
+
+async def test_spoken_turn_and_barge_in_over_webrtc(embedded_server, say) -> None:
+    session = {"type": "realtime", "instructions": "You are a storyteller. Always answer with a long story.",
+               "audio": {"input": {"transcription": {"model": "whisper-1"}}}}
+    client = WebRTCClient(embedded_server.http, model="embedded", session=session)
+    await client.connect()
+    try:
+        await client.wait_for("session.updated")
+        await asyncio.sleep(0.3)
+        start = len(client.events)
+        client.source.play(say("Please tell me a long story about a brave little dragon.", 48_000))
+        client.source.play(np.zeros(48_000, dtype=np.int16))
+        transcript = await client.wait_for("conversation.item.input_audio_transcription.completed", 30, start)
+        assert "dragon" in transcript["transcript"].lower(), transcript
+        await client.wait_for("response.output_audio_transcript.delta", 30, start)
+        started = await client.wait_for("output_audio_buffer.started", 30, start)
+        t_started = time.monotonic()
+        await asyncio.sleep(0.8)
+        speaking = client.audio_since(t_started + 0.1)
+        assert rms(speaking) > 300, f"no assistant audio on the track (rms {rms(speaking):.0f})"
+
+        # barge-in: the user talks over the assistant; its audio must stop
+        mark = len(client.events)
+        client.source.play(say("Stop! Wait a moment, I have another question for you.", 48_000))
+        cleared = await client.wait_for("output_audio_buffer.cleared", 15, mark)
+        t_cleared = time.monotonic()
+        assert cleared["response_id"] == started["response_id"]
+        await client.wait_for("input_audio_buffer.speech_started", 1, mark)
+        done = await client.wait_for("response.done", 5, mark, where=lambda e: e["response"]["id"] == started["response_id"])
+        assert done["response"]["status"] in ("cancelled", "completed")
+        await asyncio.sleep(0.5)
+        after = client.audio_since(t_cleared + 0.15)
+        assert rms(after) < 0.1 * rms(speaking), f"audio kept playing after the barge-in ({rms(after):.0f} vs {rms(speaking):.0f})"
+        for event in client.events:
+            assert_valid_server_event(event)
+    finally:
+        await client.close()
+    await wait_until(lambda: live_calls(embedded_server) == 0)
+
+
+
+# ---------------------------------------------------------------------------------- video
+async def test_video_to_a_model_that_cannot_see_costs_nothing(echo_server) -> None:
+    from aiortc.mediastreams import VideoStreamTrack
+
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    camera = VideoStreamTrack()
+    client.pc.addTransceiver(camera, direction="sendonly")
+    await client.connect()
+    try:
+        video = [m for m in client.pc.remoteDescription.sdp.split("m=")[1:] if m.startswith("video")]
+        assert video and "a=inactive" in video[0], "the answer should refuse video for a model without image_in"
+        client.source.play(chirp(0.3))
+        await client.wait_for("output_audio_buffer.started", timeout=5)
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        assert peer.video.frames_seen == 0 and peer.video.latest() is None
+    finally:
+        camera.stop()
+        await client.close()
+    await wait_until(lambda: live_calls(echo_server) == 0)
+
+
+def test_video_sampler_keeps_only_the_newest_sample() -> None:
+    from av import VideoFrame
+
+    from realtime_omni.transports.webrtc.video import VideoSampler
+
+    sampler = VideoSampler(fps=1000.0)
+    for shade in (10, 20, 30):
+        sampler.offer(VideoFrame.from_ndarray(np.full((16, 16, 3), shade, np.uint8), format="rgb24"))
+        time.sleep(0.002)
+    image, _ = sampler.latest()
+    assert image.shape == (16, 16, 3) and abs(int(image.mean()) - 30) <= 2  # newest wins, no queue
+    assert sampler.latest() is None  # nothing new since
+    slow = VideoSampler(fps=1.0)
+    for _ in range(30):
+        slow.offer(VideoFrame.from_ndarray(np.zeros((8, 8, 3), np.uint8), format="rgb24"))
+    assert slow.frames_seen == 30 and slow.frames_sampled == 1
+    blind = VideoSampler(enabled=False)
+    blind.offer(VideoFrame.from_ndarray(np.zeros((8, 8, 3), np.uint8), format="rgb24"))
+    assert blind.latest() is None

@@ -1,0 +1,159 @@
+"""The browser demo, driven in headless Chromium over the DevTools protocol.
+
+Chromium's fake microphone plays a WAV synthesized at test time (a spoken question); the page
+connects over WebRTC to a real server on loopback running the embedded models, and the test reads
+``window.demoState`` until the assistant's transcript is on the page and its audio has arrived.
+No driver besides the DevTools websocket is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+import wave
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+
+from ..server import ServerThread
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+QUESTION = "What is the capital of France?"
+
+
+def chromium_args(user_data_dir: str, wav: str) -> list[str]:
+    return [
+        CHROMIUM or "chromium",
+        "--headless=new", "--no-sandbox", "--disable-gpu",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}%noloop",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
+        "--disable-quic", "--disable-default-apps", "--disable-extensions", "--no-default-browser-check",
+        "--disable-features=Translate,MediaRouter,OptimizationHints,DialMediaRouteProvider",
+        # WebRTC in Chromium ignores the loopback interface unless told otherwise.
+        "--allow-loopback-in-peer-connection",
+        "--autoplay-policy=no-user-gesture-required",
+        f"--user-data-dir={user_data_dir}", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
+        "about:blank",
+    ]
+
+
+class DevTools:
+    """Just enough of the Chrome DevTools Protocol: send a command, await its result."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.next_id = 0
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        mid = self.next_id
+        await self.ws.send(json.dumps({"id": mid, "method": method, "params": params}))
+        while True:
+            message = json.loads(await asyncio.wait_for(self.ws.recv(), 30))
+            if message.get("id") == mid:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True,
+                                 userGesture=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression}: {result['exceptionDetails']}")
+        return result.get("result", {}).get("value")
+
+
+def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.astype("<i2").tobytes())
+
+
+@pytest.fixture(scope="module")
+def browser_server(registry):
+    with ServerThread(registry) as srv:
+        yield srv
+
+
+async def test_demo_page_talks_to_the_embedded_model(browser_server, say, tmp_path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; listed in .ci/apt-packages.txt)")
+    rate = 48_000
+    speech = say(QUESTION, rate)
+    silence = np.zeros(rate * 2, dtype=np.int16)
+    wav = tmp_path / "question.wav"
+    write_wav(wav, np.concatenate([silence, speech, silence, silence, silence]), rate)
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    proc = subprocess.Popen(chromium_args(profile, str(wav)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = Path(profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert proc.poll() is None, "chromium exited at start"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with httpx.AsyncClient() as http:
+            targets = (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
+        page = next(t for t in targets if t["type"] == "page")
+        async with websockets.connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
+            cdp = DevTools(ws)
+            await cdp.call("Page.navigate", url=f"{browser_server.http}/")
+            deadline = time.monotonic() + 20
+            while not await cdp.evaluate("!!window.demoState && document.querySelectorAll('#model option[value=embedded]').length > 0"):
+                assert time.monotonic() < deadline, "the demo page did not load the model list"
+                await asyncio.sleep(0.1)
+            await cdp.evaluate("document.getElementById('model').value = 'embedded'")
+            await cdp.evaluate("document.getElementById('connect').click()")
+
+            state: dict[str, Any] = {}
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                state = await cdp.evaluate("JSON.parse(JSON.stringify(window.demoState))")
+                if state["errors"]:
+                    break
+                if state["assistantTranscripts"] and state["assistantTranscripts"][0] and state["audioReceived"] \
+                        and state["eventTypes"].get("response.done"):
+                    break
+                await asyncio.sleep(0.2)
+            assert not state["errors"], state["errors"]
+            assert state["connected"] and state["callId"], state
+            assert state["userTranscripts"], f"no user transcript: {state}"
+            assert "france" in state["userTranscripts"][0].lower(), state["userTranscripts"]
+            assert state["assistantTranscripts"] and state["assistantTranscripts"][0].strip(), state
+            assert state["audioReceived"] and state["audioPacketsReceived"] > 0 and state["totalAudioEnergy"] > 0, state
+            assert state["eventTypes"].get("output_audio_buffer.started"), state["eventTypes"]
+            assert state["turns"] and state["turns"][0]["eventMs"] is not None, state["turns"]
+            shown = await cdp.evaluate("document.getElementById('transcript').innerText")
+            assert state["assistantTranscripts"][0].strip()[:20] in shown
+            print("browser turn latency (speech_stopped → output_audio_buffer.started / audio level):",
+                  state["turns"][0])
+
+            await cdp.evaluate("document.getElementById('disconnect').click()")
+            deadline = time.monotonic() + 10
+            while browser_server.app.state.webrtc_calls.calls:
+                assert time.monotonic() < deadline, "the call was not released after Disconnect"
+                await asyncio.sleep(0.1)
+            assert not browser_server.manager.sessions
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
