@@ -39,6 +39,8 @@ class Item:
     content: list[dict[str, Any]] = field(default_factory=list)
     #: user speech at 16 kHz (input_audio parts); kept for omni thinkers and transcription
     audio16k: np.ndarray | None = None
+    #: images seen with this turn (RGB uint8 HxWx3): camera frames or input_image parts
+    images: list[np.ndarray] = field(default_factory=list)
     #: assistant audio milliseconds produced, and the text spans they speak
     audio_ms: float = 0.0
     spans: list[SpokenSpan] = field(default_factory=list)
@@ -134,16 +136,33 @@ class Conversation:
             if item.type != "message":
                 continue
             text = item.text()
-            if not text and item.audio16k is None:
+            if not text and item.audio16k is None and not item.images:
                 continue
-            messages.append(TurnMessage(role=item.role, text=text, audio=item.audio16k))
+            messages.append(TurnMessage(role=item.role, text=text, audio=item.audio16k, images=list(item.images)))
         return messages
 
 
 _counter = itertools.count()
 
 
-def item_from_client(data: dict[str, Any]) -> Item:
+def decode_image(url: str, param: str) -> np.ndarray:
+    """A ``data:image/...;base64,`` URL → RGB uint8 array (no remote fetches)."""
+    import base64
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    if not url.startswith("data:image/") or ";base64," not in url:
+        raise ProtocolError(errors.INVALID_VALUE, "image_url must be a data:image/...;base64 URL", param=param)
+    try:
+        raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
+        with Image.open(io.BytesIO(raw)) as image:
+            return np.asarray(image.convert("RGB"))
+    except (ValueError, UnidentifiedImageError, OSError):
+        raise ProtocolError(errors.INVALID_VALUE, "image_url does not hold a readable image", param=param) from None
+
+
+def item_from_client(data: dict[str, Any], accepts_images: bool = False) -> Item:
     """A validated ``conversation.item.create`` item → :class:`Item` (audio parts decoded later)."""
     kind = data.get("type", "message")
     if kind != "message":
@@ -151,12 +170,15 @@ def item_from_client(data: dict[str, Any]) -> Item:
             errors.UNSUPPORTED, f"item type {kind!r} is not supported (no tools on this server)", param="item.type"
         )
     role = data.get("role")
-    content = []
+    content, images = [], []
     for index, part in enumerate(data.get("content") or []):
         part = {k: v for k, v in part.items() if v is not None}
         if part.get("type") == "input_image":
-            raise ProtocolError(
-                errors.UNSUPPORTED, "this model does not accept images", param=f"item.content.{index}.type"
-            )
+            if not accepts_images:
+                raise ProtocolError(
+                    errors.UNSUPPORTED, "this model does not accept images", param=f"item.content.{index}.type"
+                )
+            images.append(decode_image(part.get("image_url", ""), f"item.content.{index}.image_url"))
+            part = {"type": "input_image", "detail": part.get("detail", "auto")}  # pixels are kept as an array
         content.append(part)
-    return Item(id=data.get("id") or new_id("item"), role=role, content=content, status="completed")
+    return Item(id=data.get("id") or new_id("item"), role=role, content=content, status="completed", images=images)

@@ -57,6 +57,9 @@ class RealtimeSession:
         self.id = session_id or new_id("sess")
         self.model = model
         self.echo = "echo" in model.capabilities
+        #: whether the model takes images; frames for a model that cannot see are dropped at once
+        self.sees = "image_in" in model.capabilities
+        self._latest_image: np.ndarray | None = None
         self.has_vad = has_vad and not self.echo
         self.config = SessionConfig(model=model.id)
         if not self.has_vad:
@@ -245,7 +248,7 @@ class RealtimeSession:
 
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
-        item = item_from_client(data)
+        item = item_from_client(data, accepts_images=self.sees)
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
                 try:
@@ -339,8 +342,15 @@ class RealtimeSession:
                 if td.create_response and self.response is None:
                     self._create_response({})
 
+    def append_image(self, rgb: np.ndarray) -> None:
+        """A camera frame (newest wins); it joins the next committed user turn."""
+        if self.sees:
+            self._latest_image = rgb
+
     def _commit(self, item_id: str, audio: np.ndarray) -> None:
         item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
+        if self._latest_image is not None:
+            item.images, self._latest_image = [self._latest_image], None
         previous = self.conversation.add(item)
         self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
@@ -429,8 +439,8 @@ class RealtimeSession:
             return self.conversation.to_messages()
         messages = []
         for data in params_input:
-            item = self.conversation.get(data["id"], param="response.input") if data.get("type") == "item_reference" else item_from_client(data)
-            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k))
+            item = self.conversation.get(data["id"], param="response.input") if data.get("type") == "item_reference" else item_from_client(data, self.sees)
+            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))
         return messages
 
     def _maybe_start_pipeline(self) -> None:

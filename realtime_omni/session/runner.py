@@ -99,6 +99,16 @@ class SessionRunner:
         if not self.closed.is_set():
             await self.mailbox.put(("audio_in", wire))
 
+    def submit_image(self, rgb: Any) -> bool:
+        """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
+        if self.closed.is_set() or not self.core.sees:
+            return False
+        try:
+            self.mailbox.put_nowait(("image", rgb))
+        except asyncio.QueueFull:
+            return False
+        return True
+
     async def next_outgoing(self) -> Outgoing | None:
         """The next event to send; None when the session is over. Stale audio is skipped."""
         while True:
@@ -238,6 +248,8 @@ class SessionRunner:
                 core.append_audio(message[1])
             except ProtocolError as exc:
                 core.error(exc)
+        elif kind == "image":
+            core.append_image(message[1])
         elif kind == "speech":
             core.on_speech_probabilities(message[1], message[2])
         elif kind == "transcript":

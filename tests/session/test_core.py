@@ -241,3 +241,40 @@ def test_close_ends_the_active_response_once():
     d.s.close()
     d.pump()
     assert d.types().count("response.done") == 1
+
+
+SEEING = ModelInfo(id="seeing", capabilities=frozenset({"audio_in", "text_in", "image_in", "audio_out", "text_out"}), hears_audio=True)
+
+
+def test_camera_frames_join_the_next_user_turn_only_for_models_that_see():
+    blind = Driver(has_vad=False)
+    blind.s.append_image(np.zeros((4, 4, 3), np.uint8))
+    assert blind.s._latest_image is None  # dropped at once
+    d = Driver(SEEING, has_vad=False)
+    d.s.append_image(np.zeros((4, 4, 3), np.uint8))
+    frame = np.full((4, 4, 3), 7, np.uint8)
+    d.s.append_image(frame)  # newest wins
+    d.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    d.send(type="input_audio_buffer.append", audio=pcm24(300))
+    d.send(type="input_audio_buffer.commit")
+    new = d.send(type="response.create")
+    start = next(a for a in new if isinstance(a, act.StartResponse))
+    assert start.request.messages[-1].images[0] is frame
+
+
+def test_input_image_items_are_decoded_or_refused():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3, 2), (255, 0, 0)).save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    item = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
+    d = Driver(SEEING, has_vad=False)
+    d.send(type="conversation.item.create", item=item)
+    assert d.events[-1]["type"] == "conversation.item.done"
+    assert list(d.s.conversation)[-1].images[0].shape == (2, 3, 3)
+    blind = Driver(has_vad=False)
+    blind.send(type="conversation.item.create", item=item)
+    assert blind.events[-1]["error"]["code"] == "unsupported_feature"

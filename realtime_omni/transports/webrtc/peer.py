@@ -186,7 +186,7 @@ class Peer:
         if track.kind == "audio":
             self._spawn(pump_audio_in(track, self.runner, self.audio_in), "audio-in")
         elif track.kind == "video":
-            self._spawn(pump_video_in(track, self.video), "video-in")
+            self._spawn(pump_video_in(track, self.video, self.runner.submit_image), "video-in")
 
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,11 +55,20 @@ class VideoSampler:
         self._latest = None
 
 
-async def pump_video_in(track: MediaStreamTrack, sampler: VideoSampler) -> None:
-    """Drain the remote video track (aiortc's frame queue is unbounded) into the sampler."""
+async def pump_video_in(
+    track: MediaStreamTrack, sampler: VideoSampler, deliver: Callable[[np.ndarray], object] | None = None
+) -> None:
+    """Drain the remote video track (aiortc's frame queue is unbounded) into the sampler, and
+    hand each newly sampled frame to ``deliver`` as RGB (one conversion per sample, 1 fps by
+    default, so cheap enough for the loop)."""
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
+        sampled = sampler.frames_sampled
         sampler.offer(frame)
+        if deliver is not None and sampler.frames_sampled != sampled:
+            latest = sampler.latest()
+            if latest is not None:
+                deliver(latest[0])
