@@ -120,7 +120,8 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
         peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
         elapsed = 1000 * (time.monotonic() - t_started)
         played = peer.runner.core.ledger.sent_ms(started["response_id"])
-        assert abs(played - elapsed) < 250, (played, elapsed)
+        # never ahead of the wall clock; behind it only by underruns (a loaded 2-core machine)
+        assert 0.5 * elapsed < played < elapsed + 100, (played, elapsed)
 
         # a client event goes through the same session core and is answered on the channel
         client.send({"type": "output_audio_buffer.clear", "event_id": "evt_clear"})
