@@ -38,7 +38,11 @@ async def ready(request: Request) -> JSONResponse:
     manager: SessionManager | None = getattr(request.app.state, "manager", None)
     if manager is None:
         return JSONResponse({"status": "loading"}, status_code=503)
-    return JSONResponse({"status": "ready", "models": [m.id for m in manager.registry.infos()], "sessions": len(manager.sessions)})
+    down = manager.registry.not_ready()
+    restarts = {m.info.id: m.restarts for m in manager.registry.models.values() if hasattr(m, "restarts")}
+    body = {"status": "degraded" if down else "ready", "models": [m.id for m in manager.registry.infos()],
+            "not_ready": down, "worker_restarts": restarts, "sessions": len(manager.sessions)}
+    return JSONResponse(body, status_code=503 if down else 200)
 
 
 async def list_models(request: Request) -> JSONResponse:
@@ -90,7 +94,7 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         reg = registry
         if reg is None:
             reg = ModelRegistry()
-            await asyncio.to_thread(reg.load, settings.models)
+            await asyncio.to_thread(reg.load, settings.models, None, settings.isolate_models)
         limits = RunnerLimits(
             idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
             max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,

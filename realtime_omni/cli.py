@@ -17,7 +17,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": args.host, "port": args.port, "models": args.model, "log_level": args.log_level,
         "max_sessions": args.max_sessions, "output_lead_ms": args.output_lead_ms,
         "api_keys": args.api_key, "allowed_origins": args.allowed_origin, "session_store": args.session_store,
-        "resume_grace_s": args.resume_grace_s,
+        "resume_grace_s": args.resume_grace_s, "isolate_models": args.isolate_models,
     }.items() if v is not None}
     settings = ServerSettings(**overrides)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--allowed-origin", action="append", help="browser Origin allowed to connect (repeatable)")
     serve.add_argument("--session-store", help="sqlite:///path.db, redis://host:port/0 or none")
     serve.add_argument("--resume-grace-s", type=float, help="how long a dropped session stays resumable")
+    serve.add_argument("--isolate-models", action=argparse.BooleanOptionalAction, default=None,
+                       help="run models in a supervised worker process (default: on)")
     serve.set_defaults(func=_serve)
 
     try:

@@ -15,6 +15,8 @@ class ServerSettings(BaseSettings):
     port: int = 8000
     #: models to load; the first is the default for /v1/realtime without ?model=
     models: list[str] = Field(default_factory=lambda: ["embedded", "echo"])
+    #: run model engines in a supervised worker process (a crash fails responses, not the server)
+    isolate_models: bool = True
     max_sessions: int = 100
     idle_timeout_s: float = 600.0
     max_session_s: float = 3600.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .base import ModelInfo, VoiceModel
@@ -43,16 +43,33 @@ class ModelRegistry:
         if self.default is None:
             self.default = model.info.id
 
-    def load(self, names: list[str], extra: dict[str, Callable[[], VoiceModel]] | None = None) -> None:
+    def load(
+        self,
+        names: list[str],
+        extra: dict[str, Callable[[], VoiceModel]] | None = None,
+        isolate: bool | Collection[str] = False,
+    ) -> None:
+        """Build and load models by name. Isolated models run in a supervised worker process
+        (a crash there fails the affected responses; the worker restarts); ``echo`` never needs it."""
         builders = {**BUILDERS, **(extra or {})}
         for name in names:
             if name not in builders:
                 raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)}")
-            model = builders[name]()
+            if name != "echo" and (isolate is True or (not isinstance(isolate, bool) and name in isolate)):
+                from .worker import IsolatedModel
+
+                builder = builders[name]
+                model: VoiceModel = IsolatedModel(name, builder=None if builder is BUILDERS.get(name) else builder)
+            else:
+                model = builders[name]()
             started = time.monotonic()
             model.load(lambda msg, n=name: log.info("[%s] %s", n, msg))
             log.info("model %s ready in %.1f s", model.info.id, time.monotonic() - started)
             self.add(model)
+
+    def not_ready(self) -> list[str]:
+        """Models whose worker is down or restarting (in-process models are always ready)."""
+        return [m.info.id for m in self.models.values() if not getattr(m, "ready", True)]
 
     def infos(self) -> list[ModelInfo]:
         return [m.info for m in self.models.values()]

@@ -282,7 +282,11 @@ class SessionRunner:
             if self.vad is None:
                 return
             # Inline (not a side task): turn decisions must follow the audio order.
-            probs = await loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k)
+            try:
+                probs = await loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k)
+            except Exception:  # noqa: BLE001 - a VAD failure costs these frames, not the session
+                log.exception("VAD failed in session %s", self.core.id)
+                return
             self.core.on_speech_probabilities(probs, action.start_ms)
             for out in self.core.drain_events():
                 await self.outbox.put(out)
@@ -299,7 +303,10 @@ class SessionRunner:
         elif isinstance(action, act.ConfirmHeard):
             if self.model is not None:
                 # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
-                await asyncio.to_thread(self.model.confirm, action.text)
+                try:
+                    await asyncio.to_thread(self.model.confirm, action.text)
+                except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
+                    log.exception("confirm failed in session %s", self.core.id)
         elif isinstance(action, act.CloseSession):
             pass  # the loop in _run sees core.closed
 
