@@ -72,6 +72,10 @@ class ResponsePipeline:
         self.executor = executor
         self.settings = settings
         self.is_current = is_current
+        # The base clause splitter is pure text work, cheap enough for the loop; anything else
+        # (an omni engine, a worker-process proxy that forwards it) runs in a thread.
+        self._local_boundary = type(model).talk_boundary is ModelSession.talk_boundary or getattr(
+            getattr(model, "_traits", None), "custom_talk_boundary", True) is False
 
     async def run(self, epoch: int, request: ThinkRequest, fmt: AudioFormat, sink: Sink) -> tuple[str, str | None]:
         """Returns (status, reason) when the reply is complete: ("completed"|"incomplete", reason)."""
@@ -187,7 +191,12 @@ class ResponsePipeline:
                 if chunk.payload is not None:
                     pending.append(chunk.payload)
                 while pending:
-                    cut = self.model.talk_boundary(pending, final)
+                    if self._local_boundary:
+                        cut = self.model.talk_boundary(pending, final)
+                    else:  # an engine's own segmentation may call into a model (or a worker process)
+                        cut = await asyncio.get_running_loop().run_in_executor(
+                            self.executor, self.model.talk_boundary, list(pending), final
+                        )
                     if cut <= 0:
                         break
                     segment, pending = pending[:cut], pending[cut:]
