@@ -193,27 +193,30 @@ class SessionRunner:
             await self._flush()
             deadline = self.started_at + self.limits.max_session_s
             warn_at: float | None = deadline - self.limits.expiry_warning_s
+            last_client = time.monotonic()
             while not self.core.closed:
+                # Deadlines are checked on every turn of the loop, so a busy session expires too.
                 now = time.monotonic()
-                timeout = min(self.limits.idle_timeout_s, max(deadline - now, 0.0))
-                if warn_at is not None:
-                    timeout = min(timeout, max(warn_at - now, 0.0))
-                try:
-                    message = await asyncio.wait_for(self.mailbox.get(), timeout)
-                except asyncio.TimeoutError:
-                    if warn_at is not None and warn_at <= time.monotonic() < deadline:
-                        warn_at = None
-                        self.core.warn_expiring(int(deadline - time.monotonic()))
-                        await self._flush()
-                        continue
-                    expired = time.monotonic() >= deadline
-                    code, text = ("session_expired", "session reached its maximum duration") if expired else (
-                        "session_idle_timeout", "session closed after being idle")
+                if warn_at is not None and now >= warn_at:
+                    warn_at = None
+                    self.core.warn_expiring(max(int(deadline - now), 0))
+                    await self._flush()
+                idle = now - last_client >= self.limits.idle_timeout_s
+                if now >= deadline or idle:
+                    code, text = ("session_idle_timeout", "session closed after being idle") if idle and now < deadline else (
+                        "session_expired", "session reached its maximum duration")
                     self.core.error(ProtocolError(code, text, type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
                     break
+                wake = min(deadline, last_client + self.limits.idle_timeout_s, warn_at or deadline)
+                try:
+                    message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
+                except asyncio.TimeoutError:
+                    continue
+                if message[0] in ("client", "audio_in"):
+                    last_client = time.monotonic()
                 await self._handle(message)
                 await self._flush()
         except asyncio.CancelledError:
