@@ -15,5 +15,5 @@ if [ -f .ci/apt-packages.txt ] && command -v apt-get >/dev/null; then
   fi
 fi
 
-python3 -m pip install -q -e '.[embedded,test]'
+python3 -m pip install -q -e '.[embedded,omni,test]'
 exec python3 -m pytest "$@"

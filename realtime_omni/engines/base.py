@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "echo"]
+Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo"]
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection
@@ -28,7 +29,31 @@ def _echo() -> VoiceModel:
     return EchoModel()
 
 
+def _omni(spec: str) -> VoiceModel:
+    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json).
+    Device and dtype come from REALTIME_OMNI_OMNI_DEVICE / REALTIME_OMNI_OMNI_DTYPE."""
+    import os
+
+    try:
+        from .omni import OmniModel
+    except ImportError as exc:
+        raise RuntimeError("the omni engine needs the optional extra: pip install 'realtime-omni[omni]'") from exc
+    device = os.environ.get("REALTIME_OMNI_OMNI_DEVICE", "cpu")
+    dtype = os.environ.get("REALTIME_OMNI_OMNI_DTYPE", "float32" if device == "cpu" else "bfloat16")
+    return OmniModel(spec, device=device, dtype=dtype)
+
+
 BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
+
+
+def resolve_builder(name: str, extra: dict[str, Callable[[], VoiceModel]] | None = None) -> Callable[[], VoiceModel]:
+    """The builder for a model name: a registered one, or ``omni:<checkpoint dir>``."""
+    builders = {**BUILDERS, **(extra or {})}
+    if name in builders:
+        return builders[name]
+    if name.startswith("omni:"):
+        return functools.partial(_omni, name.removeprefix("omni:"))
+    raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)} or omni:<checkpoint dir>")
 
 
 @dataclass
@@ -51,17 +76,16 @@ class ModelRegistry:
     ) -> None:
         """Build and load models by name. Isolated models run in a supervised worker process
         (a crash there fails the affected responses; the worker restarts); ``echo`` never needs it."""
-        builders = {**BUILDERS, **(extra or {})}
         for name in names:
-            if name not in builders:
-                raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)}")
+            builder = resolve_builder(name, extra)
             if name != "echo" and (isolate is True or (not isinstance(isolate, bool) and name in isolate)):
                 from .worker import IsolatedModel
 
-                builder = builders[name]
-                model: VoiceModel = IsolatedModel(name, builder=None if builder is BUILDERS.get(name) else builder)
+                # the child resolves registered and omni: names itself; others travel pickled
+                own = builder is BUILDERS.get(name) or name.startswith("omni:")
+                model: VoiceModel = IsolatedModel(name, builder=None if own else builder)
             else:
-                model = builders[name]()
+                model = builder()
             started = time.monotonic()
             model.load(lambda msg, n=name: log.info("[%s] %s", n, msg))
             log.info("model %s ready in %.1f s", model.info.id, time.monotonic() - started)

@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import logging
 
-from ..engines.base import ModelSession
 from ..engines.registry import ModelRegistry
 from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
@@ -74,7 +73,7 @@ class SessionManager:
         model_session = model.open_session()
         core = RealtimeSession(
             model.info, session_id=snapshot["id"] if snapshot else None,
-            has_vad=_has_vad(model_session), max_session_seconds=self.limits.max_session_s,
+            has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
         )
         if snapshot is not None:
             core.restore(snapshot)
@@ -155,8 +154,3 @@ class SessionManager:
 def _log_failure(future: concurrent.futures.Future) -> None:  # type: ignore[type-arg]
     if future.exception() is not None:
         log.error("session store operation failed: %s", future.exception())
-
-
-def _has_vad(model_session: ModelSession) -> bool:
-    # A ModelSession that keeps the base implementation has no VAD.
-    return type(model_session).new_vad is not ModelSession.new_vad

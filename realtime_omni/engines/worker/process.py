@@ -48,9 +48,9 @@ def worker_main(
     threading.Thread(target=_watch_parent, args=(parent_pid, host), name="parent-watch", daemon=True).start()
     try:
         if builder is None:
-            from ..registry import BUILDERS
+            from ..registry import resolve_builder
 
-            builder = BUILDERS[name]
+            builder = resolve_builder(name)
         model = builder()
         model.load(host.progress)
         traits = session_traits(model)

@@ -1,0 +1,312 @@
+"""Chunked code → waveform decoding (24 kHz) with left context, hold-back and cross-fade.
+
+Every decode renders a window ``codes[c0:e]`` where ``c0`` reaches ``left_context_frames`` before
+the first sample still to emit, and keeps only the samples that are new. The sample ↔ code mapping
+is exact for both codecs (sample ``t`` of a window starting at code ``c0`` is global sample
+``c0 * samples_per_code + t``), so seams line up to the sample.
+
+Qwen3-Omni ``code2wav`` is causal (causal convolutions, sliding-window causal attention), except
+that each transposed-convolution stage needs one frame of look-ahead: rendering ``n`` codes yields
+``n * 1920 - lost`` samples (``lost`` = 555 for the released config). The stream therefore emits
+``[g(prev), g(e))`` with ``g(x) = x * 1920 - lost``, and the next window re-renders the held-back
+``lost`` samples with their right context — unlike ``Qwen3OmniMoeCode2Wav.chunked_decode``, which
+drops ``lost`` samples at every chunk seam. With a left context at least the receptive field
+(convolutions: a few frames; attention: ``sliding_window`` × layers) the stream equals the one-shot
+decode to float precision; the released config's 72-frame window × 8 layers is wider than the
+default 25-frame context the reference uses, so there the match is approximate at the seams.
+
+Qwen2.5-Omni token2wav (DiT flow matching + BigVGAN) is not causal: the DiT attends within
+24-mel-frame blocks (12 codes) plus one block back (layers 0, 20) and one ahead (layer 10), and the
+ODE solver iterates it 36 times; BigVGAN's convolutions look about a dozen mel frames both ways.
+The stream keeps windows block-aligned, draws the ODE's initial noise per absolute mel frame (a
+fixed, seeded noise field, so every window sees the same noise the one-shot decode sees), holds
+back ``lookahead_frames`` codes at the end of each window (re-rendered with right context next
+time) and cross-fades the held-back region from the old render to the new one over
+``crossfade_ms``. The residual difference from one-shot decoding comes from the DiT's look-ahead
+block and the ODE's growing receptive field at window edges.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .loader import LoadedOmni, samples_per_code
+
+log = logging.getLogger(__name__)
+
+OUTPUT_RATE = 24_000
+_NOISE_BLOCK = 256  # mel frames per independently seeded noise block (Qwen2.5)
+
+
+@dataclass
+class CodecSettings:
+    left_context_frames: int = 24
+    #: codes held back at the end of every non-final window (re-rendered with right context)
+    lookahead_frames: int = 0
+    crossfade_ms: float = 10.0
+    seed: int = 0
+    # Qwen2.5 token2wav ODE settings (the reference defaults)
+    dit_steps: int = 10
+    guidance_scale: float = 0.5
+    sway_coefficient: float = -1.0
+
+
+class OmniCodec:
+    """Shared (per model) decoder; per-reply state lives in :class:`CodecStream`."""
+
+    def __init__(self, loaded: LoadedOmni, settings: CodecSettings) -> None:
+        self.loaded = loaded
+        self.settings = settings
+        self.arch = loaded.arch
+        self.samples_per_code = samples_per_code(loaded)
+        self._speaker_cache: dict[tuple, Any] = {}
+        if self.arch == "qwen2_5_omni":
+            dit = loaded.config.token2wav_config.dit_config
+            self.repeats = int(dit.repeats)
+            self.block = max(1, int(dit.block_size) // self.repeats)
+            self.lost = 0
+            self.mel_dim = int(dit.mel_dim)
+            self.max_code = int(dit.num_embeds)
+        else:
+            c2w = loaded.config.code2wav_config
+            rates = list(c2w.upsample_rates)
+            # each decoder transposed conv (kernel 2r, stride r) trims r samples at its output rate
+            self.lost = sum(r * math.prod(rates[i + 1 :]) for i, r in enumerate(rates))
+            self.block = 1
+            self.max_code = int(c2w.codebook_size) - 1
+            self.groups = int(c2w.num_quantizers)
+
+    # rendering ---------------------------------------------------------------------------------
+
+    def rendered_length(self, n_codes: int) -> int:
+        return max(0, n_codes * self.samples_per_code - self.lost) if n_codes else 0
+
+    def render(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
+               noise=None) -> np.ndarray:
+        """Waveform (float32, 24 kHz) of ``codes`` rendered as one window whose first code has
+        index ``start`` in the reply (Qwen2.5 uses it to pick the noise of those mel frames;
+        ``noise`` overrides that noise, shape (mel frames, mel bins))."""
+        import torch
+
+        with torch.inference_mode():
+            if self.arch == "qwen2_5_omni":
+                seed = self.settings.seed if seed is None else seed
+                return self._render_q25(codes, start, speaker, seed, noise)
+            return self._render_q3(codes)
+
+    def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
+        """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
+        return self.render(codes, 0, speaker, seed)
+
+    def _render_q3(self, codes) -> np.ndarray:
+        import torch
+
+        c2w = self.loaded.model.code2wav
+        codes = torch.as_tensor(codes, dtype=torch.long)
+        if codes.ndim == 1:
+            codes = codes[:, None]
+        codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
+        wav = c2w(codes)
+        return wav.detach().reshape(-1).float().cpu().numpy()
+
+    def noise(self, first: int, last: int, seed: int):
+        """The fixed ODE start noise of mel frames [first, last) (same for every window)."""
+        import torch
+
+        parts = []
+        b0, b1 = first // _NOISE_BLOCK, (max(first, last - 1)) // _NOISE_BLOCK
+        for b in range(b0, b1 + 1):
+            gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + b) % (2**63 - 1))
+            parts.append(torch.randn((_NOISE_BLOCK, self.mel_dim), generator=gen))
+        field = torch.cat(parts, dim=0)
+        off = first - b0 * _NOISE_BLOCK
+        return field[off : off + (last - first)]
+
+    def _speaker(self, speaker: str | None):
+        name = speaker if speaker in self.loaded.speakers else self.loaded.default_speaker
+        return self.loaded.speakers[name]
+
+    def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None) -> np.ndarray:
+        import torch
+
+        t2w = self.loaded.model.token2wav
+        device = next(t2w.parameters()).device
+        codes = torch.as_tensor(codes, dtype=torch.long).reshape(1, -1)
+        bad = (codes < 0) | (codes > self.max_code)
+        if bad.any():
+            log.debug("omni codec: %d out-of-range codes replaced by 0", int(bad.sum()))
+            codes = codes.masked_fill(bad, 0)
+        codes = codes.to(device)
+        spk = self._speaker(speaker)
+        cond = spk["cond"].to(device).float().reshape(1, -1)
+        ref = spk["ref_mel"].to(device).float()
+        frames = codes.shape[1] * self.repeats
+        if noise is None:
+            noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
+        dit = t2w.code2wav_dit_model
+        cfg = self.settings.guidance_scale >= 1e-5
+        key = (speaker if speaker in self.loaded.speakers else self.loaded.default_speaker, cfg, str(device))
+        enc = self._speaker_cache.get(key)
+        if enc is None:
+            enc = self._speaker_cache[key] = encode_speaker(dit, ref, cfg)
+        mel = dit_sample(dit, cond, ref, codes, noise.to(device).float()[None],
+                         num_steps=self.settings.dit_steps, guidance_scale=self.settings.guidance_scale,
+                         sway_coefficient=self.settings.sway_coefficient, speaker_encoding=enc)
+        wav = t2w.code2wav_bigvgan_model(mel)
+        return wav.detach().reshape(-1).float().cpu().numpy()
+
+    # streaming ---------------------------------------------------------------------------------
+
+    def stream(self, turn: int, speaker: str | None, seed: int | None = None) -> CodecStream:
+        return CodecStream(self, turn, speaker, self.settings.seed if seed is None else seed)
+
+
+class CodecStream:
+    """Incremental decoder for one reply: push code chunks in order, get the new samples."""
+
+    def __init__(self, codec: OmniCodec, turn: int, speaker: str | None, seed: int) -> None:
+        self.codec = codec
+        self.turn = turn
+        self.speaker = speaker
+        self.seed = seed
+        self.codes: list[Any] = []  # per-chunk tensors
+        self.n = 0  # codes received
+        self.emitted = 0  # samples emitted (global index of the next sample)
+        self.tail: np.ndarray | None = None  # previous render of the held-back samples
+        self.finished = False
+
+    def push(self, codes, start: int | None = None, final: bool = False) -> np.ndarray:
+        import torch
+
+        codes = torch.as_tensor(codes, dtype=torch.long).cpu()
+        if start is not None and start != self.n:
+            if start < self.n:  # a replay: forget what follows
+                self._truncate(start)
+            else:  # frames were lost upstream: continue without them (no left context there)
+                log.debug("omni codec: gap of %d frames", start - self.n)
+                self.codes.append(torch.zeros((start - self.n, *codes.shape[1:]), dtype=torch.long))
+                self.n = start
+                self.emitted = max(self.emitted, self.codec.rendered_length(start))
+                self.tail = None
+        if codes.shape[0]:
+            self.codes.append(codes)
+            self.n += int(codes.shape[0])
+        return self._emit(final)
+
+    def _truncate(self, n: int) -> None:
+        import torch
+
+        allc = torch.cat(self.codes, dim=0) if self.codes else None
+        self.codes = [allc[:n]] if allc is not None else []
+        self.n = n
+
+    def _emit(self, final: bool) -> np.ndarray:
+        import torch
+
+        codec = self.codec
+        U = codec.samples_per_code
+        hold = 0 if final else max(0, codec.settings.lookahead_frames)
+        target = codec.rendered_length(max(0, self.n - hold)) if self.n - hold > 0 else 0
+        if final:
+            target = codec.rendered_length(self.n)
+            self.finished = True
+        if target <= self.emitted or self.n == 0:
+            return np.zeros(0, np.float32)
+        first_code = self.emitted // U
+        c0 = max(0, first_code - max(0, codec.settings.left_context_frames))
+        c0 = (c0 // codec.block) * codec.block
+        allc = torch.cat(self.codes, dim=0)
+        if len(self.codes) > 1:
+            self.codes = [allc]
+        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed)
+        base = c0 * U
+        new = wav[self.emitted - base : target - base].copy()
+        if self.tail is not None and len(self.tail) and len(new):
+            xf = min(len(self.tail), len(new), int(codec.settings.crossfade_ms * OUTPUT_RATE / 1000))
+            if xf > 0:
+                w = (np.arange(1, xf + 1, dtype=np.float32) / (xf + 1))
+                new[:xf] = self.tail[:xf] * (1.0 - w) + new[:xf] * w
+        self.tail = wav[target - base :].copy() if not final else None
+        self.emitted = target
+        return new
+
+
+def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,
+               sway_coefficient=-1.0, speaker_encoding=None):
+    """``Qwen2_5OmniToken2WavDiTModel.sample`` with the initial noise passed in (same ODE, same
+    classifier-free guidance, same sway schedule) so that windows share one noise field.
+
+    The reference recomputes the ECAPA speaker encoder on the reference mel in each of its 36 DiT
+    evaluations; it depends only on the speaker, so it is computed once (``speaker_encoding``,
+    from :func:`encode_speaker`) and the DiT forward is replayed around it.
+    """
+    import torch
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+    duration = codes.shape[1] * dit.repeats
+    if noise.shape[1] != duration:
+        raise ValueError(f"noise covers {noise.shape[1]} mel frames, codes need {duration}")
+    cfg = guidance_scale >= 1e-5
+    if speaker_encoding is None:
+        speaker_encoding = encode_speaker(dit, reference_mel, cfg)
+    cond = conditioning.unsqueeze(1).repeat(1, duration, 1)
+    code_embed = dit.text_embed(codes, drop_code=False)
+    if cfg:
+        code_embed = torch.cat([code_embed, dit.text_embed(codes, drop_code=True)], dim=0)
+        speaker = torch.cat([cond, torch.zeros_like(cond)], dim=0)
+    else:
+        speaker = cond
+    spk_seq = speaker_encoding.unsqueeze(1).repeat(1, duration, 1)
+    static = (spk_seq, code_embed, speaker)
+
+    def ode_function(time_step, hidden_states):
+        out = _dit_forward(dit, hidden_states, time_step, static, cfg)
+        if not cfg:
+            return out
+        guided, null = torch.chunk(out, 2, dim=0)
+        return guided + (guided - null) * guidance_scale
+
+    t = torch.linspace(0, 1, num_steps, device=codes.device, dtype=cond.dtype)
+    if sway_coefficient is not None:
+        t = t + sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
+    solver = RungeKutta4ODESolver(function=ode_function, initial_value=noise.to(cond.dtype))
+    return solver.integrate(t)[-1].permute(0, 2, 1)
+
+
+def encode_speaker(dit, reference_mel, cfg: bool = True):
+    """The DiT's ECAPA encoding of the reference mel ([reference, silence] with guidance)."""
+    import torch
+
+    mel = torch.cat([reference_mel, torch.zeros_like(reference_mel)], dim=0) if cfg else reference_mel
+    return dit.input_embed.spk_encoder(mel)
+
+
+def _dit_forward(dit, hidden_states, time_step, static, cfg: bool):
+    """``Qwen2_5OmniToken2WavDiTModel.forward`` (and ``DiTInputEmbedding.forward``) with the
+    speaker encoding and code embeddings precomputed."""
+    import torch
+
+    spk_seq, code_embed, speaker = static
+    batch = hidden_states.shape[0] * (2 if cfg else 1)
+    if time_step.ndim == 0:
+        time_step = time_step.repeat(batch)
+    time_embedding = dit.time_embed(time_step)
+    if cfg:
+        hidden_states = torch.cat([hidden_states, hidden_states], dim=0)
+    hidden = dit.input_embed.proj(torch.cat((hidden_states, spk_seq, code_embed, speaker), dim=-1))
+    position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None, :].repeat(hidden.shape[0], 1)
+    position_embeddings = dit.rotary_embed(hidden, position_ids)
+    block_diff = dit._create_block_diff(hidden)
+    for block in dit.transformer_blocks:
+        hidden = block(hidden, time_embedding, position_embeddings=position_embeddings, block_diff=block_diff)
+    hidden = dit.norm_out(hidden, time_embedding)
+    return dit.proj_out(hidden)
+
+
+def to_int16(wav: np.ndarray) -> np.ndarray:
+    return (np.clip(wav, -1.0, 1.0) * 32767.0).round().astype(np.int16)

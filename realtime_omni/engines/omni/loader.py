@@ -1,0 +1,596 @@
+"""Load a local Qwen2.5-Omni / Qwen3-Omni checkpoint (or build one from a config) for streaming.
+
+Only local directories are accepted: the server never reaches a model hub. What is read:
+
+* ``config.json`` — required; its ``model_type`` (``qwen2_5_omni`` / ``qwen3_omni_moe``) or its
+  ``architectures`` decide the architecture;
+* the weights (``*.safetensors``) through ``from_pretrained``;
+* the tokenizer files (``tokenizer.json`` / ``vocab.json`` + ``merges.txt``);
+* ``preprocessor_config.json`` when present (Whisper-style log-mel feature extractor and the
+  Qwen2-VL image processor); without it (tiny test checkpoints) both are built from defaults that
+  follow the config (``num_mel_bins``, vision ``patch_size`` / ``spatial_merge_size``);
+* ``spk_dict.pt`` (Qwen2.5-Omni speakers: x-vector, reference mel, talker BOS token). Without it a
+  deterministic placeholder speaker is made, so random-weight checkpoints still speak.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+Arch = Literal["qwen2_5_omni", "qwen3_omni_moe"]
+
+#: model_type / architectures spellings that map to each supported architecture
+_MODEL_TYPES: dict[str, Arch] = {"qwen2_5_omni": "qwen2_5_omni", "qwen3_omni_moe": "qwen3_omni_moe"}
+_ARCH_PREFIXES: dict[str, Arch] = {
+    "Qwen2_5Omni": "qwen2_5_omni",
+    "Qwen2OmniModel": "qwen2_5_omni",
+    "Qwen3OmniMoe": "qwen3_omni_moe",
+}
+_THINKER_ONLY = {"qwen2_5_omni_thinker", "qwen3_omni_moe_thinker"}
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """``config.json`` of a local checkpoint directory, with readable errors."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise ValueError(f"omni checkpoint path does not exist: {root}")
+    if not root.is_dir():
+        raise ValueError(f"omni checkpoint path is not a directory: {root}")
+    cfg_file = root / "config.json"
+    if not cfg_file.is_file():
+        raise ValueError(
+            f"no config.json in {root}: expected a Qwen2.5-Omni or Qwen3-Omni checkpoint directory "
+            "(config.json, *.safetensors, tokenizer files)"
+        )
+    try:
+        return json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {cfg_file}: {exc}") from exc
+
+
+def detect_architecture(config: dict[str, Any], where: str = "config.json") -> Arch:
+    """``qwen2_5_omni`` or ``qwen3_omni_moe`` from a config dict; ValueError for anything else."""
+    model_type = str(config.get("model_type") or "")
+    if model_type in _MODEL_TYPES:
+        return _MODEL_TYPES[model_type]
+    for name in config.get("architectures") or []:
+        for prefix, arch in _ARCH_PREFIXES.items():
+            if str(name).startswith(prefix):
+                return arch
+    if model_type in _THINKER_ONLY:
+        raise ValueError(
+            f"{where}: model_type {model_type!r} is a thinker-only checkpoint (no talker / codec); "
+            "the omni engine needs the full model with audio output"
+        )
+    raise ValueError(
+        f"{where}: unsupported architecture (model_type={model_type!r}, "
+        f"architectures={config.get('architectures')!r}); the omni engine supports "
+        "Qwen2.5-Omni (model_type 'qwen2_5_omni') and Qwen3-Omni (model_type 'qwen3_omni_moe')"
+    )
+
+
+def resolve_dtype(dtype: Any):
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = _DTYPES.get(str(dtype).replace("torch.", "").lower())
+    if name is None:
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16")
+    return getattr(torch, name)
+
+
+def model_class(arch: Arch):
+    import transformers
+
+    if arch == "qwen2_5_omni":
+        return transformers.Qwen2_5OmniForConditionalGeneration
+    return transformers.Qwen3OmniMoeForConditionalGeneration
+
+
+def config_class(arch: Arch):
+    import transformers
+
+    if arch == "qwen2_5_omni":
+        return transformers.Qwen2_5OmniConfig
+    return transformers.Qwen3OmniMoeConfig
+
+
+@dataclass
+class SpecialTokens:
+    """Token ids the streaming engine needs, resolved from the config and the tokenizer."""
+
+    im_start: int
+    im_end: int
+    newline: list[int]
+    role: dict[str, list[int]]  # "system"/"user"/"assistant" → ids of "<role>\n" minus the newline
+    eos: list[int]
+    audio_start: int
+    audio_end: int
+    audio: int
+    vision_start: int | None
+    vision_end: int | None
+    image: int | None
+    user_token_id: int
+    assistant_token_id: int | None
+
+
+@dataclass
+class LoadedOmni:
+    """Everything a session needs, shared read-only by all sessions."""
+
+    arch: Arch
+    path: Path | None
+    model: Any
+    config: Any
+    tokenizer: Any
+    feature_extractor: Any
+    image_processor: Any | None
+    device: Any
+    dtype: Any
+    tokens: SpecialTokens
+    #: Qwen2.5: name → {"cond": x-vector, "ref_mel": [1, T, mel], "bos_token": int};
+    #: Qwen3: name → codec speaker id
+    speakers: dict[str, Any] = field(default_factory=dict)
+    default_speaker: str = ""
+    cache_kwarg: str = "cache"
+
+    @property
+    def thinker(self):
+        return self.model.thinker
+
+    @property
+    def talker(self):
+        return self.model.talker
+
+    def speaker_for(self, voice: str | None) -> str:
+        """Map a session voice (OpenAI names like ``alloy`` or a speaker name) to a speaker."""
+        if voice:
+            for name in self.speakers:
+                if name.lower() == voice.lower():
+                    return name
+        return self.default_speaker
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def load_omni(
+    path: str | Path,
+    device: str = "cpu",
+    dtype: Any = "float32",
+    attn_implementation: str | None = "sdpa",
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> LoadedOmni:
+    """Load a local checkpoint directory; raises ValueError with a readable message on bad input."""
+
+    root = Path(path).expanduser()
+    raw = read_config(root)
+    arch = detect_architecture(raw, where=str(root / "config.json"))
+    torch_dtype = resolve_dtype(dtype)
+    has_weights = any(root.glob("*.safetensors")) or any(root.glob("*.bin"))
+    if not has_weights:
+        raise ValueError(f"no weights (*.safetensors) in {root}")
+    progress(f"loading {arch} from {root} ({device}, {torch_dtype})")
+    cls = model_class(arch)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "local_files_only": True}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if str(device).startswith("cuda"):
+        kwargs["device_map"] = device
+    # Qwen2_5OmniForConditionalGeneration.from_pretrained insists on spk_dict.pt; go through the
+    # base implementation and load the speakers ourselves (optional for random test checkpoints).
+    from transformers import PreTrainedModel
+
+    try:
+        model = PreTrainedModel.from_pretrained.__func__(cls, str(root), **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ValueError(f"cannot load {arch} weights from {root}: {exc}") from exc
+    if not str(device).startswith("cuda"):
+        model.to(device)
+    model.eval()
+    tokenizer = _load_tokenizer(root)
+    feature_extractor, image_processor = _load_processors(root, arch, model.config)
+    speakers, default = _load_speakers(root, arch, model, device)
+    return _finish(arch, root, model, tokenizer, feature_extractor, image_processor, device,
+                   torch_dtype, speakers, default)
+
+
+def build_random(
+    config: Any,
+    device: str = "cuda",
+    dtype: Any = "bfloat16",
+    tokenizer: Any = None,
+    attn_implementation: str | None = "sdpa",
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> LoadedOmni:
+    """Real-size model with random weights (benchmarks): built on the meta device, materialized
+    with ``to_empty`` on ``device`` and initialised with the model's own ``_init_weights`` (which
+    also recomputes the non-persistent buffers: rotary frequencies, anti-alias filters, ...).
+
+    ``config`` is a config object, a config dict, or a path to a (reconstructed) config.json.
+    ``tokenizer`` may be None: a byte-level stand-in is used (ids only matter for shapes).
+    """
+    import torch
+
+    if isinstance(config, (str, Path)):
+        raw = json.loads(Path(config).read_text())
+        arch = detect_architecture(raw, where=str(config))
+        config = config_class(arch).from_dict(raw)
+    elif isinstance(config, dict):
+        arch = detect_architecture(config)
+        config = config_class(arch).from_dict(config)
+    else:
+        arch = detect_architecture({"model_type": config.model_type})
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+        for sub in ("thinker_config", "talker_config", "token2wav_config", "code2wav_config"):
+            if getattr(config, sub, None) is not None:
+                getattr(config, sub)._attn_implementation = attn_implementation
+    torch_dtype = resolve_dtype(dtype)
+    # sub-configs may carry their own ``dtype`` (the released Qwen3 config says bfloat16 for the
+    # thinker); build every part in the requested one
+    for cfg_obj in (config, *(getattr(config, n, None) for n in ("thinker_config", "talker_config",
+                                                                 "token2wav_config", "code2wav_config"))):
+        if cfg_obj is not None:
+            try:
+                cfg_obj.dtype = torch_dtype
+            except Exception:  # noqa: BLE001
+                pass
+    cls = model_class(arch)
+    previous = torch.get_default_dtype()
+    progress(f"building {arch} on meta ({torch_dtype})")
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+    progress(f"materializing on {device}")
+    model.to_empty(device=device)
+    for module in model.modules():
+        if hasattr(module, "_is_hf_initialized"):
+            module._is_hf_initialized = False
+    with torch.no_grad():
+        # NaN sentinels: whatever ``_init_weights`` leaves alone (e.g. the SnakeBeta alpha/beta of
+        # the vocoders, which their constructors set to zeros) is initialised generically below
+        tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+        for t in tensors:
+            t.fill_(float("nan"))
+        model.initialize_weights()
+        missed = []
+        for name, p in model.named_parameters():
+            if torch.isnan(p).any():
+                missed.append(name)
+                if p.ndim <= 1:
+                    p.zero_()
+                else:
+                    p.normal_(0.0, 0.02)
+        bad_buffers = [n for n, b in model.named_buffers() if b.is_floating_point() and torch.isnan(b).any()]
+        if bad_buffers:
+            raise RuntimeError(f"buffers left uninitialised after to_empty: {bad_buffers[:5]}")
+        if missed:
+            log.info("initialised %d parameters generically (e.g. %s)", len(missed), missed[0])
+    if arch == "qwen2_5_omni":
+        model.token2wav.float()
+    model.eval()
+    if tokenizer is None:
+        tokenizer = ByteTokenizer(config)
+    fe, ip = _default_processors(arch, model.config)
+    speakers, default = _placeholder_speakers(arch, model, device)
+    return _finish(arch, None, model, tokenizer, fe, ip, device, torch_dtype, speakers, default)
+
+
+def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers, default) -> LoadedOmni:
+    import inspect
+
+    import torch
+
+    if arch == "qwen2_5_omni" and getattr(model, "token2wav", None) is not None:
+        model.token2wav.float()  # the DiT / BigVGAN run in float32 (as the reference generate does)
+    params = inspect.signature(model.thinker.model.forward).parameters
+    cache_kwarg = "cache" if "cache" in params else "past_key_values"
+    tokens = _special_tokens(arch, model.config, tokenizer)
+    return LoadedOmni(
+        arch=arch, path=root, model=model, config=model.config, tokenizer=tokenizer,
+        feature_extractor=fe, image_processor=ip, device=torch.device(device), dtype=torch_dtype,
+        tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg,
+    )
+
+
+def _load_tokenizer(root: Path):
+    from transformers import AutoTokenizer
+
+    if not any((root / name).exists() for name in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
+        raise ValueError(f"no tokenizer files (tokenizer.json or vocab.json + merges.txt) in {root}")
+    try:
+        return AutoTokenizer.from_pretrained(str(root), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"cannot load the tokenizer from {root}: {exc}") from exc
+
+
+def _thinker_cfg(config):
+    return config.thinker_config
+
+
+def _load_processors(root: Path, arch: Arch, config):
+    fe, ip = _default_processors(arch, config)
+    pre = root / "preprocessor_config.json"
+    if not pre.is_file():
+        return fe, ip
+    try:
+        data = json.loads(pre.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {pre}: {exc}") from exc
+    from transformers import Qwen2VLImageProcessor, WhisperFeatureExtractor
+
+    fe_keys = ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value",
+               "dither", "return_attention_mask")
+    fe = WhisperFeatureExtractor(**{k: data[k] for k in fe_keys if k in data})
+    if ip is not None:
+        ip_keys = ("patch_size", "merge_size", "temporal_patch_size", "min_pixels", "max_pixels",
+                   "image_mean", "image_std")
+        ip = _quiet(lambda: Qwen2VLImageProcessor(**{k: data[k] for k in ip_keys if k in data}))
+    return fe, ip
+
+
+def _default_processors(arch: Arch, config):
+    from transformers import WhisperFeatureExtractor
+
+    thinker = _thinker_cfg(config)
+    mel = int(thinker.audio_config.num_mel_bins)
+    fe = WhisperFeatureExtractor(
+        feature_size=mel, sampling_rate=16_000, hop_length=160, chunk_length=300, n_fft=400,
+        padding_value=0.0, dither=0.0, return_attention_mask=True,
+    )
+    ip = None
+    vision = getattr(thinker, "vision_config", None)
+    if vision is not None:
+        try:
+            from transformers import Qwen2VLImageProcessor
+
+            kw = dict(patch_size=int(vision.patch_size), merge_size=int(vision.spatial_merge_size),
+                      temporal_patch_size=int(vision.temporal_patch_size))
+            if arch == "qwen3_omni_moe":
+                kw.update(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+            ip = _quiet(lambda: Qwen2VLImageProcessor(**kw))
+        except Exception as exc:  # noqa: BLE001 - images are optional
+            log.warning("image input disabled: %s", exc)
+            ip = None
+    return fe, ip
+
+
+def _quiet(fn):
+    import logging as _logging
+
+    tlog = _logging.getLogger("transformers")
+    level = tlog.level
+    tlog.setLevel(_logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        hf_logging, hf_level = None, None
+    try:
+        return fn()
+    finally:
+        tlog.setLevel(level)
+        if hf_logging is not None:
+            hf_logging.set_verbosity(hf_level)
+
+
+def _load_speakers(root: Path, arch: Arch, model, device) -> tuple[dict[str, Any], str]:
+    import torch
+
+    if arch == "qwen3_omni_moe":
+        return _placeholder_speakers(arch, model, device)
+    spk = root / "spk_dict.pt"
+    if not spk.is_file():
+        log.warning("%s has no spk_dict.pt: using a placeholder speaker (random-weight checkpoints only)", root)
+        return _placeholder_speakers(arch, model, device)
+    try:
+        data = torch.load(spk, weights_only=True, map_location="cpu")
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"cannot read {spk}: {exc}") from exc
+    speakers = {}
+    for name, value in data.items():
+        speakers[str(name)] = {
+            "cond": torch.as_tensor(value["cond"]).float().reshape(-1),
+            "ref_mel": torch.as_tensor(value["ref_mel"]).float().reshape(1, -1, value["ref_mel"].shape[-1]),
+            "bos_token": int(value["bos_token"]),
+        }
+    if not speakers:
+        raise ValueError(f"{spk} holds no speakers")
+    default = "Chelsie" if "Chelsie" in speakers else next(iter(speakers))
+    return speakers, default
+
+
+def _placeholder_speakers(arch: Arch, model, device) -> tuple[dict[str, Any], str]:
+    import torch
+
+    cfg = model.config
+    if arch == "qwen3_omni_moe":
+        ids = dict(cfg.talker_config.speaker_id or {})
+        if not ids:
+            ids = {"ethan": int(cfg.talker_config.codec_pad_id)}
+        speakers = {name.capitalize(): int(v) for name, v in ids.items()}
+        default = "Ethan" if "Ethan" in speakers else next(iter(speakers))
+        return speakers, default
+    dit = cfg.token2wav_config.dit_config
+    gen = torch.Generator().manual_seed(1234)
+    bos = int(cfg.talker_config.tts_text_start_token_id)
+    speakers = {
+        "Chelsie": {
+            "cond": torch.randn(int(dit.enc_emb_dim), generator=gen) * 0.1,
+            "ref_mel": torch.randn(1, 300, int(dit.mel_dim), generator=gen) * 0.1,
+            "bos_token": bos,
+        }
+    }
+    return speakers, "Chelsie"
+
+
+# ---------------------------------------------------------------------------------------------
+# token ids
+
+
+def _token_id(tokenizer, names: tuple[str, ...]) -> int | None:
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for name in names:
+        try:
+            tid = tokenizer.convert_tokens_to_ids(name)
+        except Exception:  # noqa: BLE001
+            tid = None
+        if isinstance(tid, int) and tid >= 0 and tid != unk:
+            return tid
+    return None
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _special_tokens(arch: Arch, config, tokenizer) -> SpecialTokens:
+    th = config.thinker_config
+
+    def cfg(obj, *names):
+        for name in names:
+            value = getattr(obj, name, None)
+            if value is not None:
+                return int(value)
+        return None
+
+    im_start = _token_id(tokenizer, ("<|im_start|>",))
+    im_end = _token_id(tokenizer, ("<|im_end|>",))
+    if arch == "qwen3_omni_moe":
+        im_start = cfg(config, "im_start_token_id") if im_start is None else im_start
+        im_end = cfg(config, "im_end_token_id") if im_end is None else im_end
+    else:
+        im_start = cfg(th, "bos_token_id") if im_start is None else im_start
+        im_end = cfg(th, "eos_token_id") if im_end is None else im_end
+    if im_start is None or im_end is None:
+        raise ValueError("the tokenizer has no <|im_start|> / <|im_end|> tokens")
+    if arch == "qwen2_5_omni":
+        audio = cfg(th, "audio_token_index", "audio_token_id")
+        image = cfg(th, "image_token_index", "image_token_id")
+    else:
+        audio = cfg(th, "audio_token_id")
+        image = cfg(th, "image_token_id")
+    audio_start = cfg(th, "audio_start_token_id")
+    audio_end = cfg(th, "audio_end_token_id")
+    if audio_end is None:
+        audio_end = _token_id(tokenizer, ("<|audio_eos|>", "<|audio_end|>"))
+    vision_start = cfg(th, "vision_start_token_id")
+    if vision_start is None:
+        vision_start = _token_id(tokenizer, ("<|vision_bos|>", "<|vision_start|>"))
+    vision_end = cfg(th, "vision_end_token_id")
+    if vision_end is None:
+        vision_end = _token_id(tokenizer, ("<|vision_eos|>", "<|vision_end|>"))
+    if audio is None or audio_start is None or audio_end is None:
+        raise ValueError("config lacks the audio placeholder token ids")
+    newline = _encode(tokenizer, "\n")
+    role = {}
+    for name in ("system", "user", "assistant"):
+        ids = _encode(tokenizer, name + "\n")
+        if ids[-len(newline):] == newline:
+            ids = ids[: -len(newline)]
+        role[name] = ids
+    user_token_id = cfg(th, "user_token_id") or cfg(config, "user_token_id") or role["user"][0]
+    assistant_token_id = cfg(config, "assistant_token_id") or role["assistant"][0]
+    eos = {im_end}
+    for extra in (_token_id(tokenizer, ("<|endoftext|>",)), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(extra, int):
+            eos.add(extra)
+    if arch == "qwen3_omni_moe":
+        eos = {im_end}  # Qwen3-Omni's generate stops on <|im_end|> only (thinker_eos_token_id)
+    return SpecialTokens(
+        im_start=im_start, im_end=im_end, newline=newline, role=role, eos=sorted(eos),
+        audio_start=audio_start, audio_end=audio_end, audio=audio,
+        vision_start=vision_start, vision_end=vision_end, image=image,
+        user_token_id=user_token_id, assistant_token_id=assistant_token_id,
+    )
+
+
+class ByteTokenizer:
+    """A byte-level stand-in tokenizer for random-weight benchmarks without tokenizer files.
+
+    Bytes map to ids 0..255; the chat special tokens and the role words map to the ids the config
+    names (or to the Qwen vocabulary's ids), so prompts have the real structure. Decoding skips ids
+    that are not bytes.
+    """
+
+    unk_token_id = None
+    eos_token_id = None
+
+    def __init__(self, config):
+        th = config.thinker_config
+        user = getattr(th, "user_token_id", None) or getattr(config, "user_token_id", None) or 872
+        self.special = {
+            "<|im_start|>": getattr(config, "im_start_token_id", None) or getattr(th, "bos_token_id", None) or 151644,
+            "<|im_end|>": getattr(config, "im_end_token_id", None) or getattr(th, "eos_token_id", None) or 151645,
+            "<|endoftext|>": 151643,
+        }
+        words = {
+            "system": getattr(config, "system_token_id", None) or 8948,
+            "user": user,
+            "assistant": getattr(config, "assistant_token_id", None) or 77091,
+        }
+        vocab = int(th.get_text_config().vocab_size) if hasattr(th, "get_text_config") else 1 << 30
+        self.words = {w: i for w, i in words.items() if int(i) < vocab}  # else: plain bytes
+
+    def convert_tokens_to_ids(self, token: str):
+        return self.special.get(token)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        import re
+
+        ids: list[int] = []
+        pattern = "(" + "|".join(re.escape(t) for t in [*self.special, *self.words]) + ")"
+        for piece in re.split(pattern, text):
+            if piece in self.special:
+                ids.append(int(self.special[piece]))
+            elif piece in self.words:
+                ids.append(int(self.words[piece]))
+            elif piece:
+                ids.extend(piece.encode("utf-8"))
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+def audio_token_count(loaded: LoadedOmni, feature_len: int) -> int:
+    """Number of audio placeholder tokens the thinker's audio tower produces for ``feature_len``
+    mel frames (the processor's formula for each architecture)."""
+    import torch
+
+    if loaded.arch == "qwen2_5_omni":
+        _, out = loaded.thinker.model.audio_tower._get_feat_extract_output_lengths(torch.tensor([feature_len]))
+        return int(out[0])
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m3
+
+    n_window = int(getattr(loaded.config.thinker_config.audio_config, "n_window", 50))
+    return int(m3._get_feat_extract_output_lengths(torch.tensor([feature_len]), n_window)[0])
+
+
+def samples_per_code(loaded: LoadedOmni) -> int:
+    """24 kHz samples per talker code frame (Qwen2.5: 2 mel frames × 240; Qwen3: 1920)."""
+    if loaded.arch == "qwen2_5_omni":
+        t2w = loaded.config.token2wav_config
+        hop = math.prod(t2w.bigvgan_config.upsample_rates)
+        return int(hop * t2w.dit_config.repeats)
+    c2w = loaded.config.code2wav_config
+    return int(math.prod(list(c2w.upsample_rates) + list(c2w.upsampling_ratios)))

@@ -1,0 +1,293 @@
+"""``OmniModel``: Qwen2.5-Omni / Qwen3-Omni on transformers as a streaming voice model.
+
+Stage wiring (what the pipeline sees):
+
+* ``think()`` streams one :class:`ThinkerOutput` per reply token (text delta + a
+  :class:`~.thinker.TokenHidden` for the talker) and a last end-marker output;
+* ``talk_boundary()`` hands every pending output to the talker at once (the talker consumes one
+  token per codec frame, so it must see tokens as soon as they exist);
+* ``talk()`` runs the talker as far as the tokens received allow and yields
+  :class:`~realtime_omni.engines.base.TalkerOutput` with ``codes`` (a :class:`~.talker.CodeChunk`)
+  every ``first_chunk_frames`` then ``chunk_frames`` frames;
+* ``decode()`` turns a chunk into int16 audio at 24 kHz (``ModelInfo.output_rate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream, VoiceModel
+from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
+from .loader import Arch, LoadedOmni, build_random, detect_architecture, load_omni, read_config
+from .talker import CodeChunk, OmniTalker, TalkerSettings
+from .thinker import StreamingThinker, ThinkerSettings
+
+log = logging.getLogger(__name__)
+
+#: per-architecture chunking defaults (codec frames): Qwen2.5 frames are 20 ms, Qwen3 frames 80 ms
+CHUNK_DEFAULTS: dict[str, dict[str, Any]] = {
+    # 12 codes = one DiT block; 24-code windows of context; 2 codes held back and cross-faded
+    "qwen2_5_omni": dict(first_chunk_frames=12, chunk_frames=24, left_context_frames=24,
+                         lookahead_frames=2, crossfade_ms=10.0),
+    # causal codec: 2 frames (160 ms) first, then 8 (640 ms); 25 frames of context (the reference)
+    "qwen3_omni_moe": dict(first_chunk_frames=2, chunk_frames=8, left_context_frames=25,
+                           lookahead_frames=0, crossfade_ms=0.0),
+}
+
+
+class OmniModel(VoiceModel):
+    """A Qwen2.5-Omni or Qwen3-Omni checkpoint served as thinker → talker → codec."""
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        first_chunk_frames: int | None = None,
+        chunk_frames: int | None = None,
+        left_context_frames: int | None = None,
+        *,
+        lookahead_frames: int | None = None,
+        crossfade_ms: float | None = None,
+        model_id: str | None = None,
+        max_new_tokens: int = 1024,
+        system_prompt: str | None = None,
+        thinker_do_sample: bool | None = None,
+        talker_do_sample: bool | None = None,
+        talker_max_new_tokens: int = 4096,
+        seed: int | None = None,
+        attn_implementation: str | None = "sdpa",
+        chars_per_second: float = 15.0,
+        ignore_eos: bool = False,
+        loaded: LoadedOmni | None = None,
+    ) -> None:
+        self.path = Path(path).expanduser() if path is not None else None
+        self.device = device
+        self.dtype = dtype
+        self.attn_implementation = attn_implementation
+        self.loaded: LoadedOmni | None = loaded
+        if loaded is not None:
+            arch: Arch = loaded.arch
+            raw: dict[str, Any] = {}
+        else:
+            if self.path is None:
+                raise ValueError("OmniModel needs a checkpoint path")
+            raw = read_config(self.path)  # ValueError for a bad path / missing config.json
+            arch = detect_architecture(raw, where=str(self.path / "config.json"))
+        self.arch = arch
+        defaults = CHUNK_DEFAULTS[arch]
+        self.first_chunk_frames = int(first_chunk_frames or defaults["first_chunk_frames"])
+        self.chunk_frames = int(chunk_frames or defaults["chunk_frames"])
+        self.left_context_frames = int(defaults["left_context_frames"] if left_context_frames is None
+                                       else left_context_frames)
+        self.lookahead_frames = int(defaults["lookahead_frames"] if lookahead_frames is None else lookahead_frames)
+        self.crossfade_ms = float(defaults["crossfade_ms"] if crossfade_ms is None else crossfade_ms)
+        if min(self.first_chunk_frames, self.chunk_frames) < 1 or self.left_context_frames < 0:
+            raise ValueError("chunk sizes must be >= 1 frame and the left context >= 0")
+        self.seed = seed
+        self.thinker_settings = ThinkerSettings(max_new_tokens=max_new_tokens, system_prompt=system_prompt,
+                                                do_sample=thinker_do_sample, ignore_eos=ignore_eos)
+        self.talker_settings = TalkerSettings(
+            do_sample=True if talker_do_sample is None else talker_do_sample,
+            max_new_tokens=talker_max_new_tokens, first_chunk_frames=self.first_chunk_frames,
+            chunk_frames=self.chunk_frames, chars_per_second=chars_per_second, ignore_eos=ignore_eos,
+        )
+        self._apply_generation_config()
+        self.codec: OmniCodec | None = None
+        caps = {"audio_in", "text_in", "audio_out", "text_out"}
+        vision = ((raw.get("thinker_config") or {}).get("vision_config") if raw else
+                  getattr(loaded.config.thinker_config, "vision_config", None))
+        if vision is not None:
+            caps.add("image_in")
+        name = model_id or ("omni" if self.path is None else self.path.name or "omni")
+        self.info = ModelInfo(id=name, capabilities=frozenset(caps), output_rate=24_000, hears_audio=True)
+        self.vad: Any = None  # set by load() when silero is installed
+        self._sessions: set[OmniSession] = set()
+        self._lock = threading.Lock()
+        if loaded is not None:
+            self._setup_codec()
+
+    @classmethod
+    def random(cls, config: Any, device: str = "cuda", dtype: str = "bfloat16", **kwargs) -> OmniModel:
+        """Real-size model with random weights from a (reconstructed) config (benchmarks)."""
+        loaded = build_random(config, device=device, dtype=dtype)
+        return cls(loaded=loaded, device=device, dtype=dtype, **kwargs)
+
+    def _apply_generation_config(self) -> None:
+        """Talker sampling from ``generation_config.json`` (``talker_*`` keys) when present."""
+        if self.path is None:
+            return
+        gen = self.path / "generation_config.json"
+        if not gen.is_file():
+            return
+        try:
+            data = json.loads(gen.read_text())
+        except (OSError, json.JSONDecodeError):
+            return
+        for key in ("temperature", "top_k", "top_p", "repetition_penalty"):
+            if f"talker_{key}" in data:
+                setattr(self.talker_settings, key, data[f"talker_{key}"])
+
+    def _setup_codec(self) -> None:
+        self.codec = OmniCodec(self.loaded, CodecSettings(
+            left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
+            crossfade_ms=self.crossfade_ms, seed=self.seed or 0,
+        ))
+
+    def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        if self.loaded is None:
+            self.loaded = load_omni(self.path, device=self.device, dtype=self.dtype,
+                                    attn_implementation=self.attn_implementation, progress=progress)
+        self._setup_codec()
+        progress(f"{self.loaded.arch} ready on {self.loaded.device} ({self.loaded.dtype}); "
+                 f"speakers: {', '.join(self.loaded.speakers)}")
+        self.vad = _optional_vad(progress)
+        if self.vad is not None:
+            self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
+
+    def open_session(self) -> OmniSession:
+        if self.loaded is None:
+            raise RuntimeError("OmniModel.load() has not run")
+        session = OmniSession(self)
+        with self._lock:
+            self._sessions.add(session)
+        return session
+
+    def _forget(self, session: OmniSession) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+
+    @property
+    def open_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def close(self) -> None:
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.close()
+        self.loaded = None
+        self.codec = None
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _generator(device, seed: int):
+    import torch
+
+    try:
+        return torch.Generator(device=device).manual_seed(seed)
+    except RuntimeError:
+        return torch.Generator().manual_seed(seed)
+
+
+def _optional_vad(progress: Callable[[str], None]) -> Any:
+    """Server VAD for omni sessions: the embedded silero model when that extra is installed."""
+    try:
+        from ..embedded.vad_silero import SileroVAD
+    except ImportError:
+        progress("no VAD available (install the 'embedded' extra for server turn detection)")
+        return None
+    return SileroVAD()
+
+
+class OmniSession(ModelSession):
+    """Per-session state: the thinker's KV cache, the running talker, the codec streams."""
+
+    def new_vad(self) -> VADStream | None:
+        vad = getattr(self.model, "vad", None)
+        return vad.stream() if vad is not None else None
+
+    def __init__(self, model: OmniModel) -> None:
+        import torch
+
+        self.model = model
+        loaded = model.loaded
+        self.loaded = loaded
+        seed = model.seed if model.seed is not None else int(torch.seed() % (2**31))
+        self.seed = seed
+        # one generator per stage: think() and talk() run in different threads
+        self.thinker = StreamingThinker(loaded, model.thinker_settings, _generator(loaded.device, seed))
+        self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1))
+        self._codec_stream: CodecStream | None = None
+        self._codec_lock = threading.Lock()
+        self.closed = False
+
+    # ModelSession -------------------------------------------------------------------------------
+
+    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
+        if self.closed:
+            return iter(())
+        return self.thinker.run(request)
+
+    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
+        # the talker consumes one token per codec frame: give it every token as soon as it exists
+        return len(pending)
+
+    def talk(
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+    ) -> Iterator[TalkerOutput]:
+        if self.closed:
+            return iter(())
+        return self.talker.talk(segment, voice, cancelled, final)
+
+    def decode(self, out: TalkerOutput) -> np.ndarray:
+        chunk = out.codes
+        if not isinstance(chunk, CodeChunk) or self.closed or self.model.codec is None:
+            return np.zeros(0, np.int16) if out.audio is None else out.audio
+        with self._codec_lock:
+            stream = self._codec_stream
+            if stream is None or stream.turn != chunk.turn:
+                if stream is not None and chunk.turn < stream.turn:
+                    return np.zeros(0, np.int16)  # a chunk of an older reply
+                stream = self._codec_stream = self.model.codec.stream(chunk.turn, chunk.speaker,
+                                                                      seed=self.seed + chunk.turn)
+            wav = stream.push(chunk.codes, start=chunk.start, final=chunk.final or out.final)
+            if chunk.final or out.final:
+                self._codec_stream = None
+        return to_int16(wav)
+
+    def confirm(self, spoken_text: str) -> None:
+        self.thinker.confirm(spoken_text)
+        self.talker.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.thinker.close()
+        self.talker.close()
+        with self._codec_lock:
+            self._codec_stream = None
+        self.model._forget(self)
+
+    # extras -------------------------------------------------------------------------------------
+
+    @property
+    def last_prefill_tokens(self) -> int:
+        return self.thinker.last_prefill_tokens
+
+    @property
+    def cache_length(self) -> int:
+        """Tokens in the thinker's KV cache."""
+        return self.thinker.cache_length
+
+    def crop(self, position: int) -> int:
+        """Cut the thinker's context back to ``position`` tokens (barge-in by token count)."""
+        self.talker.close()
+        return self.thinker.crop(position)

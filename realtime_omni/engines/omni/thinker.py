@@ -1,0 +1,842 @@
+"""Streaming thinker with a KV cache kept per session (resumable segments).
+
+The session keeps one :class:`ThinkerContext`: the thinker's ``DynamicCache`` plus, for every token
+in it, the token id, its rotary position and the vector the talker needs for that token. Each
+conversation message in the cache is a record with a fingerprint; a new request re-uses the
+longest matching prefix of records, crops the cache where the conversation diverges and prefills
+only what is new (normally: the closing ``<|im_end|>\\n`` of the last reply, the new user turn and
+the ``<|im_start|>assistant\\n`` header). A barge-in (:meth:`StreamingThinker.confirm`) crops the
+cache back to the last token the listener heard.
+
+The model is called through its sub-modules with explicit 3-D rotary positions (no module state
+such as ``rope_deltas`` is touched), so one loaded model serves many sessions from many threads.
+
+What the talker needs per token (``ThinkerOutput.hidden``):
+
+* Qwen2.5-Omni: ``last_hidden + token_embedding`` (multimodal positions: ``last_hidden`` only),
+  exactly what ``Qwen2_5OmniForConditionalGeneration.generate`` feeds its talker;
+* Qwen3-Omni: the token embedding for text tokens and the layer-``accept_hidden_layer`` hidden state
+  for audio/image tokens (``Qwen3OmniMoeForConditionalGeneration._get_talker_user_parts``); reply
+  tokens need only their id (the talker embeds them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..base import ThinkerOutput, ThinkRequest, TurnMessage
+from .loader import LoadedOmni, audio_token_count
+
+log = logging.getLogger(__name__)
+
+QWEN25_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
+    "auditory and visual inputs, as well as generating text and speech."
+)
+
+#: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
+MIN_AUDIO_SAMPLES = 1_600
+#: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
+MAX_AUDIO_SAMPLES = 300 * 16_000
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+
+
+class TokenSampler:
+    """Repetition penalty → suppressed tokens → temperature → top-k → top-p, then argmax or a draw:
+    the order ``GenerationMixin._get_logits_processor`` applies them in."""
+
+    def __init__(
+        self,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        suppress: list[int] | None = None,
+        generator: Any = None,
+    ) -> None:
+        import torch
+        from transformers import (
+            LogitsProcessorList,
+            RepetitionPenaltyLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.do_sample = bool(do_sample)
+        self.generator = generator
+        self._suppress = torch.tensor(sorted(set(suppress or [])), dtype=torch.long)
+        procs = []
+        if repetition_penalty is not None and repetition_penalty != 1.0:
+            procs.append(RepetitionPenaltyLogitsProcessor(penalty=float(repetition_penalty)))
+        self._pre = LogitsProcessorList(procs)
+        warpers = []
+        if self.do_sample:
+            if temperature is not None and temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(float(temperature)))
+            if top_k is not None and top_k != 0:
+                warpers.append(TopKLogitsWarper(top_k=int(top_k)))
+            if top_p is not None and top_p < 1.0:
+                warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+        self._warp = LogitsProcessorList(warpers)
+
+    def __call__(self, logits, history=None) -> int:
+        """``logits``: (1, V) float; ``history``: (1, H) long ids the penalty looks at."""
+        import torch
+
+        scores = logits.float()
+        if len(self._pre) and history is not None and history.numel():
+            scores = self._pre(history.to(scores.device), scores)
+        if self._suppress.numel():
+            idx = self._suppress.to(scores.device)
+            idx = idx[idx < scores.shape[-1]]
+            scores = scores.index_fill(-1, idx, -float("inf"))
+        if not self.do_sample:
+            return int(torch.argmax(scores, dim=-1)[0])
+        scores = self._warp(history.to(scores.device) if history is not None else None, scores)
+        probs = torch.softmax(scores, dim=-1)
+        gen = self.generator
+        if gen is not None and gen.device != probs.device:
+            gen = None
+        return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+
+
+# ---------------------------------------------------------------------------------------------
+# per-session storage
+
+
+class _Rows:
+    """A growable (capacity-doubling) row buffer on the model's device: append and crop in O(new)."""
+
+    def __init__(self) -> None:
+        self.data = None
+        self.n = 0
+
+    def append(self, rows) -> None:
+        import torch
+
+        k = rows.shape[0]
+        if self.data is None:
+            cap = max(64, 2 * k)
+            self.data = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        elif self.n + k > self.data.shape[0]:
+            cap = max(2 * self.data.shape[0], self.n + k)
+            grown = torch.empty((cap, *rows.shape[1:]), dtype=self.data.dtype, device=self.data.device)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+        self.data[self.n : self.n + k] = rows
+        self.n += k
+
+    def crop(self, n: int) -> None:
+        self.n = min(self.n, max(0, n))
+
+    def view(self, start: int = 0, end: int | None = None):
+        end = self.n if end is None else min(end, self.n)
+        return self.data[start:end]
+
+    def clear(self) -> None:
+        self.data = None
+        self.n = 0
+
+
+@dataclass
+class MessageRecord:
+    """One message of the conversation as it lies in the cache."""
+
+    fingerprint: tuple
+    start: int
+    end: int
+    #: False for a generated reply whose closing ``<|im_end|>\n`` is not in the cache yet
+    closed: bool = True
+
+
+@dataclass
+class ReplyState:
+    """The reply being (or last) generated: what confirm() needs to cut it back."""
+
+    turn: int
+    record: MessageRecord
+    content_start: int  # cache index of the first generated token
+    ids: list[int] = field(default_factory=list)  # emitted tokens (forwarded or not)
+    text: str = ""  # concatenation of the emitted text deltas
+    ends: list[int] = field(default_factory=list)  # len(text) after each token's delta
+    forwarded: int = 0  # how many of ``ids`` are in the cache
+
+
+@dataclass
+class MultimodalItem:
+    """An audio clip or an image inside the cache (the Qwen3 talker recomputes rope positions)."""
+
+    pos: int  # cache index of its start token (<|audio_start|> / <|vision_start|>)
+    kind: str  # "audio" | "image"
+    value: Any  # audio: feature length (int); image: grid_thw (3 ints)
+
+
+class ThinkerContext:
+    """The thinker's kept context for one session."""
+
+    def __init__(self) -> None:
+        self.cache = None
+        self.ids: list[int] = []
+        self.positions = _Rows()  # (T, 3) long rotary positions
+        self.src = _Rows()  # (T, D) talker source vectors
+        self.mm: list[bool] = []
+        self.next_pos = 0
+        self.messages: list[MessageRecord] = []
+        self.items: list[MultimodalItem] = []
+        self.reply: ReplyState | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def crop(self, n: int) -> None:
+        """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
+        n = max(0, min(n, len(self.ids)))
+        if self.cache is not None:
+            have = int(self.cache.get_seq_length())
+            if have > n:
+                # a negative count removes tokens in every transformers version (5.24 accepts
+                # only that form; older ones also took the absolute length)
+                self.cache.crop(n - have)
+        del self.ids[n:]
+        del self.mm[n:]
+        self.positions.crop(n)
+        self.src.crop(n)
+        self.items = [it for it in self.items if it.pos < n]
+        self.messages = [m for m in self.messages if m.start < n]
+        if self.messages and self.messages[-1].end > n:
+            self.messages[-1].end = n
+        self.next_pos = int(self.positions.view().max()) + 1 if n else 0
+
+    def free(self) -> None:
+        self.cache = None
+        self.ids.clear()
+        self.mm.clear()
+        self.positions.clear()
+        self.src.clear()
+        self.messages.clear()
+        self.items.clear()
+        self.reply = None
+        self.next_pos = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# what flows to the talker
+
+
+@dataclass
+class TalkerPrompt:
+    """Snapshot of the context the talker is prefilled with (taken when the reply starts)."""
+
+    turn: int
+    # Qwen2.5: every context token (the talker sees the whole thinker input)
+    src: Any = None  # (T, D)
+    positions: Any = None  # (T, 3)
+    next_pos: int = 0
+    # Qwen3: user-turn tokens only, plus the assistant header of this reply
+    user_ids: list[int] = field(default_factory=list)
+    user_src: Any = None  # (U, D)
+    user_mm: Any = None  # (U,) bool
+    user_items: list[MultimodalItem] = field(default_factory=list)
+    header_ids: list[int] = field(default_factory=list)
+    header_src: Any = None  # (h, D) token embeddings of "<|im_start|>assistant\n"
+
+
+@dataclass
+class TokenHidden:
+    """``ThinkerOutput.hidden`` of the omni engine."""
+
+    turn: int
+    index: int  # index of the token within the reply (-1 for an end marker without token)
+    token_id: int
+    vec: Any = None  # Qwen2.5: last_hidden + embedding of this token, (D,)
+    prompt: TalkerPrompt | None = None  # on the first output of each reply
+    end: bool = False  # end of the reply (EOS, max tokens)
+    eos: bool = False  # the token is the thinker's EOS (never forwarded)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt rendering
+
+
+@dataclass
+class _Rendered:
+    ids: list[int]
+    audio_features: list[Any] = field(default_factory=list)  # (mel, frames) float tensors
+    audio_lengths: list[int] = field(default_factory=list)
+    pixel_values: list[Any] = field(default_factory=list)
+    image_grids: list[list[int]] = field(default_factory=list)
+    items: list[tuple[int, str, Any]] = field(default_factory=list)  # (offset, kind, value)
+
+
+def _norm(text: str) -> str:
+    return " ".join((text or "").split())
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=12).hexdigest()
+
+
+def fingerprint(message: TurnMessage) -> tuple:
+    if message.role == "assistant":
+        return ("assistant", _norm(message.text))
+    audio = _digest(message.audio) if message.audio is not None and len(message.audio) else ""
+    images = tuple(_digest(img) for img in message.images)
+    return (message.role, _norm(message.text), audio, images)
+
+
+class PromptRenderer:
+    """Qwen chat-template rendering straight to token ids (placeholders expanded)."""
+
+    def __init__(self, loaded: LoadedOmni) -> None:
+        self.loaded = loaded
+        self.tok = loaded.tokens
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def header(self, role: str) -> list[int]:
+        return [self.tok.im_start, *self.tok.role[role], *self.tok.newline]
+
+    def closing(self) -> list[int]:
+        return [self.tok.im_end, *self.tok.newline]
+
+    def render(self, message: TurnMessage) -> _Rendered:
+        out = _Rendered(ids=self.header(message.role))
+        if message.role == "user":
+            for image in message.images:
+                self._image(out, image)
+            if message.audio is not None and len(message.audio):
+                self._audio(out, message.audio)
+        out.ids += self.encode(message.text)
+        out.ids += self.closing()
+        return out
+
+    def _audio(self, out: _Rendered, pcm16k: np.ndarray) -> None:
+        import torch
+
+        audio = np.asarray(pcm16k)
+        if audio.dtype == np.int16:
+            audio = audio.astype(np.float32) / 32768.0
+        else:
+            audio = audio.astype(np.float32)
+        audio = audio.reshape(-1)[-MAX_AUDIO_SAMPLES:]
+        if audio.size < MIN_AUDIO_SAMPLES:
+            audio = np.pad(audio, (0, MIN_AUDIO_SAMPLES - audio.size))
+        fe = self.loaded.feature_extractor
+        # pad to the clip length plus one FFT window: the valid frames then equal those of the
+        # processor's 300 s "max_length" padding (trailing zeros, same normalisation maximum)
+        hop = int(getattr(fe, "hop_length", 160))
+        n_fft = int(getattr(fe, "n_fft", 400))
+        target = int(np.ceil((audio.size + n_fft) / hop)) * hop
+        feats = fe(audio, sampling_rate=16_000, return_attention_mask=True, padding="max_length",
+                   max_length=target, truncation=False, return_tensors="pt")
+        length = int(feats["attention_mask"][0].sum())
+        features = feats["input_features"][0][:, :length]
+        n_tokens = audio_token_count(self.loaded, length)
+        out.items.append((len(out.ids), "audio", length))
+        out.ids += [self.tok.audio_start] + [self.tok.audio] * n_tokens + [self.tok.audio_end]
+        out.audio_features.append(features.to(torch.float32))
+        out.audio_lengths.append(length)
+
+    def _image(self, out: _Rendered, image: np.ndarray) -> None:
+        ip = self.loaded.image_processor
+        if ip is None or self.tok.image is None or self.tok.vision_start is None:
+            raise ValueError("this omni checkpoint has no image input")
+        arr = np.asarray(image)
+        if arr.ndim == 2:
+            arr = np.repeat(arr[..., None], 3, axis=-1)
+        if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
+            raise ValueError(f"images must be HxWx3 uint8 arrays, got shape {arr.shape}")
+        arr = np.ascontiguousarray(arr[..., :3].astype(np.uint8))
+        res = ip(images=[arr], return_tensors="pt")
+        grid = [int(v) for v in res["image_grid_thw"][0]]
+        merge = int(getattr(ip, "merge_size", 2))
+        n_tokens = grid[0] * grid[1] * grid[2] // (merge * merge)
+        out.items.append((len(out.ids), "image", grid))
+        out.ids += [self.tok.vision_start] + [self.tok.image] * n_tokens + [self.tok.vision_end]
+        out.pixel_values.append(res["pixel_values"])
+        out.image_grids.append(grid)
+
+
+# ---------------------------------------------------------------------------------------------
+# the thinker
+
+
+@dataclass
+class ThinkerSettings:
+    max_new_tokens: int = 1024
+    system_prompt: str | None = None
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    #: benchmarks only: never stop on EOS (generate exactly max tokens)
+    ignore_eos: bool = False
+    #: prompt + reply budget; older messages are dropped (and re-prefilled) past it
+    max_context_tokens: int | None = None
+
+
+class StreamingThinker:
+    """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
+
+    def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None) -> None:
+        self.loaded = loaded
+        self.settings = settings
+        self.ctx = ThinkerContext()
+        self.renderer = PromptRenderer(loaded)
+        self.generator = generator
+        self.lock = threading.RLock()
+        self.turn = 0
+        self.closed = False
+        #: tokens evaluated by the last prefill (not reused from the cache)
+        self.last_prefill_tokens = 0
+        self.last_prompt_tokens = 0
+        tcfg = loaded.config.thinker_config
+        self._accept_layer = int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1)) \
+            if loaded.arch == "qwen3_omni_moe" else -1
+        text_cfg = tcfg.get_text_config() if hasattr(tcfg, "get_text_config") else tcfg.text_config
+        self._text_cfg = text_cfg
+        self._max_positions = int(getattr(text_cfg, "max_position_embeddings", 32768))
+        self._sampler = self._make_sampler()
+        # only the hidden states the talker reads (transformers >= 5.2x selects by index; older
+        # versions take a flag and return them all)
+        wanted = [0] if loaded.arch == "qwen2_5_omni" else [0, self._accept_layer]
+        try:
+            from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
+
+            self._hidden_select: Any = wanted
+        except ImportError:
+            self._hidden_select = True
+
+    # -- public ------------------------------------------------------------------------------
+
+    def run(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
+        import torch
+
+        with self.lock:
+            if self.closed:
+                return
+            self.turn += 1
+            turn = self.turn
+        with torch.inference_mode():
+            yield from self._run(request, turn)
+
+    def confirm(self, spoken_text: str) -> int:
+        """Cut the last reply back to what was heard; returns the new cache length."""
+        with self.lock:
+            self.turn += 1  # an in-flight run() stops at its next step
+            reply = self.ctx.reply
+            if reply is None or self.closed:
+                return len(self.ctx)
+            spoken = spoken_text or ""
+            common = 0
+            limit = min(len(reply.text), len(spoken))
+            while common < limit and reply.text[common] == spoken[common]:
+                common += 1
+            keep = 0
+            for end in reply.ends:
+                if end <= common:
+                    keep += 1
+                else:
+                    break
+            keep = min(keep, len(reply.ids))
+            # drop trailing tokens whose text never showed (the first bytes of a character)
+            while keep and reply.ends[keep - 1] == (reply.ends[keep - 2] if keep > 1 else 0):
+                keep -= 1
+            position = reply.content_start + min(keep, reply.forwarded)
+            self.ctx.crop(position)
+            reply.ids = reply.ids[:keep]
+            reply.ends = reply.ends[:keep]
+            reply.text = reply.text[: reply.ends[-1]] if keep else ""
+            reply.forwarded = min(reply.forwarded, keep)
+            record = reply.record
+            record.fingerprint = ("assistant", _norm(spoken))
+            record.end = position
+            record.closed = False
+            if not self.ctx.messages or self.ctx.messages[-1] is not record:
+                self.ctx.messages = [m for m in self.ctx.messages if m.start < record.start] + [record]
+            return len(self.ctx)
+
+    def crop(self, position: int) -> int:
+        """Cut the cache back to ``position`` tokens (inside the last reply, like confirm())."""
+        with self.lock:
+            self.turn += 1
+            reply = self.ctx.reply
+            self.ctx.crop(position)
+            if reply is not None and position >= reply.record.start:
+                keep = max(0, position - reply.content_start)
+                reply.ids = reply.ids[:keep]
+                reply.ends = reply.ends[:keep]
+                reply.text = reply.text[: reply.ends[-1]] if keep else ""
+                reply.forwarded = min(reply.forwarded, keep)
+                reply.record.fingerprint = ("assistant", _norm(reply.text))
+                reply.record.closed = False
+            return len(self.ctx)
+
+    @property
+    def cache_length(self) -> int:
+        cache = self.ctx.cache
+        return int(cache.get_seq_length()) if cache is not None else 0
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.turn += 1
+            self.ctx.free()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _make_sampler(self) -> TokenSampler:
+        gc = getattr(self.loaded.thinker, "generation_config", None)
+        s = self.settings
+
+        def pick(value, name, default):
+            if value is not None:
+                return value
+            got = getattr(gc, name, None) if gc is not None else None
+            return default if got is None else got
+
+        return TokenSampler(
+            do_sample=bool(pick(s.do_sample, "do_sample", False)),
+            temperature=float(pick(s.temperature, "temperature", 1.0)),
+            top_k=pick(s.top_k, "top_k", None),
+            top_p=pick(s.top_p, "top_p", None),
+            repetition_penalty=pick(s.repetition_penalty, "repetition_penalty", None),
+            generator=self.generator,
+        )
+
+    def _target(self, request: ThinkRequest) -> list[TurnMessage]:
+        system = request.instructions or ""
+        if self.settings.system_prompt is not None:
+            base = self.settings.system_prompt
+        elif self.loaded.arch == "qwen2_5_omni":
+            base = QWEN25_SYSTEM_PROMPT
+        else:
+            base = ""
+        if base and system and _norm(system) != _norm(base):
+            system = base + "\n\n" + system
+        elif base:
+            system = base
+        target: list[TurnMessage] = []
+        if system:
+            target.append(TurnMessage(role="system", text=system))
+        target.extend(request.messages)
+        return target
+
+    def _alive(self, turn: int, request: ThinkRequest) -> bool:
+        return not self.closed and self.turn == turn and not request.cancelled.is_set()
+
+    def _run(self, request: ThinkRequest, turn: int) -> Iterator[ThinkerOutput]:
+        import torch
+
+        loaded = self.loaded
+        tok = loaded.tokens
+        with self.lock:
+            if not self._alive(turn, request):
+                return
+            prefilled, prompt, reply, logits = self._prefill(request, turn)
+            self.last_prefill_tokens = prefilled
+            self.last_prompt_tokens = prompt
+            snapshot = self._snapshot(turn)
+        log.debug("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
+
+        def out(text: str, hidden: TokenHidden) -> ThinkerOutput:
+            return ThinkerOutput(text=text, hidden=hidden, prefilled_tokens=prefilled, prompt_tokens=prompt)
+
+        max_new = request.max_output_tokens or self.settings.max_new_tokens
+        max_new = max(1, min(int(max_new), self._max_positions - prompt - 1))
+        eos = set() if self.settings.ignore_eos else set(tok.eos)
+        qwen25 = loaded.arch == "qwen2_5_omni"
+        all_ids = torch.tensor([self.ctx.ids], dtype=torch.long)
+        first = True
+
+        def attach_prompt(hidden: TokenHidden) -> TokenHidden:
+            nonlocal first
+            if first:
+                hidden.prompt = snapshot
+                first = False
+            return hidden
+
+        token = self._sampler(logits, all_ids)
+        while True:
+            if not self._alive(turn, request):
+                return
+            if token in eos:
+                yield out("", attach_prompt(TokenHidden(turn, len(reply.ids), token, end=True, eos=True)))
+                return
+            last = len(reply.ids) + 1 >= max_new
+            if not qwen25 or last:
+                # Qwen3's talker needs only the token id: hand it over before the forward pass.
+                # The last token of a reply cut by max tokens is never forwarded (as in the
+                # reference generate); it enters the cache with the next turn's prefill.
+                with self.lock:
+                    delta = self._append_text(reply, token)
+                    reply.record.fingerprint = ("assistant", _norm(reply.text))
+                yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
+                if last:
+                    if self._alive(turn, request):
+                        yield out("", attach_prompt(TokenHidden(turn, -1, -1, end=True)))
+                    return
+                if not self._alive(turn, request):
+                    return
+            with self.lock:
+                if not self._alive(turn, request):
+                    return
+                logits, vec = self._step(token)
+                reply.forwarded += 1
+                reply.record.end = len(self.ctx)
+                if qwen25:
+                    delta = self._append_text(reply, token)
+                    reply.record.fingerprint = ("assistant", _norm(reply.text))
+            all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
+            if qwen25:
+                yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
+            token = self._sampler(logits, all_ids)
+
+    def _append_text(self, reply: ReplyState, token: int) -> str:
+        reply.ids.append(token)
+        full = self.loaded.tokenizer.decode(reply.ids, skip_special_tokens=True)
+        if full.endswith("\ufffd"):
+            delta = ""  # an incomplete UTF-8 sequence: wait for the next token
+        elif full.startswith(reply.text):
+            delta = full[len(reply.text) :]
+        else:
+            delta = full[len(reply.text) :] if len(full) > len(reply.text) else ""
+        reply.text += delta
+        reply.ends.append(len(reply.text))
+        return delta
+
+    # prefill ---------------------------------------------------------------------------------
+
+    def _prefill(self, request: ThinkRequest, turn: int):
+        ctx = self.ctx
+        target = self._target(request)
+        prints = [fingerprint(m) for m in target]
+        keep = 0
+        while (keep < len(ctx.messages) and keep < len(prints)
+               and ctx.messages[keep].fingerprint == prints[keep]):
+            keep += 1
+        if keep < len(ctx.messages):
+            ctx.crop(ctx.messages[keep].start)
+            ctx.messages = ctx.messages[:keep]
+        ids: list[int] = []
+        rendered: list[tuple[int, _Rendered, tuple]] = []
+        if ctx.messages and not ctx.messages[-1].closed:
+            reply = ctx.reply
+            if reply is not None and reply.record is ctx.messages[-1]:
+                ids += reply.ids[reply.forwarded :]  # emitted but never forwarded (max tokens)
+            ids += self.renderer.closing()  # close the last reply: "<|im_end|>\n"
+        close_len = len(ids)
+        for msg, fp in zip(target[keep:], prints[keep:], strict=True):
+            r = self.renderer.render(msg)
+            rendered.append((len(ids), r, fp))
+            ids += r.ids
+        gen_offset = len(ids)
+        ids += self.renderer.header("assistant")
+        budget = self.settings.max_context_tokens or (self._max_positions - self.settings.max_new_tokens)
+        if len(ctx) + len(ids) > budget and len(target) > 1:
+            # too long: drop the oldest non-system messages and re-prefill what is left
+            return self._prefill_trimmed(request, turn, target, prints, budget)
+        return self._prefill_ids(turn, ids, rendered, gen_offset, close_len)
+
+    def _prefill_trimmed(self, request, turn, target, prints, budget):
+        ctx = self.ctx
+        ctx.crop(0)
+        ctx.messages = []
+        head = 1 if target and target[0].role == "system" else 0
+        renders = [self.renderer.render(m) for m in target]
+        total = sum(len(r.ids) for r in renders) + len(self.renderer.header("assistant"))
+        drop = head
+        while total > budget and drop < len(target) - 1:
+            total -= len(renders[drop].ids)
+            drop += 1
+        chosen = list(range(head)) + list(range(drop, len(target)))
+        ids: list[int] = []
+        rendered = []
+        for i in chosen:
+            rendered.append((len(ids), renders[i], prints[i]))
+            ids += renders[i].ids
+        gen_offset = len(ids)
+        ids += self.renderer.header("assistant")
+        log.info("omni thinker: context over %d tokens, dropped %d old messages", budget, drop - head)
+        return self._prefill_ids(turn, ids, rendered, gen_offset)
+
+    def _prefill_ids(self, turn: int, ids: list[int], rendered, gen_offset: int, close_len: int = 0):
+        import torch
+
+        ctx = self.ctx
+        loaded = self.loaded
+        base = len(ctx)
+        feats, lengths, pixels, grids, items, records = [], [], [], [], [], []
+        for offset, r, fp in rendered:
+            records.append(MessageRecord(fp, base + offset, base + offset + len(r.ids)))
+            feats += r.audio_features
+            lengths += r.audio_lengths
+            pixels += r.pixel_values
+            grids += r.image_grids
+            items += [(base + offset + o, kind, value) for o, kind, value in r.items]
+        record = MessageRecord(("assistant", ""), base + gen_offset, base + len(ids), closed=False)
+        records.append(record)
+        reply = ReplyState(turn=turn, record=record, content_start=base + len(ids))
+
+        mm_kwargs: dict[str, Any] = {}
+        device = loaded.device
+        if feats:
+            frames = max(f.shape[-1] for f in feats)
+            mel = feats[0].shape[0]
+            batch = torch.zeros((len(feats), mel, frames), dtype=torch.float32)
+            mask = torch.zeros((len(feats), frames), dtype=torch.long)
+            for i, f in enumerate(feats):
+                batch[i, :, : f.shape[-1]] = f
+                mask[i, : f.shape[-1]] = 1
+            audio_dtype = next(loaded.thinker.model.audio_tower.parameters()).dtype
+            mm_kwargs["input_features"] = batch.to(device=device, dtype=audio_dtype)
+            mm_kwargs["feature_attention_mask"] = mask.to(device)
+        grid_t = None
+        if pixels:
+            vis_dtype = next(loaded.thinker.model.visual.parameters()).dtype
+            mm_kwargs["pixel_values"] = torch.cat(pixels, dim=0).to(device=device, dtype=vis_dtype)
+            grid_t = torch.tensor(grids, dtype=torch.long)
+            mm_kwargs["image_grid_thw"] = grid_t.to(device)
+
+        input_ids = torch.tensor([ids], dtype=torch.long)
+        positions = self._positions(input_ids, grid_t, lengths) + ctx.next_pos  # (3, n)
+        try:
+            logits, src = self._forward(input_ids, positions, mm_kwargs)
+        except BaseException:
+            # the KV cache may hold part of this forward in some layers: start over next turn
+            ctx.free()
+            raise
+        if ctx.messages and not ctx.messages[-1].closed:
+            ctx.messages[-1].closed = True
+            ctx.messages[-1].end = base + close_len
+        ctx.messages += records
+        ctx.reply = reply
+        for pos, kind, value in items:
+            ctx.items.append(MultimodalItem(pos, kind, value))
+        self._append(ids, positions, src)
+        return len(ids), len(ctx), reply, logits
+
+    def _positions(self, input_ids, image_grid_thw, audio_lengths):
+        import torch
+
+        n = input_ids.shape[1]
+        if image_grid_thw is None:
+            # text and audio-only prompts: consecutive positions (what get_rope_index returns)
+            return torch.arange(n, dtype=torch.long).view(1, n).expand(3, n).clone()
+        thinker = self.loaded.thinker
+        seqlens = torch.tensor(audio_lengths, dtype=torch.long) if audio_lengths else None
+        pos, _ = thinker.get_rope_index(
+            input_ids, image_grid_thw, None, torch.ones_like(input_ids), False, seqlens, None
+        )
+        return pos[:, 0, :].round().long()
+
+    def _forward(self, input_ids, positions, mm_kwargs):
+        """One thinker forward over new tokens; returns last-token logits and talker vectors."""
+        import torch
+        from transformers.cache_utils import DynamicCache
+
+        loaded = self.loaded
+        ctx = self.ctx
+        if ctx.cache is None:
+            try:
+                ctx.cache = DynamicCache(config=self._text_cfg)
+            except TypeError:
+                ctx.cache = DynamicCache()
+        device = loaded.device
+        kwargs = {loaded.cache_kwarg: ctx.cache}
+        out = loaded.thinker.model(
+            input_ids=input_ids.to(device),
+            position_ids=positions.to(device).view(3, 1, -1),
+            use_cache=True,
+            output_hidden_states=self._hidden_select,
+            return_dict=True,
+            **kwargs,
+            **mm_kwargs,
+        )
+        hidden = out.hidden_states
+        last = out.last_hidden_state
+        logits = loaded.thinker.lm_head(last[:, -1:, :])[:, -1, :].float()
+        ids = input_ids[0].to(device)
+        mm = (ids == loaded.tokens.audio)
+        if loaded.tokens.image is not None:
+            mm |= ids == loaded.tokens.image
+        embed = hidden[0][0]
+        if loaded.arch == "qwen2_5_omni":
+            src = last[0] + torch.where(mm[:, None], torch.zeros_like(embed), embed)
+        else:
+            src = torch.where(mm[:, None], hidden[self._accept_layer][0], embed)
+        return logits, src
+
+    def _append(self, ids: list[int], positions, src) -> None:
+        ctx = self.ctx
+        mm_ids = {self.loaded.tokens.audio, self.loaded.tokens.image}
+        ctx.ids += ids
+        ctx.mm += [i in mm_ids for i in ids]
+        ctx.positions.append(positions.t().contiguous().to(src.device))
+        ctx.src.append(src.detach())
+        ctx.next_pos = int(positions.max()) + 1
+
+    def _step(self, token: int):
+        """Forward one generated token; returns (next logits, its talker vector or None)."""
+        import torch
+
+        positions = torch.full((3, 1), self.ctx.next_pos, dtype=torch.long)
+        try:
+            logits, src = self._forward(torch.tensor([[token]], dtype=torch.long), positions, {})
+        except BaseException:
+            self.ctx.free()  # a half-updated KV cache: the next turn re-prefills from scratch
+            raise
+        self._append([token], positions, src)
+        vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
+        return logits, vec
+
+    def _snapshot(self, turn: int) -> TalkerPrompt:
+        """What the talker is prefilled with for the reply that starts now."""
+        import torch
+
+        ctx = self.ctx
+        n = len(ctx)
+        if self.loaded.arch == "qwen2_5_omni":
+            return TalkerPrompt(turn=turn, src=ctx.src.view(0, n).clone(),
+                                positions=ctx.positions.view(0, n).clone(), next_pos=ctx.next_pos)
+        tok = self.loaded.tokens
+        ids = ctx.ids
+        # role of every token = the token after the last <|im_start|> at or before it
+        user, role = [], None
+        for i, t in enumerate(ids):
+            if t == tok.im_start and i + 1 < n:
+                role = ids[i + 1]
+            user.append(role == tok.user_token_id)
+        start = None
+        for i in range(n - 1, 0, -1):
+            if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id:
+                start = i - 1
+                break
+        if start is None:
+            start = ctx.reply.record.start
+        idx = torch.tensor([i for i in range(n) if user[i]], dtype=torch.long)
+        src = ctx.src.view(0, n)
+        user_items = [it for it in ctx.items if it.pos < n and user[it.pos]]
+        return TalkerPrompt(
+            turn=turn,
+            user_ids=[ids[i] for i in idx.tolist()],
+            user_src=src.index_select(0, idx.to(src.device)).clone() if idx.numel() else src[:0].clone(),
+            user_mm=torch.tensor([ctx.mm[i] for i in idx.tolist()], dtype=torch.bool),
+            user_items=[MultimodalItem(int(sum(user[: it.pos])), it.kind, it.value) for it in user_items],
+            header_ids=ids[start:n],
+            header_src=src[start:n].clone(),
+        )

@@ -1,0 +1,479 @@
+"""The omni engine on tiny random Qwen2.5-Omni and Qwen3-Omni checkpoints.
+
+Each checkpoint is built here from a tiny config that keeps the real layout (same sub-configs,
+special-token structure, 24 kHz codecs), saved with ``save_pretrained`` plus a byte-level
+tokenizer, and loaded back through ``OmniModel(path).load()`` — the path a real checkpoint takes.
+Everything is greedy so the streaming engine can be compared with the reference one-shot
+``generate``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from realtime_omni.engines.base import ThinkRequest, TurnMessage  # noqa: E402
+from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.codec import CodecSettings, OmniCodec  # noqa: E402
+from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# tiny checkpoints
+
+SPECIAL = {
+    "<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258, "<|audio_bos|>": 259,
+    "<|audio_eos|>": 260, "<|AUDIO|>": 261, "<|vision_bos|>": 262, "<|vision_eos|>": 263,
+    "<|IMAGE|>": 264, "<|VIDEO|>": 265, "<|vision_pad|>": 266, "<|tts_bos|>": 270, "<|tts_eos|>": 271,
+    "<|tts_pad|>": 272, "<|spk_chelsie|>": 273, "<|spk_ethan|>": 274,
+}
+WORDS = {"system": 267, "user": 268, "assistant": 269}
+VOCAB = 288
+S = {k.strip("<|>").lower(): v for k, v in SPECIAL.items()}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs], strict=True))
+
+
+def make_tokenizer():
+    """Byte-level BPE without merges: bytes are ids 0..255, chat tokens follow at fixed ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    entries = sorted([(i, s, True) for s, i in SPECIAL.items()] + [(i, w, False) for w, i in WORDS.items()])
+    for i, text, special in entries:
+        while tok.get_vocab_size() < i:  # unused ids stay reserved
+            tok.add_tokens([AddedToken(f"<|reserved_{tok.get_vocab_size()}|>", special=True)])
+        token = AddedToken(text, special=special, normalized=False)
+        (tok.add_special_tokens if special else tok.add_tokens)([token])
+        assert tok.token_to_id(text) == i
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+
+
+def _text(rope_section, **extra):
+    return dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                rope_theta=1e6, tie_word_embeddings=False,
+                rope_scaling={"mrope_section": rope_section, "rope_type": "default", "type": "default"}, **extra)
+
+
+def qwen25_config():
+    ids = dict(audio_token_index=S["audio"], image_token_index=S["image"], video_token_index=S["video"],
+               audio_start_token_id=S["audio_bos"], audio_end_token_id=S["audio_eos"],
+               vision_start_token_id=S["vision_bos"], vision_end_token_id=S["vision_eos"])
+    thinker = dict(
+        audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                          num_mel_bins=32, output_dim=32, n_window=100, max_source_positions=1500),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, intermediate_size=32, num_heads=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=32,
+                           window_size=112, fullatt_block_indexes=[0]),
+        text_config=_text([1, 1, 2]), vision_token_id=S["vision_pad"], user_token_id=WORDS["user"],
+        bos_token_id=S["im_start"], eos_token_id=S["im_end"], pad_token_id=S["endoftext"],
+        position_id_per_seconds=25, seconds_per_chunk=2, **ids)
+    talker = dict(
+        vocab_size=64, tts_codec_pad_token_id=60, tts_codec_start_token_id=61, tts_codec_end_token_id=62,
+        tts_codec_mask_token_id=63, tts_text_start_token_id=S["tts_bos"], tts_text_end_token_id=S["tts_eos"],
+        tts_text_pad_token_id=S["tts_pad"], embedding_size=32, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default"},
+        position_id_per_seconds=25, seconds_per_chunk=2, spatial_merge_size=2, **ids)
+    # DiT attention kept block-local (no look-ahead/back layers) so that chunked decoding is exact
+    token2wav = dict(
+        dit_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16, ff_mult=2,
+                        emb_dim=16, block_size=24, look_ahead_layers=[], look_backward_layers=[], repeats=2,
+                        num_embeds=64, mel_dim=16, enc_emb_dim=16, enc_dim=16,
+                        enc_channels=[32, 32, 32, 32, 96], enc_attention_channels=16, enc_se_channels=16),
+        bigvgan_config=dict(mel_dim=16, upsample_initial_channel=64, resblock_kernel_sizes=[3],
+                            resblock_dilation_sizes=[[1, 3, 5]]))
+    return transformers.Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker,
+                                          token2wav_config=token2wav, enable_audio_output=True)
+
+
+def qwen3_config():
+    ids = dict(audio_token_id=S["audio"], image_token_id=S["image"], video_token_id=S["video"],
+               audio_start_token_id=S["audio_bos"], vision_start_token_id=S["vision_bos"],
+               position_id_per_seconds=13)
+    moe = dict(moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True,
+               decoder_sparse_step=1, mlp_only_layers=[])
+    text = _text([1, 1, 2], head_dim=8, shared_expert_intermediate_size=0, **moe)
+    text["rope_scaling"].update(interleaved=True, mrope_interleaved=True)
+    thinker = dict(
+        audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                          num_mel_bins=32, output_dim=32, downsample_hidden_size=8, n_window=50),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=32,
+                           deepstack_visual_indexes=[0], num_position_embeddings=64),
+        text_config=text, audio_end_token_id=S["audio_eos"], vision_end_token_id=S["vision_eos"],
+        user_token_id=WORDS["user"], seconds_per_chunk=2, **ids)
+    talker = dict(
+        text_config=dict(vocab_size=1056, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         shared_expert_intermediate_size=32, max_position_embeddings=4096,
+                         rope_scaling={"mrope_section": [2, 3, 3], "rope_type": "default", "type": "default",
+                                       "interleaved": True}, **moe),
+        code_predictor_config=dict(vocab_size=32, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_code_groups=4),
+        num_code_groups=4, thinker_hidden_size=32, accept_hidden_layer=1, codec_pad_id=1040, codec_bos_id=1041,
+        codec_eos_token_id=1042, codec_nothink_id=1043, codec_think_bos_id=1044, codec_think_eos_id=1045,
+        speaker_id={"chelsie": 1046, "ethan": 1047}, spatial_merge_size=2, seconds_per_chunk=2, **ids)
+    # the released code2wav geometry (upsampling 2·2·8·5·4·3 = 1920 samples per frame) at tiny width;
+    # a narrow attention window keeps the receptive field inside the left context
+    code2wav = dict(codebook_size=32, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                    sliding_window=8, intermediate_size=48, num_hidden_layers=1, num_quantizers=4, decoder_dim=32)
+    return transformers.Qwen3OmniMoeConfig(
+        thinker_config=thinker, talker_config=talker, code2wav_config=code2wav,
+        im_start_token_id=S["im_start"], im_end_token_id=S["im_end"], tts_pad_token_id=S["tts_pad"],
+        tts_bos_token_id=S["tts_bos"], tts_eos_token_id=S["tts_eos"], system_token_id=WORDS["system"],
+        user_token_id=WORDS["user"], assistant_token_id=WORDS["assistant"])
+
+
+def save_checkpoint(arch: str, root) -> None:
+    """What a real checkpoint directory holds: config.json, weights, tokenizer (+ spk_dict.pt,
+    preprocessor_config.json where the release has them)."""
+    torch.manual_seed(0)
+    if arch == "qwen2_5_omni":
+        model = transformers.Qwen2_5OmniForConditionalGeneration(qwen25_config()).eval()
+    else:
+        model = transformers.Qwen3OmniMoeForConditionalGeneration(qwen3_config()).eval()
+    with torch.no_grad():
+        # let the random thinker speak lower-case ASCII (readable text deltas, no EOS): keep only
+        # the lm_head rows of "a".."z" and " "
+        head = model.thinker.lm_head.weight
+        keep = torch.zeros(head.shape[0], dtype=torch.bool)
+        keep[list(range(97, 123)) + [32]] = True
+        head[~keep] = 0.0
+        head[keep] *= 4.0
+    model.save_pretrained(root)
+    make_tokenizer().save_pretrained(root)
+    if arch == "qwen2_5_omni":
+        gen = torch.Generator().manual_seed(7)
+        torch.save({name: {"cond": torch.randn(16, generator=gen) * 0.5,
+                           "ref_mel": torch.randn(1, 40, 16, generator=gen) * 0.5, "bos_token": S[tok]}
+                    for name, tok in (("Chelsie", "spk_chelsie"), ("Ethan", "spk_ethan"))}, root / "spk_dict.pt")
+    else:
+        (root / "preprocessor_config.json").write_text(json.dumps({
+            "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 32, "sampling_rate": 16000,
+            "hop_length": 160, "chunk_length": 300, "n_fft": 400, "padding_value": 0.0, "dither": 0.0,
+            "return_attention_mask": True, "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16,
+            "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 12845056,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+
+
+ARCHS = ["qwen2_5_omni", "qwen3_omni_moe"]
+#: chunking used by the tests (codec frames)
+CHUNKS = {"qwen2_5_omni": dict(first_chunk_frames=4, chunk_frames=8, left_context_frames=24, lookahead_frames=2),
+          "qwen3_omni_moe": dict(first_chunk_frames=2, chunk_frames=3, left_context_frames=25, lookahead_frames=0)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """Tiny tensors: torch's intra-op threads only add overhead (and the CPU is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def omni(request, tmp_path_factory):
+    arch = request.param
+    root = tmp_path_factory.mktemp(arch)
+    save_checkpoint(arch, root)
+    model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
+                      talker_max_new_tokens=48, **CHUNKS[arch])
+    model.load()
+    yield model
+    model.close()
+
+
+def user_audio(seconds: float = 1.0, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(16_000 * seconds)) / 16_000
+    wave = 0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(t.size)
+    return (wave * 32767).astype(np.int16)
+
+
+def request(messages, max_tokens=10, instructions="Be brief."):
+    return ThinkRequest(instructions=instructions, messages=messages, max_output_tokens=max_tokens,
+                        voice="alloy", want_audio=True)
+
+
+def run_turn(session, req, voice="alloy"):
+    """Drive think → talk → decode the way the pipeline does (talk on every boundary)."""
+    outputs, chunks, audio, events = [], [], [], []
+    cancelled = threading.Event()
+    pending = []
+    for out in session.think(req):
+        outputs.append(out)
+        pending.append(out)
+        end = out.hidden.end
+        n = session.talk_boundary(pending, final=end)
+        segment, pending = pending[:n], pending[n:]
+        for t in session.talk(segment, voice, cancelled, final=end):
+            chunks.append(t)
+            audio.append(session.decode(t))
+            events.append(("audio", len(outputs)))
+    return outputs, chunks, audio, events
+
+
+# ---------------------------------------------------------------------------------------------
+# (1) a streamed turn with audio in
+
+
+def test_stream_turn_audio_in(omni):
+    session = omni.open_session()
+    try:
+        image = np.random.default_rng(1).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+        msg = TurnMessage(role="user", text="hi", audio=user_audio(1.0), images=[image])
+        outputs, chunks, audio, events = run_turn(session, request([msg], max_tokens=12))
+        assert outputs and outputs[-1].hidden.end
+        assert all(o.prefilled_tokens == o.prompt_tokens for o in outputs)  # first turn: all new
+        first = outputs[0]
+        assert first.hidden.prompt is not None
+        # the thinker saw the audio placeholders and the image placeholders
+        ids = session.thinker.ctx.ids
+        assert ids.count(S["audio"]) > 10 and ids.count(S["image"]) >= 1
+        assert chunks and chunks[-1].final
+        assert all(isinstance(c.codes, CodeChunk) for c in chunks)
+        n_frames = sum(len(c.codes) for c in chunks)
+        assert n_frames > 0
+        # the talker started on the first thinker tokens, not on the finished reply
+        assert events[0][1] < len(outputs)
+        pcm = np.concatenate(audio)
+        assert pcm.dtype == np.int16 and omni.info.output_rate == 24_000
+        assert pcm.size == omni.codec.rendered_length(n_frames)
+        assert omni.info.hears_audio and {"audio_in", "text_in", "image_in", "audio_out"} <= omni.info.capabilities
+    finally:
+        session.close()
+
+
+def test_streaming_equals_one_shot_generate(omni):
+    """Greedy thinker tokens and talker codes match the reference ``generate``, step for step."""
+    loaded = omni.loaded
+    session = omni.open_session()
+    try:
+        msg = TurnMessage(role="user", text="hello", audio=user_audio(0.8, seed=3))
+        outputs, chunks, _audio, _ = run_turn(session, request([msg], max_tokens=8))
+        reply = session.thinker.ctx.reply
+        prompt_len = reply.content_start
+        stream_tokens = [o.hidden.token_id for o in outputs if o.hidden.token_id >= 0]
+        stream_codes = torch.cat([c.codes.codes for c in chunks if len(c.codes)], dim=0)
+        r = session.thinker.renderer.render(msg)
+        feats = r.audio_features[0][None]
+        input_ids = torch.tensor([session.thinker.ctx.ids[:prompt_len]])
+    finally:
+        session.close()
+
+    captured = {}
+    model = loaded.model
+    kw = dict(thinker_max_new_tokens=8, talker_max_new_tokens=48, talker_do_sample=False,
+              thinker_do_sample=False, input_features=feats,
+              feature_attention_mask=torch.ones((1, feats.shape[-1]), dtype=torch.long))
+    # the reference hands its talker codes to the codec: record them there
+    if loaded.arch == "qwen2_5_omni":
+        model.speaker_map = dict(loaded.speakers)
+        owner, name, extra = model.token2wav, "forward", {"talker_eos_token_id": [60, 62]}
+    else:
+        owner, name, extra = model.code2wav, "chunked_decode", {"thinker_eos_token_id": loaded.tokens.im_end}
+    original = getattr(owner, name)
+
+    def record(codes, **k):
+        captured["codes"] = codes.clone()
+        return original(codes, **k)
+
+    setattr(owner, name, record)
+    try:
+        seq, _wav = model.generate(input_ids=input_ids, speaker=loaded.default_speaker, **extra, **kw)
+    finally:
+        delattr(owner, name)  # back to the class method
+    ref_codes = captured["codes"][0]
+    if loaded.arch == "qwen3_omni_moe":
+        ref_codes = ref_codes.t()  # (groups, frames) → (frames, groups)
+    ref_tokens = seq[0, prompt_len:].tolist()
+    assert stream_tokens == ref_tokens
+    assert stream_codes.shape == ref_codes.shape
+    assert torch.equal(stream_codes, ref_codes.cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# (2) chunked codec output against one-shot decoding
+
+
+def test_chunked_codec_matches_one_shot(omni):
+    loaded = omni.loaded
+    gen = torch.Generator().manual_seed(5)
+    if loaded.arch == "qwen2_5_omni":
+        # block-aligned windows (12 codes = one 24-frame DiT block), 24 codes of left context and
+        # 6 held back: the tiny DiT attends within blocks, BigVGAN's receptive field is < 6 codes
+        codec = OmniCodec(loaded, CodecSettings(left_context_frames=24, lookahead_frames=6, crossfade_ms=0.0))
+        codes = torch.randint(0, 60, (60,), generator=gen)
+        sizes = [12, 12, 12, 12, 12]
+        # our DiT sampler is the reference one given the same start noise
+        spk = loaded.speakers[loaded.default_speaker]
+        torch.manual_seed(11)
+        with torch.inference_mode():
+            ref = loaded.model.token2wav(codes[None], conditioning=spk["cond"][None], reference_mel=spk["ref_mel"])
+        torch.manual_seed(11)
+        noise = torch.randn(1, codes.numel() * 2, codec.mel_dim)[0]
+        mine = codec.render(codes, 0, loaded.default_speaker, noise=noise)
+        np.testing.assert_allclose(mine, ref.reshape(-1).numpy(), atol=1e-5)
+    else:
+        codec = OmniCodec(loaded, CodecSettings(left_context_frames=25))
+        codes = torch.randint(0, 32, (30, 4), generator=gen)
+        sizes = [2, 3, 3, 3, 3, 3, 3, 3, 3, 4]
+        with torch.inference_mode():
+            ref = loaded.model.code2wav.chunked_decode(codes.t()[None], chunk_size=300, left_context_size=25)
+        assert codec.lost == 555
+        np.testing.assert_allclose(codec.decode_full(codes), ref.reshape(-1).float().numpy(), atol=1e-6)
+    full = codec.decode_full(codes, loaded.default_speaker, seed=3)
+    stream = codec.stream(turn=1, speaker=loaded.default_speaker, seed=3)
+    parts, start = [], 0
+    for i, size in enumerate(sizes):
+        final = i == len(sizes) - 1
+        parts.append(stream.push(codes[start : start + size], start=start, final=final))
+        start += size
+    assert parts[0].size > 0  # the first chunk is audible at once
+    chunked = np.concatenate(parts)
+    assert np.abs(full).max() > 0 and np.isfinite(full).all()
+    assert chunked.size == full.size == codec.rendered_length(codes.shape[0])
+    # tolerance: float32 rounding, with the left context covering the receptive field
+    np.testing.assert_allclose(chunked, full, atol=1e-4 * max(1.0, float(np.abs(full).max())))
+
+
+# ---------------------------------------------------------------------------------------------
+# (3) resumable segments: the second turn prefills only its own tokens
+
+
+def test_second_turn_prefills_only_new_tokens(omni):
+    session = omni.open_session()
+    try:
+        first = TurnMessage(role="user", text="one", audio=user_audio(0.5, seed=4))
+        outs1, _, _, _ = run_turn(session, request([first], max_tokens=6))
+        reply_text = "".join(o.text for o in outs1)
+        cached = session.cache_length
+        assistant = TurnMessage(role="assistant", text=reply_text)
+        second = TurnMessage(role="user", text="two", audio=user_audio(0.4, seed=5))
+        outs2, _, _, _ = run_turn(session, request([first, assistant, second], max_tokens=6))
+        renderer = session.thinker.renderer
+        reply1 = [o.hidden.token_id for o in outs1 if o.hidden.token_id >= 0 and not o.hidden.eos]
+        # a reply cut by max tokens leaves its last token un-forwarded (as the reference does);
+        # it enters the cache with the next prefill
+        unforwarded = (outs1[0].prompt_tokens + len(reply1)) - cached
+        assert unforwarded in (0, 1)
+        expected = (unforwarded + len(renderer.closing()) + len(renderer.render(second).ids)
+                    + len(renderer.header("assistant")))
+        assert outs2[0].prefilled_tokens == expected == session.last_prefill_tokens
+        assert outs2[0].prompt_tokens == cached + expected
+        assert expected < outs2[0].prompt_tokens / 2
+    finally:
+        session.close()
+    # a fresh session given the same conversation prefills all of it
+    fresh = omni.open_session()
+    try:
+        outs, _, _, _ = run_turn(fresh, request([first, assistant, second], max_tokens=2))
+        # (the re-tokenized reply text may differ from the generated ids: random byte tokens)
+        assert outs[0].prefilled_tokens == outs[0].prompt_tokens > outs2[0].prefilled_tokens
+    finally:
+        fresh.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# (4) barge-in: the cache is cut back to the confirmed position
+
+
+def test_barge_in_confirm_crops_cache(omni):
+    session = omni.open_session()
+    try:
+        msg = TurnMessage(role="user", text="tell me", audio=user_audio(0.5, seed=6))
+        outs, _, _, _ = run_turn(session, request([msg], max_tokens=10))
+        reply = session.thinker.ctx.reply
+        prompt_len = reply.content_start
+        tokens = [o for o in outs if o.hidden.token_id >= 0 and not o.hidden.eos]
+        assert len(tokens) >= 4
+        heard = "".join(o.text for o in tokens[:3])
+        session.confirm(heard)
+        kept = sum(1 for end in np.cumsum([len(o.text) for o in tokens[:3]]) if end <= len(heard))
+        assert session.cache_length == prompt_len + kept == len(session.thinker.ctx.ids)
+        assert session.thinker.ctx.ids[prompt_len:] == [o.hidden.token_id for o in tokens[:kept]]
+        # the next turn re-uses the confirmed reply and never sees the unheard tokens
+        nxt = TurnMessage(role="user", text="go on")
+        outs2, _, _, _ = run_turn(session, request([msg, TurnMessage(role="assistant", text=heard), nxt],
+                                                   max_tokens=3))
+        renderer = session.thinker.renderer
+        assert outs2[0].prefilled_tokens == (len(renderer.closing()) + len(renderer.render(nxt).ids)
+                                             + len(renderer.header("assistant")))
+        assert [o.hidden.token_id for o in tokens[kept:]] != session.thinker.ctx.ids[
+            prompt_len + kept : prompt_len + len(tokens)]
+        # cropping by position works too
+        position = outs2[0].prompt_tokens - 5
+        assert session.crop(position) == position == session.cache_length
+    finally:
+        session.close()
+    assert session.cache_length == 0  # close() frees the KV cache
+
+
+# ---------------------------------------------------------------------------------------------
+# (5) cancellation stops within one chunk
+
+
+def test_cancellation_stops_within_one_chunk(omni):
+    session = omni.open_session()
+    try:
+        req = request([TurnMessage(role="user", text="talk", audio=user_audio(0.3))], max_tokens=40)
+        gen = session.think(req)
+        outs = [next(gen), next(gen)]
+        req.cancelled.set()
+        assert list(gen) == []  # the thinker stops at the next token
+        # the talker: cancel after its first chunk; nothing more comes out
+        session2 = omni.open_session()
+        req2 = request([TurnMessage(role="user", text="talk more")], max_tokens=6)
+        outputs = list(session2.think(req2))
+        cancelled = threading.Event()
+        talk = session2.talk(outputs, "alloy", cancelled, final=True)
+        first = next(talk)
+        assert isinstance(first.codes, CodeChunk) and len(first.codes) >= 1
+        cancelled.set()
+        assert list(talk) == []
+        session2.close()
+        assert len(outs) == 2
+    finally:
+        session.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# (6) bad paths: clear errors
+
+
+def test_bad_paths_give_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        OmniModel(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no config.json"):
+        OmniModel(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        OmniModel(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        OmniModel(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    model = OmniModel(tmp_path)  # a config alone passes detection; loading reports the missing weights
+    with pytest.raises(ValueError, match="no weights"):
+        model.load()

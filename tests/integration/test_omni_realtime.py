@@ -1,0 +1,99 @@
+"""The omni engine end to end over /v1/realtime: tiny random Qwen2.5-Omni / Qwen3-Omni
+checkpoints (built in the test, loaded through the real-checkpoint path). The audio is noise; the
+plumbing is what is tested: rate, framing, event order, epochs."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import numpy as np
+import pytest
+from openai import AsyncOpenAI
+
+pytest.importorskip("transformers")
+
+from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.registry import ModelRegistry  # noqa: E402
+from tests.engines.test_omni import CHUNKS, save_checkpoint  # noqa: E402
+from tests.server import ServerThread  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_omni", "qwen3_omni_moe"])
+def omni_server(request, tmp_path_factory):
+    import torch
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp(request.param)
+    save_checkpoint(request.param, root)
+    model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0, talker_max_new_tokens=48,
+                      model_id=request.param, **CHUNKS[request.param])
+    registry = ModelRegistry()
+    registry.add(model)
+    model.load()
+    with ServerThread(registry) as srv:
+        yield srv, request.param
+    registry.close()
+
+
+async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
+    srv, model_id = omni_server
+    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    async with client.realtime.connect(model=model_id) as conn:
+        created = await conn.recv()
+        assert "audio_in" in created.session.capabilities
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 12,
+                                           "audio": {"input": {"turn_detection": None}}})
+        rng = np.random.default_rng(0)
+        noise = (rng.standard_normal(24_000) * 3000).astype("<i2")
+        for offset in range(0, len(noise), 480):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(noise[offset:offset + 480].tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = []
+        while True:
+            event = await asyncio.wait_for(conn.recv(), 120)
+            events.append(event)
+            if event.type == "response.done":
+                break
+        types = [e.type for e in events]
+        order = ["input_audio_buffer.committed", "response.created", "response.output_item.added",
+                 "response.content_part.added", "response.output_audio.delta", "response.output_audio.done",
+                 "response.output_audio_transcript.done", "response.content_part.done", "response.output_item.done",
+                 "response.done"]
+        positions = [types.index(t) for t in order]
+        assert positions == sorted(positions), types
+        deltas = [base64.b64decode(e.delta) for e in events if e.type == "response.output_audio.delta"]
+        assert all(len(d) % 2 == 0 for d in deltas)  # whole pcm16 samples at 24 kHz
+        assert sum(len(d) for d in deltas) / 2 / 24_000 > 0.05
+        assert events[-1].response.status in ("completed", "incomplete")
+        assert events[-1].response.usage.input_tokens > 0
+
+        # second turn: a cancel fences the epoch: nothing of the cancelled response follows
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "again"}]})
+        await conn.response.create(response={"max_output_tokens": 40})
+        rid = None
+        while True:
+            event = await asyncio.wait_for(conn.recv(), 120)
+            if event.type == "response.created":
+                rid = event.response.id
+            if event.type == "response.output_audio.delta":
+                break
+        await conn.response.cancel()
+        done = None
+        late = []
+        deadline = asyncio.get_running_loop().time() + 5
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                event = await asyncio.wait_for(conn.recv(), 1.0)
+            except asyncio.TimeoutError:
+                break
+            if done is not None and getattr(event, "response_id", None) == rid:
+                late.append(event.type)
+            if event.type == "response.done":
+                done = event.response
+        assert done is not None and done.status == "cancelled"
+        assert late == []
