@@ -1,0 +1,411 @@
+"""``realtime-omni bench webrtc``: WebRTC calls (``/v1/realtime/calls``) at real time.
+
+Two parts, both with real aiortc clients over loopback (host candidates on 127.0.0.1):
+
+- **capacity** (``echo`` model, ``turn_detection: null``): N concurrent calls each send a 60 ms
+  tone burst every 500 ms on their microphone track and detect its echo on the server's track.
+  Added latency = echo onset on the client's received track − burst onset on its sent track
+  (the whole round trip: client Opus encode, server jitter buffer + decode, 48→24 kHz, session,
+  outgoing track pacing, encode, client jitter buffer + decode). Missing audio = bursts never
+  echoed; underruns = 20 ms silences the server's tracks had to insert (``GET /v1/realtime/calls``).
+  Server CPU per session from ``/proc/<pid>/stat`` with the server pinned to one core.
+- **first audio** (``--turns``, default model ``embedded``): spoken questions (Piper) on the
+  track; per turn, ``input_audio_buffer.speech_stopped`` → first audible assistant frame on the
+  client's track, ``output_audio_buffer.started`` → that frame (the transport's share), and the
+  barge-in stop time: first voiced frame of the user talking over the reply → last audible
+  frame of the reply.
+
+aiortc's receive jitter buffer waits for 4 packets (80 ms) before it decodes the first frame; the
+server lowers it to 1 (``REALTIME_OMNI_WEBRTC_JITTER_PREFETCH``, default 1) and the bench's clients
+too (``--client-prefetch``), so the numbers show what the server adds rather than a playout buffer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ServerProcess, ServerURL, SystemCPU, cpu_seconds, parse_cpus, pinned
+from .report import Report, command_line, summarize, write_report
+
+RATE = 48_000
+FRAME = 960
+PERIOD_FRAMES = 25  # a burst every 500 ms
+BURST_FRAMES = 3  # 60 ms of tone
+THRESHOLD = 2000  # |sample| that counts as the burst's onset
+DEFAULT_LADDER = (1, 10, 25, 40)
+_TONE = (np.sin(2 * np.pi * 1000 * np.arange(BURST_FRAMES * FRAME) / RATE) * 12000).astype(np.int16)
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+def _http_json(url: str, timeout: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - local URL
+        return json.loads(resp.read())
+
+
+# ------------------------------------------------------------------------------ capacity
+class BurstProbe:
+    """Sent and received burst onsets of one call."""
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+        self.received: list[float] = []
+        self.send_lag: list[float] = []
+        self._in_burst = False
+        self._last_rx = 0.0
+        self.gaps = 0  # received-frame gaps > 60 ms (the client's playout would stall)
+
+    def make_frame(self, index: int) -> np.ndarray:
+        phase = index % PERIOD_FRAMES
+        if phase < BURST_FRAMES:
+            return _TONE[phase * FRAME : (phase + 1) * FRAME]
+        return np.zeros(FRAME, dtype=np.int16)
+
+    def on_sent(self, index: int, at: float, samples: np.ndarray) -> None:
+        if index % PERIOD_FRAMES == 0:
+            self.sent.append(at)
+
+    def on_received(self, at: float, pcm: np.ndarray) -> None:
+        if self._last_rx and at - self._last_rx > 0.06:
+            self.gaps += 1
+        self._last_rx = at
+        loud = np.flatnonzero(np.abs(pcm) > THRESHOLD)
+        if loud.size and not self._in_burst:
+            self._in_burst = True
+            # the frame is delivered whole: its first sample is (len - idx) samples before its end
+            self.received.append(at - (len(pcm) - loud[0]) / RATE)
+        elif not loud.size:
+            self._in_burst = False
+
+    def latencies(self, t_from: float, t_to: float) -> tuple[list[float], int, int]:
+        """(latencies in ms, bursts sent in the window, bursts matched)."""
+        sent = [s for s in self.sent if t_from <= s <= t_to]
+        out: list[float] = []
+        j = 0
+        received = sorted(self.received)
+        for s in sent:
+            while j < len(received) and received[j] < s:
+                j += 1
+            if j < len(received) and received[j] - s < PERIOD_FRAMES * FRAME / RATE:
+                out.append(1000 * (received[j] - s))
+                j += 1
+        return out, len(sent), len(out)
+
+
+async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None) -> Any:
+    from ..transports.webrtc.client import PcmSource, WebRTCClient
+
+    client = WebRTCClient(url.http, model="echo", session=NO_VAD, jitter_prefetch=prefetch, keep_audio_s=0.1,
+                          on_frame_sent=probe.on_sent, on_frame_received=probe.on_received)
+
+    class Source(PcmSource):
+        async def recv(self):  # type: ignore[no-untyped-def]
+            self.play(probe.make_frame(self._index))
+            return await super().recv()
+
+    client.source = Source(probe.on_sent)
+    await client.connect(timeout=30)
+    return client
+
+
+async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid: int | None, prefetch: int | None,
+                    connect_concurrency: int = 4, log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    probes = [BurstProbe() for _ in range(sessions)]
+    clients: list[Any] = []
+    failures: list[str] = []
+    gate = asyncio.Semaphore(connect_concurrency)
+    started = time.perf_counter()
+
+    async def open_one(probe: BurstProbe) -> None:
+        async with gate:
+            try:
+                clients.append(await _open_call(url, probe, prefetch))
+            except Exception as exc:  # noqa: BLE001 - counted
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+    await asyncio.gather(*(open_one(p) for p in probes))
+    connect_s = time.perf_counter() - started
+    await asyncio.sleep(1.5)  # warm-up: every call is sending and echoing
+    t0 = time.monotonic()
+    cpu0 = cpu_seconds(server_pid) if server_pid else None
+    client_cpu0 = time.process_time()
+    machine = SystemCPU(server_pid)
+    await asyncio.sleep(seconds)
+    t1 = time.monotonic()
+    cpu1 = cpu_seconds(server_pid) if server_pid else None
+    client_cpu1 = time.process_time()
+    load = machine.stop()
+    await asyncio.sleep(1.0)  # the last bursts' echoes
+    try:
+        calls = (await asyncio.to_thread(_http_json, f"{url.http}/v1/realtime/calls"))["data"]
+    except Exception:  # noqa: BLE001
+        calls = []
+    await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    lat: list[float] = []
+    sent = matched = gaps = 0
+    ok = [p for p, _ in zip(probes, clients)]
+    per_call_missing = []
+    for probe in probes:
+        values, n_sent, n_matched = probe.latencies(t0, t1 - 0.6)
+        lat += values
+        sent += n_sent
+        matched += n_matched
+        gaps += probe.gaps
+        per_call_missing.append(n_sent - n_matched)
+    window = t1 - t0
+    server_pct = None if cpu0 is None or cpu1 is None else 100.0 * (cpu1 - cpu0) / window
+    underruns = sum(c.get("underruns", 0) for c in calls)
+    out_frames = sum(c.get("audio_out_frames", 0) for c in calls)
+    deadline = time.monotonic() + 15
+    left = None
+    while time.monotonic() < deadline:
+        left = len((await asyncio.to_thread(_http_json, f"{url.http}/v1/realtime/calls"))["data"])
+        if left == 0:
+            break
+        await asyncio.sleep(0.2)
+    return {
+        "sessions": sessions,
+        "sessions_ok": len(clients),
+        "sessions_failed": len(failures),
+        "failures": sorted(set(failures))[:5],
+        "connect_s": round(connect_s, 2),
+        "seconds": seconds,
+        "bursts_sent": sent,
+        "bursts_echoed": matched,
+        "missing_pct": round(100.0 * (sent - matched) / sent, 3) if sent else None,
+        "latency_ms": summarize(lat, (50, 95, 99), digits=1),
+        "underruns": underruns,
+        "underrun_pct": round(100.0 * underruns / out_frames, 3) if out_frames else None,
+        "client_rx_gaps": gaps,
+        "missing_per_call": per_call_missing,
+        "server_cpu_pct": None if server_pct is None else round(server_pct, 1),
+        "server_cpu_pct_per_session": None if server_pct is None else round(server_pct / max(len(clients), 1), 2),
+        "client_cpu_pct": round(100.0 * (client_cpu1 - client_cpu0) / window, 1),
+        "calls_left_after_close": left,
+        "machine_load": load,
+        "latency_samples_ms": [round(v, 1) for v in lat[:4000]],
+        "ok_probes": len(ok),
+    }
+
+
+# ------------------------------------------------------------------------------ first audio
+QUESTIONS = (
+    "What is the capital of France?",
+    "Tell me something interesting about the ocean.",
+    "How many legs does a spider have?",
+    "What color is the sky on a clear day?",
+    "Can you name a famous painter?",
+)
+
+
+def _say(texts: list[str]) -> list[np.ndarray]:
+    from ..audio.resample import resample_once
+    from ..engines.embedded.tts_piper import PiperTTS
+
+    tts = PiperTTS(threads=1)
+    out = []
+    for text in texts:
+        pcm = np.concatenate(list(tts.synthesize(text)))
+        out.append(resample_once(pcm, tts.sample_rate, RATE))
+    return out
+
+
+async def run_turns(url: ServerURL, model: str, turns: int, prefetch: int | None, log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    from ..transports.webrtc.client import WebRTCClient
+
+    speech = _say([QUESTIONS[i % len(QUESTIONS)] for i in range(turns)])
+    frames: list[tuple[float, float]] = []  # (arrival, rms) of received frames
+
+    def on_rx(at: float, pcm: np.ndarray) -> None:
+        frames.append((at, float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))))
+
+    client = WebRTCClient(url.http, model=model, jitter_prefetch=prefetch, on_frame_received=on_rx,
+                          session={"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
+    await client.connect(timeout=30)
+    results: list[dict[str, Any]] = []
+    barge: list[float] = []
+    try:
+        await client.wait_for("session.updated", 10)
+        await asyncio.sleep(0.5)
+        for index in range(turns):
+            mark = len(client.events)
+            sent_at = time.monotonic()
+            client.source.play(speech[index])
+            stopped = await client.wait_for("input_audio_buffer.speech_stopped", 30, mark)
+            t_stop = time.monotonic()
+            started = await client.wait_for("output_audio_buffer.started", 30, mark)
+            t_started = time.monotonic()
+            first = None
+            deadline = time.monotonic() + 5
+            while first is None and time.monotonic() < deadline:
+                first = next((at for at, level in frames if at >= t_stop and level > 300), None)
+                await asyncio.sleep(0.01)
+            turn = {"turn": index, "speech_s": round(len(speech[index]) / RATE, 2),
+                    "speech_end_to_stopped_ms": round(1000 * (t_stop - sent_at) - 1000 * len(speech[index]) / RATE, 1),
+                    "stopped_to_started_event_ms": round(1000 * (t_started - t_stop), 1),
+                    "stopped_to_first_audio_ms": None if first is None else round(1000 * (first - t_stop), 1),
+                    "started_event_to_audio_ms": None if first is None else round(1000 * (first - t_started), 1)}
+            if index < turns - 1:
+                # barge in after a second of reply: the next question talks over it
+                await asyncio.sleep(1.0)
+                t_barge = time.monotonic()
+                client.source.play(speech[index + 1][: RATE // 2])  # only the first 0.5 s here
+                try:
+                    cleared = await client.wait_for("output_audio_buffer.cleared", 5, mark)
+                except TimeoutError:
+                    cleared = None
+                await asyncio.sleep(0.4)
+                loud = [at for at, level in frames if t_barge <= at and level > 300]
+                if cleared is not None and loud:
+                    turn["barge_in_stop_ms"] = round(1000 * (max(loud) - t_barge), 1)
+                    barge.append(turn["barge_in_stop_ms"])
+                client.source.clear()
+                await client.wait_for("response.done", 10, mark)
+                await asyncio.sleep(1.5)  # the cut-off question is its own (short) turn: let it pass
+                await _quiet(client, 20)
+            results.append(turn)
+            log(f"  turn {index}: {turn}")
+    finally:
+        await client.close()
+    return {
+        "model": model,
+        "turns": results,
+        "stopped_to_first_audio_ms": summarize([t["stopped_to_first_audio_ms"] for t in results]),
+        "started_event_to_audio_ms": summarize([t["started_event_to_audio_ms"] for t in results]),
+        "barge_in_stop_ms": summarize(barge),
+    }
+
+
+async def _quiet(client: Any, timeout: float) -> None:
+    """Wait until no response is active and the track has stopped playing."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        types = [e["type"] for e in client.events[-40:]]
+        created = max((i for i, t in enumerate(types) if t == "response.created"), default=-1)
+        done = max((i for i, t in enumerate(types) if t in ("output_audio_buffer.stopped", "output_audio_buffer.cleared")), default=-1)
+        if created <= done:
+            await asyncio.sleep(0.5)
+            types2 = [e["type"] for e in client.events[-5:]]
+            if "response.created" not in types2:
+                return
+        await asyncio.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------ CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sessions", default=",".join(map(str, DEFAULT_LADDER)),
+                        help="comma-separated concurrent call counts (echo capacity; '' to skip)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per level")
+    parser.add_argument("--turns", type=int, default=0, help="spoken turns for first-audio latency (0: skip)")
+    parser.add_argument("--model", default="embedded", help="model of the spoken turns")
+    parser.add_argument("--client-cpus", default="1", help="CPUs of the benchmark's clients")
+    parser.add_argument("--client-prefetch", type=int, default=1,
+                        help="the clients' aiortc jitter-buffer prefetch in frames (aiortc's default: 4)")
+    parser.add_argument("--server-prefetch", type=int, default=1, help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH)")
+
+
+def main(args: argparse.Namespace) -> int:
+    ladder = [int(x) for x in args.sessions.split(",") if x.strip()]
+    name = args.name or "webrtc"
+    pin_server = parse_cpus(args.server_cpus) if args.url is None else None
+    pin_client = parse_cpus(args.client_cpus)
+    if pin_server and pin_client and pin_server & pin_client:
+        pin_client = None
+    started = time.monotonic()
+    levels: list[dict[str, Any]] = []
+    turns: dict[str, Any] | None = None
+    server_argv: list[str] | None = None
+    env = {"REALTIME_OMNI_WEBRTC_JITTER_PREFETCH": str(args.server_prefetch), "REALTIME_OMNI_SESSION_STORE": "none"}
+    with pinned(pin_client):
+        if ladder:
+            server = ServerProcess(models=("echo",), cpus=pin_server, env=env) if args.url is None else None
+            target = server.start() if server else ServerURL.parse(args.url)
+            server_argv = server.argv if server else None
+            try:
+                for n in ladder:
+                    print(f"webrtc capacity: {n} calls × {args.seconds:g} s ...", flush=True)
+                    level = asyncio.run(run_level(target, n, args.seconds, server_pid=server.pid if server else None,
+                                                  prefetch=args.client_prefetch))
+                    lat = level["latency_ms"]
+                    print(f"  p50 {lat['p50']} ms  p99 {lat['p99']} ms  missing {level['missing_pct']}%  underruns "
+                          f"{level['underrun_pct']}%  server CPU {level['server_cpu_pct']}% "
+                          f"({level['server_cpu_pct_per_session']}%/call)  client CPU {level['client_cpu_pct']}%  "
+                          f"failed {level['sessions_failed']}", flush=True)
+                    levels.append(level)
+            finally:
+                if server:
+                    server.stop()
+        if args.turns > 0:
+            server = ServerProcess(models=(args.model,), cpus=None, env=env) if args.url is None else None
+            target = server.start() if server else ServerURL.parse(args.url)
+            try:
+                print(f"webrtc first audio: {args.turns} spoken turns on {args.model} ...", flush=True)
+                turns = asyncio.run(run_turns(target, args.model, args.turns, args.client_prefetch))
+            finally:
+                if server:
+                    server.stop()
+
+    columns = ["calls", "ok", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
+               "CPU %/call", "client CPU %", "other procs (cores)"]
+    rows = [[lv["sessions"], lv["sessions_ok"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
+             lv["missing_pct"], lv["underrun_pct"], lv["server_cpu_pct"], lv["server_cpu_pct_per_session"],
+             lv["client_cpu_pct"], lv["machine_load"].get("other_processes_cores")] for lv in levels]
+    healthy = [lv for lv in levels if lv["sessions_failed"] == 0 and (lv["missing_pct"] or 0) < 0.5]
+    best = max((lv["sessions"] for lv in healthy), default=0)
+    headline = f"{best} WebRTC echo calls at real time"
+    if levels:
+        top = max(healthy or levels, key=lambda lv: lv["sessions"])
+        headline += (f"; at {top['sessions']}: round trip p50 {top['latency_ms']['p50']} ms, p99 {top['latency_ms']['p99']} ms, "
+                     f"{top['server_cpu_pct_per_session']}% of a core per call")
+    if turns:
+        headline += f"; first audio after speech_stopped p50 {turns['stopped_to_first_audio_ms']['p50']} ms"
+    sections = []
+    if turns:
+        sections.append(("First audio over WebRTC (" + turns["model"] + ")", "```\n" + json.dumps(
+            {k: turns[k] for k in ("stopped_to_first_audio_ms", "started_event_to_audio_ms", "barge_in_stop_ms")}, indent=1)
+            + "\n```"))
+    report = Report(
+        name=name, benchmark="webrtc", title="WebRTC calls: round-trip latency, capacity, first audio",
+        command=command_line(), config={"ladder": ladder, "seconds": args.seconds, "client_prefetch": args.client_prefetch,
+                                        "server_prefetch": args.server_prefetch, "server_cpus": args.server_cpus,
+                                        "client_cpus": args.client_cpus, "server": server_argv},
+        summary={"levels": [{k: v for k, v in lv.items() if k != "latency_samples_ms"} for lv in levels], "turns": turns},
+        samples={"latency_ms": {str(lv["sessions"]): lv["latency_samples_ms"] for lv in levels}},
+        columns=columns, rows=rows, headline=headline, sections=sections,
+        notes=["Round trip = burst onset sent on the client's track → its echo's onset on the client's received track: "
+               "both directions of Opus/RTP, both jitter buffers, the session and the paced outgoing track.",
+               "The clients run in one process on their own core; when its CPU nears 100 % the latency it reports grows "
+               "with its own lag."],
+        plot=_plot(levels) if levels else None,
+    )
+    report.duration_s = time.monotonic() - started
+    paths = write_report(report, Path(args.out))
+    print(f"report: {', '.join(str(p) for p in paths.values())}")
+    return 0
+
+
+def _plot(levels: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    def draw(fig) -> None:  # type: ignore[no-untyped-def]
+        ax1, ax2 = fig.subplots(1, 2)
+        xs = [lv["sessions"] for lv in levels]
+        for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
+            ax1.plot(xs, [lv["latency_ms"][key] for lv in levels], style, label=key)
+        ax1.set_xlabel("concurrent WebRTC calls")
+        ax1.set_ylabel("round trip through the server (ms)")
+        ax1.grid(True, alpha=0.3)
+        ax1.legend()
+        ax2.plot(xs, [lv["server_cpu_pct"] or 0 for lv in levels], "o-", color="tab:red", label="server CPU (% of one core)")
+        ax2.plot(xs, [lv["client_cpu_pct"] for lv in levels], "x-", color="tab:gray", label="client CPU (% of one core)")
+        ax2.plot(xs, [lv["missing_pct"] or 0 for lv in levels], "s--", color="tab:purple", label="missing bursts (%)")
+        ax2.set_xlabel("concurrent WebRTC calls")
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=7)
+
+    return draw
