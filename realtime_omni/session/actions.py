@@ -22,6 +22,8 @@ class DetectSpeech:
 class Transcribe:
     item_id: str
     pcm16k: np.ndarray
+    #: the speculation that already heard this audio, if any (its transcript is reused)
+    spec_id: int | None = None
 
 
 @dataclass
@@ -30,6 +32,22 @@ class StartResponse:
     epoch: int
     request: ThinkRequest
     output_format: AudioFormat
+    #: the speculation prepared for this turn, if any (adopted when its request matches)
+    spec_id: int | None = None
+
+
+@dataclass
+class Speculate:
+    """A pause in the user's speech: prepare the reply now (ASR, thinker, talker) so it can leave
+    the moment the turn is confirmed. Nothing of it reaches the client unless it is adopted."""
+
+    spec_id: int
+    pcm16k: np.ndarray
+
+
+@dataclass
+class DropSpeculation:
+    spec_id: int
 
 
 @dataclass
@@ -50,4 +68,4 @@ class CloseSession:
     reason: str
 
 
-Action = DetectSpeech | Transcribe | StartResponse | CancelResponse | ConfirmHeard | CloseSession
+Action = DetectSpeech | Transcribe | Speculate | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard | CloseSession

@@ -27,7 +27,7 @@ from .conversation import Conversation, Item, item_from_client, new_id
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
 from .responses import Response
-from .turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 
 MIN_COMMIT_MS = 100
 
@@ -60,6 +60,10 @@ class RealtimeSession:
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
         self._latest_image: np.ndarray | None = None
+        #: prepare replies during the pause before the end-of-turn decision (cascade models)
+        self.speculative = not model.hears_audio
+        self._spec_id = 0
+        self._spec_active = False
         self.has_vad = has_vad and not self.echo
         self.config = SessionConfig(model=model.id)
         if not self.has_vad:
@@ -82,6 +86,7 @@ class RealtimeSession:
         # the next response's request, held until every pending transcript has arrived
         self._pending_request: ThinkRequest | None = None
         self._pending_input: list[dict[str, Any]] | None = None
+        self._pending_spec: int | None = None
         self._echo_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
         self._actions: list[act.Action] = []
@@ -235,6 +240,7 @@ class RealtimeSession:
             )
         item_id = self._speech_item_id or new_id("item")
         self._speech_item_id = None
+        self._drop_speculation()
         if self.detector is not None:
             self.detector.reset()
         self._commit(item_id, self.input.take())
@@ -242,6 +248,7 @@ class RealtimeSession:
     def _on_input_audio_buffer_clear(self, event: Any) -> None:
         self.input.clear()
         self._speech_item_id = None
+        self._drop_speculation()
         if self.detector is not None:
             self.detector.reset()
         self._emit({"type": "input_audio_buffer.cleared"})
@@ -334,20 +341,47 @@ class RealtimeSession:
                 )
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
+            elif isinstance(decision, SilenceStarted) and self._speech_item_id is not None:
+                if self.speculative and td.create_response and self.response is None:
+                    self._drop_speculation()
+                    self._spec_id += 1
+                    self._spec_active = True
+                    audio = self.input.peek(self._speech_start_ms, decision.audio_end_ms + 200)
+                    self._actions.append(act.Speculate(self._spec_id, audio))
+            elif isinstance(decision, SpeechResumed):
+                self._drop_speculation()
             elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
                 item_id, self._speech_item_id = self._speech_item_id, None
                 self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": decision.audio_end_ms, "item_id": item_id})
                 audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
-                self._commit(item_id, audio)
+                spec = self._spec_id if self._spec_active else None
+                self._spec_active = False  # from here the driver adopts the prepared reply or drops it
+                self._commit(item_id, audio, spec)
                 if td.create_response and self.response is None:
-                    self._create_response({})
+                    self._create_response({}, spec)
+                elif spec is not None:
+                    self._actions.append(act.DropSpeculation(spec))
 
     def append_image(self, rgb: np.ndarray) -> None:
         """A camera frame (newest wins); it joins the next committed user turn."""
         if self.sees:
             self._latest_image = rgb
 
-    def _commit(self, item_id: str, audio: np.ndarray) -> None:
+    def _drop_speculation(self) -> None:
+        if self._spec_active:
+            self._spec_active = False
+            self._actions.append(act.DropSpeculation(self._spec_id))
+
+    def preview_request(self, transcript: str) -> ThinkRequest:
+        """The request the next response would make if the pending user turn says ``transcript``
+        (for speculation; the driver compares it with the real one before adopting)."""
+        request = self._think_request({}, Response(
+            id="", epoch=0, item=Item(id="", role="assistant"), modalities=list(self.config.output_modalities),
+            output_format=self.config.output_format, voice=self.config.voice, max_output_tokens=self.config.max_output_tokens))
+        request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
+        return request
+
+    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> None:
         item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
         if self._latest_image is not None:
             item.images, self._latest_image = [self._latest_image], None
@@ -358,7 +392,7 @@ class RealtimeSession:
             self._emit({"type": "conversation.item.done", "item": item.to_dict()})
             return
         self._pending_transcripts.add(item_id)
-        self._actions.append(act.Transcribe(item_id, audio))
+        self._actions.append(act.Transcribe(item_id, audio, spec_id))
 
     def on_transcription(self, item_id: str, transcript: str | None, error: str | None = None) -> None:
         """Driver callback: the transcript of a committed item (or why there is none)."""
@@ -388,7 +422,7 @@ class RealtimeSession:
         self._maybe_start_pipeline()
 
     # ---------------------------------------------------------------- responses
-    def _create_response(self, params: dict[str, Any]) -> None:
+    def _create_response(self, params: dict[str, Any], spec_id: int | None = None) -> None:
         cfg = self.config
         modalities = params.get("output_modalities") or cfg.output_modalities
         modalities = ["audio"] if "audio" in modalities else ["text"]
@@ -421,6 +455,7 @@ class RealtimeSession:
             self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
         self._pending_request = self._think_request(params, response)
         self._pending_input = params.get("input")
+        self._pending_spec = spec_id
         self._maybe_start_pipeline()
 
     def _think_request(self, params: dict[str, Any], response: Response) -> ThinkRequest:
@@ -451,12 +486,15 @@ class RealtimeSession:
         request = self._pending_request
         assert request is not None
         request.messages = self._messages(self._pending_input)
-        self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format))
+        self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format, self._pending_spec))
 
     def _cancel_active(self, reason: str, heard_ms: float | None = None) -> None:
         response = self.response
         assert response is not None
         self.epoch += 1  # fence: every chunk of the old epoch is now stale
+        if self._pending_spec is not None and not response.pipeline_started:
+            self._actions.append(act.DropSpeculation(self._pending_spec))
+        self._pending_spec = None
         if heard_ms is None:
             heard_ms = self.ledger.sent_ms(response.id)
         heard = response.finish(self._emit, "cancelled", reason=reason, heard_ms=heard_ms)

@@ -55,14 +55,21 @@ class InputAudioBuffer:
     def now_ms(self) -> int:
         return int(1000 * self.stream_samples / MODEL_RATE)
 
-    def take(self, start_ms: float | None = None, end_ms: float | None = None) -> np.ndarray:
-        """Remove the buffered audio and return the part between the stream positions given."""
+    def peek(self, start_ms: float | None = None, end_ms: float | None = None) -> np.ndarray:
+        """The buffered audio between the stream positions given (the buffer is unchanged)."""
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=np.int16)
+        if len(self._chunks) > 1:
+            self._chunks = [audio]  # keep it joined: the next peek or take is a copy-free slice
         offset = self.buffer_start
         lo = 0 if start_ms is None else max(int(start_ms * MODEL_RATE / 1000) - offset, 0)
         hi = len(audio) if end_ms is None else max(int(end_ms * MODEL_RATE / 1000) - offset, lo)
-        self.clear()
         return audio[lo:hi]
+
+    def take(self, start_ms: float | None = None, end_ms: float | None = None) -> np.ndarray:
+        """Remove the buffered audio and return the part between the stream positions given."""
+        audio = self.peek(start_ms, end_ms)
+        self.clear()
+        return audio
 
     def clear(self) -> None:
         self._chunks.clear()

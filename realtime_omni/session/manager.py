@@ -60,6 +60,8 @@ class SessionManager:
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
         self.total_opened = 0
+        #: replies prepared during the user's pause and released at the end-of-turn decision
+        self.speculations_adopted = 0
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0) -> SessionRunner:
@@ -133,6 +135,7 @@ class SessionManager:
         future.add_done_callback(_log_failure)
 
     def _forget(self, runner: SessionRunner) -> None:
+        self.speculations_adopted += runner.speculations_adopted
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
         if self.store is not None and runner.close_reason in _FINAL:

@@ -23,6 +23,7 @@ from ..protocol.errors import ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .speculation import Speculation, same_request
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,8 @@ class SessionRunner:
         self.kick: Callable[[], None] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
+        self._spec: Speculation | None = None
+        self.speculations_adopted = 0
 
     # ------------------------------------------------------------ transport-facing API
     def start(self) -> None:
@@ -270,14 +273,21 @@ class SessionRunner:
             core.close(message[1])
 
     async def _flush(self) -> None:
+        """Send what the core emitted and perform what it asked, until both are empty (an
+        action may emit more, e.g. adopting a prepared reply)."""
         changed = False
-        for out in self.core.drain_events():
-            changed = changed or out.event["type"] in _STATE_CHANGES
-            await self.outbox.put(out)
+        while True:
+            events = self.core.drain_events()
+            for out in events:
+                changed = changed or out.event["type"] in _STATE_CHANGES
+                await self.outbox.put(out)
+            actions = self.core.drain_actions()
+            if not events and not actions:
+                break
+            for action in actions:
+                await self._perform(action)
         if changed and self._on_change is not None:
             self._on_change(self)
-        for action in self.core.drain_actions():
-            await self._perform(action)
 
     async def _perform(self, action: act.Action) -> None:
         loop = asyncio.get_running_loop()
@@ -291,14 +301,31 @@ class SessionRunner:
                 log.exception("VAD failed in session %s", self.core.id)
                 return
             self.core.on_speech_probabilities(probs, action.start_ms)
-            for out in self.core.drain_events():
-                await self.outbox.put(out)
-            for follow in self.core.drain_actions():
-                await self._perform(follow)
+        elif isinstance(action, act.Speculate):
+            self._drop_speculation()
+            if self.model is not None:
+                spec = Speculation(action.spec_id, loop.create_future())
+                # the context as it is now, before the turn is committed; the transcript fills in later
+                spec.request = self.core.preview_request("")
+                spec.task = asyncio.create_task(self._speculate(spec, action.pcm16k))
+                self._spec = spec
+        elif isinstance(action, act.DropSpeculation):
+            if self._spec is not None and self._spec.spec_id == action.spec_id and not self._spec.adopted:
+                self._drop_speculation()
         elif isinstance(action, act.Transcribe):
-            self._spawn(self._transcribe(action))
+            spec = self._spec
+            if spec is not None and action.spec_id == spec.spec_id:
+                self._spawn(self._reuse_transcript(action.item_id, spec))
+            else:
+                self._spawn(self._transcribe(action))
         elif isinstance(action, act.StartResponse):
-            self._response_task = asyncio.create_task(self._respond(action))
+            spec = self._spec
+            if spec is not None and action.spec_id == spec.spec_id and spec.request is not None \
+                    and spec.transcript.done() and same_request(spec.request, action.request):
+                self._adopt(spec, action)
+            else:
+                self._drop_speculation()
+                self._response_task = asyncio.create_task(self._respond(action))
         elif isinstance(action, act.CancelResponse):
             task = self._response_task
             if task is not None and not task.done():
@@ -335,6 +362,86 @@ class SessionRunner:
             error = str(exc) or type(exc).__name__
         await self.mailbox.put(("transcript", action.item_id, text, error))
 
+    # ------------------------------------------------------------ speculation
+    def _drop_speculation(self) -> None:
+        spec, self._spec = self._spec, None
+        if spec is not None and not spec.adopted:
+            spec.cancel()
+
+    async def _speculate(self, spec: Speculation, pcm16k: Any) -> None:
+        """Transcribe and run the whole pipeline now, holding every output until adoption."""
+        assert self.model is not None
+        loop = asyncio.get_running_loop()
+        try:
+            text = await loop.run_in_executor(self.executor, self.model.transcribe, pcm16k)
+        except Exception as exc:  # noqa: BLE001 - the real turn transcribes again
+            spec.transcript.set_exception(exc)
+            return
+        request = spec.request
+        assert request is not None
+        request.messages[-1].text = text
+        spec.transcript.set_result(text)
+
+        def current() -> bool:
+            return not request.cancelled.is_set() and (not spec.adopted or self.core.epoch == spec.epoch)
+
+        async def emit(*item: Any) -> None:
+            if spec.adopted:
+                await self.mailbox.put((item[0], spec.response_id, spec.epoch, *item[1:]))
+            else:
+                spec.held.append(item)
+
+        sink = Sink(
+            text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c)
+        )
+        pipeline = ResponsePipeline(self.model, self.core.model, self.executor, self.pipeline_settings, current)
+        try:
+            status, reason = await pipeline.run(0, request, self.core.config.output_format, sink)
+            result: tuple[str, str | None, str | None] = (status, None, reason)
+        except asyncio.CancelledError:
+            request.cancelled.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - fails the response if adopted, else nothing
+            log.exception("prepared reply failed")
+            result = ("failed", f"{type(exc).__name__}: {exc}", None)
+        if spec.adopted:
+            await self.mailbox.put(("end", spec.response_id, spec.epoch, *result))
+        else:
+            spec.finished = result
+
+    async def _reuse_transcript(self, item_id: str, spec: Speculation) -> None:
+        text, error = None, None
+        try:
+            text = await asyncio.wait_for(asyncio.shield(spec.transcript), self.pipeline_settings.step_timeout_s)
+        except asyncio.CancelledError:
+            if not spec.transcript.cancelled():
+                raise
+            error = "transcription was cancelled"
+        except Exception as exc:  # noqa: BLE001
+            error = str(exc) or type(exc).__name__
+        await self.mailbox.put(("transcript", item_id, text, error))
+
+    def _adopt(self, spec: Speculation, action: act.StartResponse) -> None:
+        """Release the held outputs under the real response (on the session task, in order)."""
+        core = self.core
+        spec.response_id, spec.epoch = action.response_id, action.epoch
+        for item in spec.held:
+            kind, args = item[0], item[1:]
+            if kind == "text":
+                core.on_response_text(action.response_id, action.epoch, *args)
+            elif kind == "audio":
+                core.on_response_audio(action.response_id, action.epoch, *args)
+            else:
+                core.on_response_usage(action.response_id, action.epoch, *args)
+        spec.held.clear()
+        if spec.finished is not None:
+            core.on_response_end(action.response_id, action.epoch, *spec.finished)
+        # the response's own cancel path now reaches the prepared pipeline
+        action.request.cancelled = spec.request.cancelled if spec.request else action.request.cancelled
+        self._response_task = spec.task
+        self._spec = None
+        self.speculations_adopted += 1
+
     async def _respond(self, action: act.StartResponse) -> None:
         rid, epoch = action.response_id, action.epoch
         assert self.model is not None
@@ -361,6 +468,7 @@ class SessionRunner:
         self.closed.set()
         if self._drain is not None and self._drain is not asyncio.current_task():
             self._drain.cancel()
+        self._drop_speculation()
         self.core.close()
         tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
         for task in tasks:

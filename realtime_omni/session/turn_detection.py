@@ -18,6 +18,21 @@ class SpeechStopped:
     audio_end_ms: int
 
 
+@dataclass
+class SilenceStarted:
+    """A pause long enough to start preparing a reply (the turn may still go on)."""
+
+    audio_end_ms: int
+
+
+@dataclass
+class SpeechResumed:
+    """The pause after :class:`SilenceStarted` ended in more speech: drop what was prepared."""
+
+
+Decision = SpeechStarted | SpeechStopped | SilenceStarted | SpeechResumed
+
+
 class TurnDetector:
     """Hysteresis over frame probabilities.
 
@@ -26,40 +41,59 @@ class TurnDetector:
     input audio since the stream began.
     """
 
-    def __init__(self, threshold: float, silence_duration_ms: int, frame_ms: float = 32.0, min_speech_frames: int = 2):
+    def __init__(
+        self,
+        threshold: float,
+        silence_duration_ms: int,
+        frame_ms: float = 32.0,
+        min_speech_frames: int = 2,
+        speculate_after_ms: float | None = 96.0,
+    ):
         self.threshold = threshold
         self.release = max(threshold - 0.15, 0.01)
         self.silence_duration_ms = silence_duration_ms
         self.frame_ms = frame_ms
         self.min_speech_frames = min_speech_frames
+        self.speculate_after_ms = speculate_after_ms
         self.in_speech = False
         self._run = 0
         self._silence_ms = 0.0
+        self._speculating = False
 
-    def feed(self, probabilities: list[float], first_frame_start_ms: float) -> list[SpeechStarted | SpeechStopped]:
-        decisions: list[SpeechStarted | SpeechStopped] = []
+    def feed(self, probabilities: list[float], first_frame_start_ms: float) -> list[Decision]:
+        decisions: list[Decision] = []
         for index, prob in enumerate(probabilities):
             start_ms = first_frame_start_ms + index * self.frame_ms
             if not self.in_speech:
                 self._run = self._run + 1 if prob >= self.threshold else 0
-                if self._run >= self.min_speech_frames:
+                # a single very confident frame is enough (faster barge-in); else a short run
+                if self._run >= self.min_speech_frames or (self._run and prob >= 0.9):
                     self.in_speech = True
                     self._silence_ms = 0.0
-                    onset = start_ms - (self.min_speech_frames - 1) * self.frame_ms
+                    onset = start_ms - (self._run - 1) * self.frame_ms
                     decisions.append(SpeechStarted(int(onset)))
             else:
                 if prob < self.release:
                     self._silence_ms += self.frame_ms
+                    end = start_ms + self.frame_ms - self._silence_ms
                     if self._silence_ms >= self.silence_duration_ms:
                         self.in_speech = False
                         self._run = 0
-                        end = start_ms + self.frame_ms - self._silence_ms
+                        self._speculating = False
                         decisions.append(SpeechStopped(int(end)))
+                    elif (self.speculate_after_ms is not None and not self._speculating
+                          and self._silence_ms >= self.speculate_after_ms):
+                        self._speculating = True
+                        decisions.append(SilenceStarted(int(end)))
                 else:
                     self._silence_ms = 0.0
+                    if self._speculating:
+                        self._speculating = False
+                        decisions.append(SpeechResumed())
         return decisions
 
     def reset(self) -> None:
         self.in_speech = False
         self._run = 0
         self._silence_ms = 0.0
+        self._speculating = False

@@ -74,7 +74,7 @@ async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
         # second turn: a cancel fences the epoch: nothing of the cancelled response follows
         await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": "again"}]})
-        await conn.response.create(response={"max_output_tokens": 40})
+        await conn.response.create(response={"max_output_tokens": 1000})
         rid = None
         while True:
             event = await asyncio.wait_for(conn.recv(), 120)

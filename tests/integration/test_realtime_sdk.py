@@ -69,6 +69,7 @@ async def configure(conn, **session) -> None:
 
 
 async def test_spoken_turn_with_server_vad(server, say, transcribe):
+    adopted_before = server.manager.speculations_adopted + sum(r.speculations_adopted for r in server.manager.sessions.values())
     speech = say(QUESTION)
     silence = np.zeros(24_000, np.int16)
     async with client(server).realtime.connect(model="embedded") as conn:
@@ -89,6 +90,9 @@ async def test_spoken_turn_with_server_vad(server, say, transcribe):
         assert len(reply) / 24_000 >= 0.5
         heard = transcribe(reply, 24_000)
         assert len(heard.split()) >= 1, "the reply audio should be intelligible speech"
+        # the reply was prepared during the pause and released at the end-of-turn decision
+        adopted = sum(r.speculations_adopted for r in server.manager.sessions.values()) + server.manager.speculations_adopted
+        assert adopted == adopted_before + 1
 
 
 async def test_manual_commit_without_turn_detection(server, say):
