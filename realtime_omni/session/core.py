@@ -89,6 +89,9 @@ class RealtimeSession:
         self._pending_spec: int | None = None
         self._echo_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
+        # event ids: a per-session random prefix and a counter (uuid4 per event costs ~8x more)
+        self._id_prefix = uuid.uuid4().hex[:12]
+        self._event_counter = 0
         self._actions: list[act.Action] = []
         self.closed = False
         #: extension: the secret a client presents to resume this session after a disconnect
@@ -110,7 +113,8 @@ class RealtimeSession:
         self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0,
         response_id: str | None = None, audio: bytes | None = None,
     ) -> None:
-        event = {"event_id": f"event_{uuid.uuid4().hex[:20]}", **event}
+        self._event_counter += 1
+        event = {"event_id": f"event_{self._id_prefix}{self._event_counter:x}", **event}
         self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio))
 
     def error(self, exc: ProtocolError) -> None:

@@ -118,7 +118,9 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
     async def send(out: Outgoing) -> None:
         event = to_beta(out.event) if beta else out.event
         if event is not None:
-            await asyncio.wait_for(websocket.send_text(json.dumps(event)), SEND_TIMEOUT_S)
+            # asyncio.timeout, not wait_for: no extra task per message on the hot path
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await websocket.send_text(json.dumps(event))
 
     try:
         for out in replay:

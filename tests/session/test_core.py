@@ -278,3 +278,25 @@ def test_input_image_items_are_decoded_or_refused():
     blind = Driver(has_vad=False)
     blind.send(type="conversation.item.create", item=item)
     assert blind.events[-1]["error"]["code"] == "unsupported_feature"
+
+
+def test_a_pause_prepares_a_reply_that_more_speech_drops():
+    d = Driver()
+    d.take()
+    d.send(type="input_audio_buffer.append", audio=pcm24(2000))
+    # speech, a 128 ms pause (prepare), speech again (drop), then the real end of turn
+    d.s.on_speech_probabilities([0.9] * 10 + [0.0] * 4 + [0.9] * 5, 0.0)
+    new = d.pump()
+    specs = [a for a in new if isinstance(a, act.Speculate)]
+    drops = [a for a in new if isinstance(a, act.DropSpeculation)]
+    assert len(specs) == 1 and len(specs[0].pcm16k) > 0 and [x.spec_id for x in drops] == [specs[0].spec_id]
+    d.s.on_speech_probabilities([0.0] * 20, 19 * 32.0)
+    new = d.pump()
+    spec = next(a for a in new if isinstance(a, act.Speculate))
+    transcribe = next(a for a in new if isinstance(a, act.Transcribe))
+    assert transcribe.spec_id == spec.spec_id  # the prepared transcript is reused
+    d.s.on_transcription(transcribe.item_id, "hello")
+    start = next(a for a in d.pump() if isinstance(a, act.StartResponse))
+    assert start.spec_id == spec.spec_id
+    preview = d.s.preview_request("x")
+    assert [m.text for m in preview.messages][-2:] == ["hello", "x"]
