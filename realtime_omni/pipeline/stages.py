@@ -45,6 +45,8 @@ class PipelineSettings:
     delta_ms: float = 100.0
     #: deadline for one model step (a stuck engine fails the response instead of hanging it)
     step_timeout_s: float = 60.0
+    #: the first spoken segment of a reply may end after this many words (0: wait for a clause)
+    first_segment_words: int = 3
 
 
 @dataclass
@@ -172,6 +174,7 @@ class ResponsePipeline:
 
     async def _talker(self, epoch: int, request: ThinkRequest, inbox: asyncio.Queue[Chunk[ThinkerOutput]], out: asyncio.Queue[Chunk[TalkerOutput]]) -> None:
         pending: list[ThinkerOutput] = []
+        spoken_any = False
 
         async def forward(piece: TalkerOutput) -> None:
             if self.is_current():
@@ -193,6 +196,8 @@ class ResponsePipeline:
                 while pending:
                     if self._local_boundary:
                         cut = self.model.talk_boundary(pending, final)
+                        if cut <= 0 and not spoken_any:
+                            cut = _eager_first_cut(pending, self.settings.first_segment_words)
                     else:  # an engine's own segmentation may call into a model (or a worker process)
                         cut = await asyncio.get_running_loop().run_in_executor(
                             self.executor, self.model.talk_boundary, list(pending), final
@@ -200,6 +205,7 @@ class ResponsePipeline:
                     if cut <= 0:
                         break
                     segment, pending = pending[:cut], pending[cut:]
+                    spoken_any = True
                     await speak(segment, final and not pending)
                 if final:
                     return
@@ -240,6 +246,20 @@ class ResponsePipeline:
         await clock.wait()
         await sink.audio(wire, text)
         clock.advance(fmt.duration_ms(len(wire)))
+
+
+def _eager_first_cut(pending: list[ThinkerOutput], words: int) -> int:
+    """The reply's first segment may end after ``words`` words even without punctuation, so the
+    first audio does not wait for a whole sentence (a small prosody cost, once per reply)."""
+    if words <= 0:
+        return 0
+    text = ""
+    for index, out in enumerate(pending):
+        text += out.text
+        # a word is complete once whitespace follows it
+        if len(text.split()) > words or (len(text.split()) == words and text[-1:].isspace()):
+            return index + 1
+    return 0
 
 
 class _Failure:

@@ -322,8 +322,11 @@ class SessionRunner:
             spec = self._spec
             if spec is not None and action.spec_id == spec.spec_id and spec.request is not None \
                     and spec.transcript.done() and same_request(spec.request, action.request):
+                log.debug("session %s: adopting prepared reply (%d outputs held)", self.core.id, len(spec.held))
                 self._adopt(spec, action)
             else:
+                if spec is not None:
+                    log.debug("session %s: prepared reply does not match; starting afresh", self.core.id)
                 self._drop_speculation()
                 self._response_task = asyncio.create_task(self._respond(action))
         elif isinstance(action, act.CancelResponse):

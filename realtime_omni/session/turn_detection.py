@@ -47,7 +47,7 @@ class TurnDetector:
         silence_duration_ms: int,
         frame_ms: float = 32.0,
         min_speech_frames: int = 2,
-        speculate_after_ms: float | None = 96.0,
+        speculate_after_ms: float | None = 64.0,
     ):
         self.threshold = threshold
         self.release = max(threshold - 0.15, 0.01)
