@@ -146,6 +146,12 @@ class SessionRunner:
             self._drain = None
             await self.close("resume_grace_expired")
 
+    def resumed_event(self, replayed: int, gap: bool) -> dict[str, Any]:
+        """Extension event opening a resumed connection (not numbered: it belongs to the link)."""
+        return {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
+                "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
+                "last_client_event_id": self.last_client_event_id}
+
     async def attach(self, last_seq: int) -> tuple[list[Outgoing], bool]:
         """A client resumed: stop journaling on its behalf; returns (missed events, gap)."""
         if self._drain is not None:

@@ -61,10 +61,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         await websocket.close(code=1013 if code == "session_limit_reached" else 1008, reason=code)
         return
     if token:
-        resumed = {"type": "session.resumed", "event_id": "event_resumed", "session": runner.core.session_dict(),
-                   "replayed": len(replay), "gap": gap, "last_sequence_number": runner.journal.last_seq,
-                   "last_client_event_id": runner.last_client_event_id}
-        await websocket.send_text(json.dumps(resumed))
+        await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))
     elif bound_session:
         await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
 

@@ -25,7 +25,8 @@ from realtime_omni.transports.webrtc.client import WebRTCClient
 from ..helpers import assert_valid_server_event
 from ..server import ServerThread
 
-FAST = {"webrtc_peer_timeout_s": 2.0, "webrtc_datachannel_timeout_s": 1.5, "webrtc_connect_timeout_s": 5.0}
+FAST = {"webrtc_peer_timeout_s": 2.0, "webrtc_datachannel_timeout_s": 1.5, "webrtc_connect_timeout_s": 5.0,
+        "resume_grace_s": 1.0}
 NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
@@ -206,6 +207,45 @@ async def test_hangup_and_peer_loss_release_everything(echo_server) -> None:
     # the server notices the silence (webrtc_peer_timeout_s=2) and releases the call
     await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions, 15)
     await wait_until(lambda: open_peer_connections() == base_pcs)
+
+
+async def test_a_lost_call_resumes_with_a_new_offer(echo_server) -> None:
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    created = await client.wait_for("session.created")
+    token = created["session"]["resume_token"]
+    client.send({"type": "session.update", "session": {"type": "realtime", "instructions": "remember me"}})
+    updated = await client.wait_for("session.updated")
+    session_id = created["session"]["id"]
+    await client.close(hangup=False)  # the peer is lost, not hung up
+    await wait_until(lambda: live_calls(echo_server) == 0)
+    assert session_id in echo_server.manager.sessions  # kept for the grace period
+
+    again = WebRTCClient(f"{echo_server.http}", model="echo")
+    again.post_offer = _with_query(again.post_offer, echo_server.http,
+                                   {"resume_token": token, "last_sequence_number": updated["sequence_number"]})
+    await again.connect()
+    resumed = await again.wait_for("session.resumed")
+    assert resumed["session"]["id"] == session_id and resumed["session"]["instructions"] == "remember me"
+    assert resumed["gap"] is False
+    await again.close()
+    await wait_until(lambda: not echo_server.manager.sessions)
+
+    # a token nobody holds any more
+    stale = WebRTCClient(echo_server.http, model="echo")
+    stale.post_offer = _with_query(stale.post_offer, echo_server.http, {"resume_token": token})
+    with pytest.raises(ConnectionError, match="resume_token_invalid"):
+        await stale.connect()
+    await stale.close(hangup=False)
+
+
+def _with_query(post_offer, base: str, params: dict):
+    async def post(sdp: str):
+        async with httpx.AsyncClient(timeout=30.0) as http:
+            r = await http.post(f"{base}/v1/realtime/calls", params={"model": "echo", **params}, content=sdp,
+                                headers={"Content-Type": "application/sdp"})
+        return r.status_code, r.text, r.headers
+    return post
 
 
 # ---------------------------------------------------------------------------------- (d) bad input

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from ...protocol import parse_client_event
 from ...protocol.errors import ProtocolError
-from ...session.manager import SessionLimitError, SessionManager, UnknownModelError
+from ...session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
 from .ice import local_addresses, parse_ice_servers
 from .peer import Peer, WebRTCOptions, new_call_id
 
@@ -181,15 +181,28 @@ async def create_call(request: Request) -> Response:
     except ProtocolError as exc:
         return error(400, exc.code, exc.message, f"session.{exc.param}" if exc.param else "session")
     model = request.query_params.get("model") or (session or {}).get("model")
+    token = request.query_params.get("resume_token")
+    preface: list[dict[str, Any]] = []
     try:
-        runner = manager.open(model)
+        if token:  # a new offer carrying the token resumes the session of a lost call
+            last_seq = int(request.query_params.get("last_sequence_number") or 0)
+            runner, replay, gap = await manager.resume(token, last_seq)
+            # missed events go on the data channel first; missed audio is stale and is not replayed
+            missed = [o.event for o in replay if o.event["type"] != "response.output_audio.delta"]
+            preface = [runner.resumed_event(len(missed), gap), *missed]
+        else:
+            runner = manager.open(model)
     except SessionLimitError as exc:
         return error(503, "session_limit_reached", str(exc))
     except UnknownModelError as exc:
         return error(400, "model_not_found", str(exc), "model")
+    except (ResumeError, ValueError) as exc:
+        return error(404, "resume_token_invalid", str(exc), "resume_token")
     if update is not None:
         await runner.submit(update)  # first in the mailbox: before any audio or client event
     peer = Peer(new_call_id(), runner, reg.options, reg.forget)
+    peer.resume_grace_s = manager.resume_grace_s
+    peer.preface(preface)
     reg.add(peer)
     try:
         answer = await asyncio.wait_for(peer.answer(offer), ANSWER_TIMEOUT_S)

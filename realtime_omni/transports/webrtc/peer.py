@@ -66,6 +66,9 @@ class Peer:
         self.id = call_id
         self.runner = runner
         self.options = options
+        #: a lost peer leaves its session resumable this long (a new offer with the token)
+        self.resume_grace_s = 0.0
+        runner.kick = lambda: self.hangup("superseded")  # a resume elsewhere takes the session over
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
         live = options.live_max_ms if runner.core.echo else None  # echo: a live stream, not paced ahead
@@ -343,6 +346,10 @@ class Peer:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.runner.submit(json.dumps(truncate)), 1.0)
 
+    def preface(self, events: list[dict[str, Any]]) -> None:
+        """Events to send before anything else once the data channel opens (a resume's replay)."""
+        self._early.extend(events)
+
     async def _send(self, event: dict[str, Any]) -> None:
         channel = self.channel
         if channel is None:
@@ -370,19 +377,24 @@ class Peer:
 
     async def _close(self, reason: str) -> None:
         log.info("call %s (session %s) ends: %s", self.id, self.runner.core.id, reason)
-        try:
-            await self.runner.close(reason if reason != "hangup" else "client_closed")
-        except Exception:  # noqa: BLE001 - keep releasing
-            log.exception("call %s: closing the session failed", self.id)
+        # A lost peer (not a hang-up) leaves the session running and resumable for the grace period.
+        resumable = reason in _LOSS_REASONS and self.resume_grace_s > 0 and not self.runner.closed.is_set()
+        if not resumable:
+            try:
+                await self.runner.close(reason if reason != "hangup" else "client_closed")
+            except Exception:  # noqa: BLE001 - keep releasing
+                log.exception("call %s: closing the session failed", self.id)
         self.track.stop()
         tasks = list(self._tasks)
         writer = [t for t in tasks if t.get_name().endswith("-writer")]
-        if writer:  # let it send the session's last events (the runner has woken it with None)
+        if writer and not resumable:  # let it send the session's last events (the runner woke it with None)
             await asyncio.wait(writer, timeout=2.0)
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=5.0)
+        if resumable:
+            self.runner.detach(self.resume_grace_s)  # after our writer stopped reading its outbox
         try:
             await asyncio.wait_for(self.pc.close(), 10.0)
         except Exception:  # noqa: BLE001
@@ -406,6 +418,11 @@ class Peer:
             "skipped_ms": round(self.track.skipped_ms, 1),
             "video_frames": self.video.frames_seen,
         }
+
+
+# How a call can end without the client meaning to end the session.
+_LOSS_REASONS = frozenset({"connection_failed", "connection_closed", "data_channel_closed", "peer_timeout",
+                           "data_channel_stalled", "superseded"})
 
 
 def new_call_id() -> str:
