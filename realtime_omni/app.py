@@ -23,6 +23,7 @@ from .security import AuthError, Guard
 from .session.manager import SessionManager
 from .session.runner import RunnerLimits
 from .session.store import open_store
+from .transports.twilio import twilio_routes
 from .transports import webrtc
 from .transports.websocket import realtime_websocket
 
@@ -124,6 +125,7 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         Route("/metrics", metrics_endpoint),
         Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
         WebSocketRoute("/v1/realtime", realtime_websocket),
+        *twilio_routes(),
         *webrtc.routes(),
     ]
     web_dir = Path(settings.web_dir) if settings.web_dir else Path(__file__).resolve().parent.parent / "web"

@@ -16,4 +16,13 @@ if [ -f .ci/apt-packages.txt ] && command -v apt-get >/dev/null; then
 fi
 
 python3 -m pip install -q -e '.[embedded,omni,test]'
+
+# FastRTC pins older starlette/pydantic/pillow than the server uses, so its integration tests run in
+# their own virtualenv layered on this environment (the main run then skips them).
+if [ "${SKIP_FASTRTC:-0}" != 1 ] && [ $# -eq 0 ]; then
+  [ -x .venv-fastrtc/bin/python ] || python3 -m venv --system-site-packages .venv-fastrtc
+  .venv-fastrtc/bin/python -m pip install -q 'fastrtc>=0.0.30' 'gradio>=5'
+  .venv-fastrtc/bin/python -m pytest -q -p no:cacheprovider tests/integrations
+fi
+
 exec python3 -m pytest "$@"

@@ -1,0 +1,1 @@
+"""Adapters that plug realtime_omni into other frameworks (each imports its framework lazily)."""

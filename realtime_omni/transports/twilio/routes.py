@@ -1,0 +1,81 @@
+"""HTTP and WebSocket endpoints of the Twilio bridge.
+
+``POST /v1/telephony/twilio/voice`` is the number's voice webhook: it answers TwiML that connects
+the call to ``/v1/telephony/twilio/stream`` (a bidirectional Media Stream). Query parameters of the
+webhook URL (``?instructions=...&voice=...&model=...``) become ``<Parameter>`` elements, which
+Twilio hands back in the stream's ``start.customParameters``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from . import messages as tw
+from .call import TwilioCall
+
+log = logging.getLogger(__name__)
+
+VOICE_PATH = "/v1/telephony/twilio/voice"
+STREAM_PATH = "/v1/telephony/twilio/stream"
+#: when set, webhook requests must carry a valid X-Twilio-Signature
+AUTH_TOKEN_ENV = "REALTIME_OMNI_TWILIO_AUTH_TOKEN"
+MAX_PARAMETERS = 32
+MAX_PARAMETER_CHARS = 4096
+
+
+def set_call_hook(app: Starlette, hook: Callable[[TwilioCall], Any] | None) -> None:
+    """Run ``hook(call)`` when each call's stream starts (e.g. ``call.add_listener(...)``)."""
+    app.state.twilio_call_hook = hook
+
+
+def _first(value: str | None) -> str | None:
+    return value.split(",")[0].strip() if value else None
+
+
+def public_base(request: Request) -> tuple[str, str]:
+    """(scheme, host) as the caller's side sees this server, proxies included."""
+    scheme = (_first(request.headers.get("x-forwarded-proto")) or request.url.scheme).lower()
+    host = _first(request.headers.get("x-forwarded-host")) or request.headers.get("host") or request.url.netloc
+    return scheme, host.strip()
+
+
+async def twilio_voice(request: Request) -> Response:
+    scheme, host = public_base(request)
+    root = request.scope.get("root_path", "")
+    token = os.environ.get(AUTH_TOKEN_ENV)
+    if token:
+        form: dict[str, str] = {}
+        if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            form = dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
+        url = f"{scheme}://{host}{root}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+        if not tw.valid_signature(token, request.headers.get("x-twilio-signature", ""), url, form):
+            log.warning("twilio voice webhook: bad signature for %s", url)
+            return PlainTextResponse("invalid Twilio signature", status_code=403)
+    parameters = {
+        k: v for k, v in list(request.query_params.items())[:MAX_PARAMETERS] if v and len(k) + len(v) <= MAX_PARAMETER_CHARS
+    }
+    ws_scheme = "wss" if scheme in ("https", "wss") else "ws"
+    twiml = tw.connect_stream_twiml(f"{ws_scheme}://{host}{root}{STREAM_PATH}", parameters)
+    return Response(twiml, media_type="application/xml")
+
+
+async def twilio_stream(websocket: WebSocket) -> None:
+    hook = getattr(websocket.app.state, "twilio_call_hook", None)
+    await TwilioCall(websocket, websocket.app.state.manager, hook).run()
+
+
+def twilio_routes() -> list[BaseRoute]:
+    return [
+        Route(VOICE_PATH, twilio_voice, methods=["GET", "POST"]),
+        WebSocketRoute(STREAM_PATH, twilio_stream),
+    ]
