@@ -14,7 +14,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
+
+from ..server_thread import free_port
 
 __all__ = [
     "ServerProcess",
@@ -37,12 +38,6 @@ __all__ = [
     "sched_seconds",
     "tree_cpu_seconds",
 ]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def parse_cpus(spec: str | None) -> set[int] | None:

@@ -319,35 +319,22 @@ class InProcessServer:
     the bridge's calls and see the end-of-turn decision Twilio's wire does not carry."""
 
     def __init__(self, models: list[str], hook: Callable[[Any], Any] | None) -> None:
-        import uvicorn
-
-        from ..app import create_app
-        from ..config import ServerSettings
         from ..engines.registry import ModelRegistry
+        from ..server_thread import ServerThread
         from ..transports.twilio import set_call_hook
-        from . import free_port
 
         self.registry = ModelRegistry()
         self.registry.load(models)
-        self.port = free_port()
-        self.app = create_app(ServerSettings(host="127.0.0.1", port=self.port, models=models), registry=self.registry)
+        self.thread = ServerThread(self.registry, models=models, session_store="none")
+        self.port, self.app = self.thread.port, self.thread.app
         set_call_hook(self.app, hook)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="bench-telephony-server", daemon=True)
 
     def __enter__(self) -> "InProcessServer":
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("in-process server did not start")
-            time.sleep(0.02)
+        self.thread.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
+        self.thread.__exit__(*exc)
         self.registry.close()
 
 
