@@ -105,7 +105,9 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
         # piecewise (a late input frame may shift the rest of the echo by one 20 ms frame)
         pieces = [best_alignment(got, sent[i : i + 4800]) + (i,) for i in range(0, len(sent) - 4800 + 1, 4800)]
         peaks = sorted(p for _, p, _ in pieces)
-        assert peaks[len(peaks) // 2] > 0.8, f"echo does not match what was sent (correlations {peaks})"
+        # client and server share one process (and its GIL) here, so an underrun can blur a few
+        # pieces; an echo that is not what was sent matches none of them
+        assert sum(p > 0.9 for p in peaks) >= 0.4 * len(peaks), f"echo does not match what was sent (correlations {peaks})"
         delays = [(lag - i) / 48 for lag, _, i in pieces]
         assert 0 < min(delays) and max(delays) < 400, f"echo delays {delays} ms"
 
