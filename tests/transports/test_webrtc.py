@@ -92,11 +92,12 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
         assert updated["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
 
         sent = chirp(1.0)
-        await asyncio.sleep(0.2)
-        t0 = time.monotonic()
-        client.source.play(sent)
+        await asyncio.sleep(1.0)  # let both ends settle: codecs, jitter buffers, the echo stream
         started = await client.wait_for("output_audio_buffer.started", timeout=5)
-        t_started = time.monotonic()
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        played_before = peer.runner.core.ledger.sent_ms(started["response_id"])
+        t0 = t_started = time.monotonic()
+        client.source.play(sent)
         await asyncio.sleep(1.6)
         got = client.audio_since(t0)
 
@@ -120,9 +121,8 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
 
         # playback truth: the track reported what it played (the echo of silence included) into
         # the session's ledger, frame by frame, in step with the wall clock
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
         elapsed = 1000 * (time.monotonic() - t_started)
-        played = peer.runner.core.ledger.sent_ms(started["response_id"])
+        played = peer.runner.core.ledger.sent_ms(started["response_id"]) - played_before
         # never ahead of the wall clock; behind it only by underruns (a loaded 2-core machine)
         assert 0.5 * elapsed < played < elapsed + 100, (played, elapsed)
 

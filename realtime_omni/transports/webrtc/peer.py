@@ -56,7 +56,7 @@ class WebRTCOptions:
     #: outgoing audio queued on the track at most (the session paces ~1.5 s ahead)
     max_queue_ms: float = 5000.0
     #: live streams (echo) keep at most this much backlog on the track
-    live_max_ms: float = 60.0
+    live_max_ms: float = 100.0
 
 
 class Peer:
