@@ -238,9 +238,9 @@ async def run_turns(url: ServerURL, model: str, turns: int, prefetch: int | None
             mark = len(client.events)
             sent_at = time.monotonic()
             client.source.play(speech[index])
-            stopped = await client.wait_for("input_audio_buffer.speech_stopped", 30, mark)
+            await client.wait_for("input_audio_buffer.speech_stopped", 30, mark)
             t_stop = time.monotonic()
-            started = await client.wait_for("output_audio_buffer.started", 30, mark)
+            await client.wait_for("output_audio_buffer.started", 30, mark)
             t_started = time.monotonic()
             first = None
             deadline = time.monotonic() + 5

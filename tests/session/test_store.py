@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from realtime_omni.session.store import RedisStore, SQLiteStore, open_store, token_hash
 
