@@ -382,7 +382,9 @@ def main(args: argparse.Namespace) -> int:
         notes=["Round trip = burst onset sent on the client's track → its echo's onset on the client's received track: "
                "both directions of Opus/RTP, both jitter buffers, the session and the paced outgoing track.",
                "The clients run in one process on their own core; when its CPU nears 100 % the latency it reports grows "
-               "with its own lag."],
+               "with its own lag.",
+               f"The server is pinned to CPU(s) {args.server_cpus}: the spoken turns' ASR, LLM and TTS share that one core "
+               "(the WebSocket latency benchmark runs its server on both cores)."],
         plot=_plot(levels) if levels else None,
     )
     report.duration_s = time.monotonic() - started
