@@ -379,9 +379,7 @@ class RealtimeSession:
     def preview_request(self, transcript: str) -> ThinkRequest:
         """The request the next response would make if the pending user turn says ``transcript``
         (for speculation; the driver compares it with the real one before adopting)."""
-        request = self._think_request({}, Response(
-            id="", epoch=0, item=Item(id="", role="assistant"), modalities=list(self.config.output_modalities),
-            output_format=self.config.output_format, voice=self.config.voice, max_output_tokens=self.config.max_output_tokens))
+        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio)
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
 
@@ -457,20 +455,18 @@ class RealtimeSession:
         response.start_events(self._emit, previous)
         if self.rate_limits is not None:
             self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
-        self._pending_request = self._think_request(params, response)
+        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens, response.wants_audio)
         self._pending_input = params.get("input")
         self._pending_spec = spec_id
         self._maybe_start_pipeline()
 
-    def _think_request(self, params: dict[str, Any], response: Response) -> ThinkRequest:
-        limit = response.max_output_tokens
-        instructions = params.get("instructions")
+    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool) -> ThinkRequest:
         return ThinkRequest(
             instructions=self.config.instructions if instructions is None else instructions,
             messages=[],  # filled when the pipeline starts, after pending transcripts arrive
             max_output_tokens=None if limit == "inf" else int(limit),
             voice=self.config.voice,
-            want_audio=response.wants_audio,
+            want_audio=want_audio,
         )
 
     def _messages(self, params_input: list[dict[str, Any]] | None) -> list[TurnMessage]:
@@ -478,7 +474,7 @@ class RealtimeSession:
             return self.conversation.to_messages()
         messages = []
         for data in params_input:
-            item = self.conversation.get(data["id"], param="response.input") if data.get("type") == "item_reference" else item_from_client(data, self.sees)
+            item = item_from_client(data, self.sees)
             messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))
         return messages
 
@@ -489,7 +485,13 @@ class RealtimeSession:
         response.pipeline_started = True
         request = self._pending_request
         assert request is not None
-        request.messages = self._messages(self._pending_input)
+        try:
+            request.messages = self._messages(self._pending_input)
+        except ProtocolError as exc:  # an input item this model cannot take: fail this response only
+            self.error(exc)
+            response.finish(self._emit, "failed", error=exc.to_error())
+            self.response = None
+            return
         self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format, self._pending_spec))
 
     def _cancel_active(self, reason: str, heard_ms: float | None = None) -> None:

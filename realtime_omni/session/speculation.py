@@ -141,7 +141,8 @@ class SpeculativeTurns:
         if spec.finished is not None:
             core.on_response_end(action.response_id, action.epoch, *spec.finished)
         # the response's own cancel path now reaches the prepared pipeline
-        action.request.cancelled = spec.request.cancelled if spec.request else action.request.cancelled
+        assert spec.request is not None  # adoption requires a matching prepared request
+        action.request.cancelled = spec.request.cancelled
         self._response_task = spec.task
         self._spec = None
         self.speculations_adopted += 1

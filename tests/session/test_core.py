@@ -300,3 +300,16 @@ def test_a_pause_prepares_a_reply_that_more_speech_drops():
     assert start.spec_id == spec.spec_id
     preview = d.s.preview_request("x")
     assert [m.text for m in preview.messages][-2:] == ["hello", "x"]
+
+
+def test_a_response_whose_input_the_model_cannot_take_ends_failed_once():
+    d = Driver(has_vad=False)
+    d.take()
+    image = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}
+    d.send(type="response.create", response={"input": [image]})
+    types = d.types()
+    assert types.count("response.created") == 1 and types.count("response.done") == 1
+    assert [e["error"]["code"] for e in d.events if e["type"] == "error"] == ["unsupported_feature"]
+    assert d.events[-1]["response"]["status"] == "failed"
+    new = d.send(type="response.create")  # the session goes on
+    assert any(isinstance(a, act.StartResponse) for a in new)
