@@ -52,18 +52,13 @@ class SessionConfig(BaseModel):
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities
 
-    def token_limit(self) -> int | None:
-        return None if self.max_output_tokens == "inf" else int(self.max_output_tokens)
-
     def apply(self, update: dict[str, Any], *, audio_started: bool) -> None:
         """Apply a (validated, GA-shaped) ``session.update`` payload; only present keys change."""
         if "instructions" in update and update["instructions"] is not None:
             self.instructions = update["instructions"]
         if update.get("output_modalities") is not None:
-            mods = update["output_modalities"]
-            if not mods or len(mods) > 1 and "text" in mods and "audio" in mods:
-                mods = ["audio"] if "audio" in mods else ["text"]
-            self.output_modalities = list(mods)
+            # GA allows one of the two; ["text", "audio"] (beta) means audio with its transcript
+            self.output_modalities = ["audio"] if "audio" in update["output_modalities"] else ["text"]
         if "max_output_tokens" in update and update["max_output_tokens"] is not None:
             self.max_output_tokens = update["max_output_tokens"]
         audio = update.get("audio") or {}
