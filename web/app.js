@@ -273,7 +273,9 @@ async function disconnect() {
   clearInterval(micTimer);
   statsTimer = micTimer = null;
   if (callUrl && wasConnected) {
-    fetch(callUrl, { method: "DELETE" }).catch(() => {});
+    // Hang up before closing the connection: a peer that just goes away leaves its session
+    // resumable for the grace period, a hang-up ends it.
+    await fetch(callUrl, { method: "DELETE", signal: AbortSignal.timeout(2000) }).catch(() => {});
   }
   callUrl = null;
   if (dc) { dc.onclose = null; dc.close(); }
