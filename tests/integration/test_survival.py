@@ -176,6 +176,11 @@ async def test_abrupt_disconnects_leak_nothing(registry):
         assert srv.manager.sessions == {}
         assert srv.manager.total_opened >= 200
         assert task_count() <= tasks_before + 2
+        # A session's llama.cpp context may still be under construction on the engine's loader
+        # thread when the session closes; it is freed as soon as it exists. Give that a moment.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (_rss_mb() - rss_before >= 40 or len(os.listdir("/proc/self/fd")) > fds_before + 5):
+            await asyncio.sleep(0.2)
         assert len(os.listdir("/proc/self/fd")) <= fds_before + 5
         growth = _rss_mb() - rss_before
         print(f"RSS growth over 200 abrupt disconnects: {growth:.1f} MB")
