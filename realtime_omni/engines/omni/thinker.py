@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
+from .graphs import StaticDecoder
 from .loader import LoadedOmni, audio_token_count
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,7 @@ class ThinkerContext:
     """The thinker's kept context for one session."""
 
     def __init__(self) -> None:
-        self.cache = None
+        self.decoder: StaticDecoder | None = None  # the KV cache and its captured decode step
         self.ids: list[int] = []
         self.positions = _Rows()  # (T, 3) long rotary positions
         self.src = _Rows()  # (T, D) talker source vectors
@@ -203,12 +204,8 @@ class ThinkerContext:
     def crop(self, n: int) -> None:
         """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
         n = max(0, min(n, len(self.ids)))
-        if self.cache is not None:
-            have = int(self.cache.get_seq_length())
-            if have > n:
-                # a negative count removes tokens in every transformers version (5.24 accepts
-                # only that form; older ones also took the absolute length)
-                self.cache.crop(n - have)
+        if self.decoder is not None:
+            self.decoder.crop(n)
         del self.ids[n:]
         del self.mm[n:]
         self.positions.crop(n)
@@ -220,7 +217,9 @@ class ThinkerContext:
         self.next_pos = int(self.positions.view().max()) + 1 if n else 0
 
     def free(self) -> None:
-        self.cache = None
+        if self.decoder is not None:
+            self.decoder.release()
+        self.decoder = None
         self.ids.clear()
         self.mm.clear()
         self.positions.clear()
@@ -387,6 +386,10 @@ class ThinkerSettings:
     ignore_eos: bool = False
     #: prompt + reply budget; older messages are dropped (and re-prefilled) past it
     max_context_tokens: int | None = None
+    #: size of the session's static KV cache (tokens); also caps the context
+    cache_tokens: int = 8192
+    #: replay the decode step as a CUDA graph (CUDA only)
+    cuda_graphs: bool = True
 
 
 class StreamingThinker:
@@ -409,7 +412,8 @@ class StreamingThinker:
             if loaded.arch == "qwen3_omni_moe" else -1
         text_cfg = tcfg.get_text_config() if hasattr(tcfg, "get_text_config") else tcfg.text_config
         self._text_cfg = text_cfg
-        self._max_positions = int(getattr(text_cfg, "max_position_embeddings", 32768))
+        self._cache_len = max(64, int(settings.cache_tokens))
+        self._max_positions = min(int(getattr(text_cfg, "max_position_embeddings", 32768)), self._cache_len)
         self._sampler = self._make_sampler()
         # only the hidden states the talker reads (transformers >= 5.2x selects by index; older
         # versions take a flag and return them all)
@@ -488,8 +492,24 @@ class StreamingThinker:
 
     @property
     def cache_length(self) -> int:
-        cache = self.ctx.cache
-        return int(cache.get_seq_length()) if cache is not None else 0
+        decoder = self.ctx.decoder
+        return len(decoder) if decoder is not None else 0
+
+    def prepare(self) -> None:
+        """Allocate the KV cache and capture the decode step now (at session open) rather than
+        on the first reply: one throw-away token is run and cut off again."""
+        import torch
+
+        with self.lock, torch.inference_mode():
+            if self.closed or self.ctx.ids:
+                return
+            decoder = self._decoder()
+            if decoder.graph is None or not decoder.graph.enabled or decoder.graph.captured:
+                return
+            first = self.loaded.tokens.im_start
+            self._forward(torch.tensor([[first]], dtype=torch.long), torch.zeros((3, 1), dtype=torch.long), {})
+            decoder.graph.capture()
+            decoder.crop(0)
 
     def close(self) -> None:
         with self.lock:
@@ -712,6 +732,9 @@ class StreamingThinker:
             grid_t = torch.tensor(grids, dtype=torch.long)
             mm_kwargs["image_grid_thw"] = grid_t.to(device)
 
+        if base + len(ids) >= self._max_positions:
+            raise ValueError(f"the conversation needs {base + len(ids)} context tokens; this session holds "
+                             f"{self._max_positions - 1}")
         input_ids = torch.tensor([ids], dtype=torch.long)
         positions = self._positions(input_ids, grid_t, lengths) + ctx.next_pos  # (3, n)
         try:
@@ -744,33 +767,42 @@ class StreamingThinker:
         )
         return pos[:, 0, :].round().long()
 
-    def _forward(self, input_ids, positions, mm_kwargs):
+    def _decoder(self) -> StaticDecoder:
+        ctx = self.ctx
+        if ctx.decoder is None:
+            import torch
+
+            device = self.loaded.device
+            decoder = StaticDecoder(self._text_cfg, self._cache_len, device, graphs=self.settings.cuda_graphs,
+                                    name="thinker step")
+            ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+            positions = torch.zeros((3, 1), dtype=torch.long, device=device)
+            decoder.bind(lambda: self._forward(ids, positions, {}, decoder))
+            decoder.inputs = (ids, positions)
+            ctx.decoder = decoder
+        return ctx.decoder
+
+    def _forward(self, input_ids, positions, mm_kwargs, decoder: StaticDecoder | None = None):
         """One thinker forward over new tokens; returns last-token logits and talker vectors."""
         import torch
-        from transformers.cache_utils import DynamicCache
 
         loaded = self.loaded
-        ctx = self.ctx
-        if ctx.cache is None:
-            try:
-                ctx.cache = DynamicCache(config=self._text_cfg)
-            except TypeError:
-                ctx.cache = DynamicCache()
+        decoder = decoder or self._decoder()
         device = loaded.device
-        kwargs = {loaded.cache_kwarg: ctx.cache}
+        ids = input_ids.to(device)
         out = loaded.thinker.model(
-            input_ids=input_ids.to(device),
+            input_ids=ids,
             position_ids=positions.to(device).view(3, 1, -1),
             use_cache=True,
             output_hidden_states=self._hidden_select,
             return_dict=True,
-            **kwargs,
+            **{loaded.cache_kwarg: decoder.cache},
             **mm_kwargs,
         )
         hidden = out.hidden_states
         last = out.last_hidden_state
         logits = loaded.thinker.lm_head(last[:, -1:, :])[:, -1, :].float()
-        ids = input_ids[0].to(device)
+        ids = ids[0]
         mm = (ids == loaded.tokens.audio)
         if loaded.tokens.image is not None:
             mm |= ids == loaded.tokens.image
@@ -796,7 +828,12 @@ class StreamingThinker:
 
         positions = torch.full((3, 1), self.ctx.next_pos, dtype=torch.long)
         try:
-            logits, src = self._forward(torch.tensor([[token]], dtype=torch.long), positions, {})
+            decoder = self._decoder()
+            ids, pos = decoder.inputs
+            ids.fill_(token)
+            pos.fill_(self.ctx.next_pos)
+            logits, src = decoder.graph()  # replayed: the graph's buffers, copied below
+            logits, src = logits.clone(), src.clone()
         except BaseException:
             self.ctx.free()  # a half-updated KV cache: the next turn re-prefills from scratch
             raise

@@ -1,0 +1,199 @@
+"""CUDA graphs for the omni engine's fixed-shape steps.
+
+A decode step of the thinker or the talker, a code-predictor frame and a codec window are each
+a fixed-shape run of hundreds of small kernels. Launched one by one from Python they are bound
+by launch cost and by the GIL that the three stage threads share, not by the GPU. A captured
+graph replays the whole run with one launch.
+
+Off CUDA (tests, CPU serving) or with graphs turned off, the very same step function runs
+eagerly, so the code that the CPU tests check is the code that is captured. A step that cannot
+be captured (a host sync inside, an unsupported kernel) is logged once and runs eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def graphs_available(device: Any) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+class StepGraph:
+    """``step()`` reads static input tensors (owned by the caller, refreshed with ``copy_``/
+    ``fill_`` before each call) and returns output tensors. The first call captures it; later
+    calls replay. Outputs are the graph's own buffers: copy what must outlive the next call.
+
+    ``save``/``restore`` undo the side effects of the eager warm-up runs (KV-cache lengths).
+    """
+
+    def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
+                 save: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None,
+                 warmup: int = 2) -> None:
+        self.step = step
+        self.device = device
+        self.enabled = enabled and graphs_available(device)
+        self.name = name
+        self.save = save
+        self.restore = restore
+        self.warmup = warmup
+        self.graph: Any = None
+        self.outputs: Any = None
+        self.failed = False
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self) -> Any:
+        if self.enabled and self.graph is None and not self.failed:
+            self.capture()
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        return self.step()
+
+    def capture(self) -> bool:
+        import torch
+
+        state = self.save() if self.save is not None else None
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.step()
+                    if self.restore is not None:
+                        self.restore(state)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the other stage threads keep launching their own work meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                outputs = self.step()
+            self.graph, self.outputs = graph, outputs
+            return True
+        except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
+            self.failed = True
+            self.graph = self.outputs = None
+            log.warning("omni: CUDA graph for %s not captured, running it eagerly (%s: %s)",
+                        self.name, type(exc).__name__, exc)
+            return False
+        finally:
+            if self.restore is not None:
+                self.restore(state)
+
+    def release(self) -> None:
+        self.graph = self.outputs = None
+
+
+class ShapeGraphs:
+    """Graphs of one function keyed by input shape (codec windows): ``run(key, inputs)``.
+
+    ``make(key, inputs)`` returns ``(static_inputs, step)``; ``run`` copies ``inputs`` into the
+    static tensors and replays. At most ``limit`` shapes are kept (least recently used goes).
+    """
+
+    def __init__(self, make: Callable[[Hashable, tuple], tuple[tuple, Callable[[], Any]]], *, device: Any,
+                 enabled: bool = True, name: str = "window", limit: int = 8) -> None:
+        self.make = make
+        self.device = device
+        self.enabled = enabled and graphs_available(device)
+        self.name = name
+        self.limit = limit
+        self._graphs: OrderedDict[Hashable, tuple[tuple, StepGraph]] = OrderedDict()
+        self._failed: set[Hashable] = set()
+        self._lock = threading.Lock()
+
+    def run(self, key: Hashable, inputs: tuple, eager: Callable[[], Any]) -> Any:
+        if not self.enabled or key in self._failed:
+            return eager()
+        with self._lock:
+            entry = self._graphs.get(key)
+            if entry is None:
+                static, step = self.make(key, inputs)
+                entry = (static, StepGraph(step, device=self.device, name=f"{self.name} {key}"))
+                self._graphs[key] = entry
+                while len(self._graphs) > self.limit:
+                    self._graphs.popitem(last=False)
+            self._graphs.move_to_end(key)
+            static, graph = entry
+            for dst, src in zip(static, inputs, strict=True):
+                dst.copy_(src)
+            out = graph()
+            if graph.failed:
+                self._failed.add(key)
+                self._graphs.pop(key, None)
+            return _clone(out)
+
+
+def _clone(out: Any) -> Any:
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, tuple):
+        return tuple(_clone(o) for o in out)
+    return out
+
+
+class StaticDecoder:
+    """One session's static KV cache for a transformers decoder, plus its captured one-token step.
+
+    The cache lives as long as the session (``crop`` cuts it back, as after a barge-in); its
+    length is a device tensor the graph reads, so one capture serves every position.
+    """
+
+    def __init__(self, config: Any, max_len: int, device: Any, graphs: bool = True, name: str = "decoder") -> None:
+        from transformers.cache_utils import StaticCache
+
+        self.max_len = int(max_len)
+        self.device = device
+        self.cache = StaticCache(config=config, max_cache_len=self.max_len)
+        self.graphs = graphs
+        self.name = name
+        self.graph: StepGraph | None = None
+        #: the static input tensors the bound step reads (set by the owner)
+        self.inputs: tuple[Any, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def crop(self, n: int) -> None:
+        import torch
+
+        have = len(self)
+        if have > n:
+            with torch.inference_mode():  # the lengths are inference tensors
+                self.cache.crop(max(0, n) - have)
+
+    def bind(self, step: Callable[[], Any]) -> StepGraph:
+        """Wrap ``step`` (one token through this cache, static inputs) as the replayed step."""
+        self.graph = StepGraph(step, device=self.device, enabled=self.graphs, name=self.name,
+                               save=self._save, restore=self._restore)
+        return self.graph
+
+    def _save(self) -> list[Any]:
+        return [layer.cumulative_length.clone() for layer in self.cache.layers]
+
+    def _restore(self, state: list[Any] | None) -> None:
+        import torch
+
+        if state is None:
+            return
+        with torch.inference_mode():
+            for layer, value in zip(self.cache.layers, state, strict=True):
+                layer.cumulative_length.copy_(value)
+
+    def release(self) -> None:
+        if self.graph is not None:
+            self.graph.release()
+        self.graph = None
+        self.cache = None
