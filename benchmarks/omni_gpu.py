@@ -83,6 +83,9 @@ def stream_once(model, req):
     q_codes: queue.Queue = queue.Queue(maxsize=256)
     cancelled = threading.Event()
     marks: dict[str, float] = {}
+    tokens: list[int] = []
+    codes: list = []
+    waves: list = []
     chunks: list[dict] = []
     talk_log: list[dict] = []
     errors: list[BaseException] = []
@@ -93,6 +96,8 @@ def stream_once(model, req):
             for out in session.think(req):
                 if "first_token" not in marks:
                     marks["first_token"] = time.perf_counter()
+                if out.hidden.token_id is not None and out.hidden.token_id >= 0:
+                    tokens.append(int(out.hidden.token_id))
                 q_think.put(out)
             marks["thinker_done"] = time.perf_counter()
         except BaseException as exc:  # noqa: BLE001
@@ -125,6 +130,8 @@ def stream_once(model, req):
                     talk_log.append({"frames": len(out.codes), "talk_s": now - start, "at_s": now - t0})
                     if "first_codes" not in marks:
                         marks["first_codes"] = now
+                    if out.codes is not None:
+                        codes.append(out.codes.codes.clone())
                     q_codes.put(out)
                     start = time.perf_counter()
                 if final:
@@ -143,6 +150,7 @@ def stream_once(model, req):
                 start = time.perf_counter()
                 pcm = session.decode(out)
                 end = time.perf_counter()
+                waves.append(pcm)
                 if pcm.size and "first_audio" not in marks:
                     marks["first_audio"] = end
                 chunks.append({"frames": len(out.codes), "samples": int(pcm.size), "decode_s": end - start,
@@ -157,6 +165,7 @@ def stream_once(model, req):
         th.join()
     t_end = time.perf_counter()
     outputs_prefill = session.last_prefill_tokens
+    graphs = graph_status(model, session)
     session.close()
     if errors:
         raise errors[0]
@@ -175,6 +184,10 @@ def stream_once(model, req):
     decode_rtf = [c["decode_s"] / d for c, d in zip(chunks, audio_s, strict=True) if d > 0]
     frames_total = sum(c["frames"] for c in chunks)
     return {
+        "graphs": graphs,
+        "tokens": tokens,
+        "codes": [c.tolist() for c in codes],
+        "wave": np.concatenate(waves) if waves else np.zeros(0, np.int16),
         "ttfa_ms": 1000 * rel["first_audio"] if "first_audio" in rel else None,
         "first_token_ms": 1000 * rel.get("first_token", float("nan")),
         "first_codes_ms": 1000 * rel.get("first_codes", float("nan")),
@@ -190,6 +203,49 @@ def stream_once(model, req):
         "talker_ms_per_frame": 1000 * sum(t["talk_s"] for t in talk_log) / max(1, sum(t["frames"] for t in talk_log)),
         "chunks": chunks,
         "talk_log": talk_log,
+    }
+
+
+def graph_status(model, session) -> dict:
+    """Which steps ran as replayed CUDA graphs in this session."""
+    decoder = session.thinker.ctx.decoder
+    talker = session.talker
+    return {
+        "thinker_step": bool(decoder and decoder.graph and decoder.graph.captured),
+        "talker_step": bool(talker.decoder and talker.decoder.graph and talker.decoder.graph.captured),
+        "code_predictor_frame": bool(talker.frames and talker.frames.graph.captured) if talker.frames else None,
+        "codec_windows": model.codec.windows.captured,
+    }
+
+
+def set_graphs(model, on: bool) -> None:
+    model.cuda_graphs = on
+    model.thinker_settings.cuda_graphs = on
+    model.talker_settings.cuda_graphs = on
+    model.codec.windows.enabled = on
+
+
+def check_graphs(model, req) -> dict:
+    """The same short response with CUDA graphs and eagerly: tokens, codes and audio must agree
+    (same seed, same kernels), and the eager run's timings are the before/after baseline."""
+    short = type(req)(req.instructions, req.messages, 16, req.voice, True)
+    graphed = stream_once(model, short)
+    graphed = stream_once(model, short)  # the codec captures a window shape on its second use
+    set_graphs(model, False)
+    try:
+        eager = stream_once(model, short)
+    finally:
+        set_graphs(model, True)
+    n = min(graphed["wave"].size, eager["wave"].size)
+    diff = np.abs(graphed["wave"][:n].astype(np.int32) - eager["wave"][:n].astype(np.int32))
+    return {
+        "reply_tokens": 16,
+        "tokens_equal": graphed["tokens"] == eager["tokens"],
+        "codes_equal": graphed["codes"] == eager["codes"],
+        "samples": [int(graphed["wave"].size), int(eager["wave"].size)],
+        "audio_max_abs_diff_int16": int(diff.max()) if n else None,
+        "graphed": {k: graphed[k] for k in ("graphs", "ttfa_ms", "chunk_rtf_p50", "talker_ms_per_frame")},
+        "eager": {k: eager[k] for k in ("graphs", "ttfa_ms", "chunk_rtf_p50", "talker_ms_per_frame")},
     }
 
 
@@ -253,7 +309,8 @@ def run_config(path: Path, args) -> dict:
     model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
                              max_new_tokens=args.reply_tokens, talker_max_new_tokens=args.frames + 1,
                              first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-                             left_context_frames=args.left_context_frames, seed=0, model_id=path.parent.name)
+                             left_context_frames=args.left_context_frames, seed=0, model_id=path.parent.name,
+                             cuda_graphs=args.graphs)
     _sync()
     result["build_s"] = time.perf_counter() - t0
     loaded = model.loaded
@@ -280,7 +337,20 @@ def run_config(path: Path, args) -> dict:
     runs = []
     for _ in range(args.repeats):
         runs.append(stream_once(model, req))
+    for r in runs:
+        del r["wave"], r["codes"]
     result["streaming"] = runs
+    try:
+        result["experts_implementation"] = loaded.model.get_experts_implementation()
+    except Exception as exc:  # noqa: BLE001
+        result["experts_implementation"] = repr(exc)[:200]
+    if args.check_graphs:
+        try:
+            check = check_graphs(model, req)
+        except Exception as exc:  # noqa: BLE001
+            check = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        result["graph_check"] = check
+        print(json.dumps(check, indent=1, default=float), flush=True)
     best = runs[-1]
     result["summary"] = {
         "ttfa_ms": [r["ttfa_ms"] for r in runs],
@@ -290,6 +360,9 @@ def run_config(path: Path, args) -> dict:
         "overall_rtf": [r["overall_rtf"] for r in runs],
         "talker_ms_per_frame": [r["talker_ms_per_frame"] for r in runs],
         "decode_rtf_p50": [r["decode_rtf_p50"] for r in runs],
+        "graphs": best["graphs"],
+        "thinker_ms_per_token": [
+            (r["thinker_done_ms"] - r["first_token_ms"]) / max(1, len(r["tokens"]) - 1) for r in runs],
         "audio_s": best["audio_s"],
         "frames": best["frames"],
     }
@@ -324,6 +397,9 @@ def main(argv=None) -> int:
     ap.add_argument("--left-context-frames", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-one-shot", dest="one_shot", action="store_false")
+    ap.add_argument("--no-graphs", dest="graphs", action="store_false", help="eager stages (the old baseline)")
+    ap.add_argument("--check-graphs", action="store_true",
+                    help="also run a short reply with and without CUDA graphs and compare the outputs")
     ap.add_argument("--timeouts", type=float, nargs="*", help="seconds per model (one per --config)")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
@@ -365,6 +441,10 @@ def main(argv=None) -> int:
                 cmd += [flag, str(value)]
         if not args.one_shot:
             cmd.append("--no-one-shot")
+        if not args.graphs:
+            cmd.append("--no-graphs")
+        if args.check_graphs:
+            cmd.append("--check-graphs")
         budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
         try:
             rc = subprocess.run(cmd, timeout=budget).returncode

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .graphs import ShapeGraphs
 from .loader import LoadedOmni, samples_per_code
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class CodecSettings:
     dit_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
+    #: replay each window shape as a CUDA graph (CUDA only)
+    cuda_graphs: bool = True
 
 
 class OmniCodec:
@@ -65,6 +68,7 @@ class OmniCodec:
         self.arch = loaded.arch
         self.samples_per_code = samples_per_code(loaded)
         self._speaker_cache: dict[tuple, Any] = {}
+        self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs, name="codec window")
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config
             self.repeats = int(dit.repeats)
@@ -111,7 +115,7 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = c2w(codes)
+        wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,))
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def noise(self, first: int, last: int, seed: int):
@@ -154,10 +158,16 @@ class OmniCodec:
         enc = self._speaker_cache.get(key)
         if enc is None:
             enc = self._speaker_cache[key] = encode_speaker(dit, ref, cfg)
-        mel = dit_sample(dit, cond, ref, codes, noise.to(device).float()[None],
-                         num_steps=self.settings.dit_steps, guidance_scale=self.settings.guidance_scale,
-                         sway_coefficient=self.settings.sway_coefficient, speaker_encoding=enc)
-        wav = t2w.code2wav_bigvgan_model(mel)
+        settings = self.settings
+
+        def window(codes, noise):
+            mel = dit_sample(dit, cond, ref, codes, noise, num_steps=settings.dit_steps,
+                             guidance_scale=settings.guidance_scale, sway_coefficient=settings.sway_coefficient,
+                             speaker_encoding=enc)
+            return vocode(t2w.code2wav_bigvgan_model, mel)
+
+        noise = noise.to(device).float()[None]
+        wav = self.windows.run((key, codes.shape[1]), window, (codes, noise))
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------
@@ -246,7 +256,6 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     from :func:`encode_speaker`) and the DiT forward is replayed around it.
     """
     import torch
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
     duration = codes.shape[1] * dit.repeats
     if noise.shape[1] != duration:
@@ -274,8 +283,36 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     t = torch.linspace(0, 1, num_steps, device=codes.device, dtype=cond.dtype)
     if sway_coefficient is not None:
         t = t + sway_coefficient * (torch.cos(torch.pi / 2 * t) - 1 + t)
-    solver = RungeKutta4ODESolver(function=ode_function, initial_value=noise.to(cond.dtype))
-    return solver.integrate(t)[-1].permute(0, 2, 1)
+    # the reference RungeKutta4ODESolver's steps, in its order of operations, keeping only the
+    # end point: its interpolation bookkeeping compares time tensors on the host (a sync)
+    value = noise.to(cond.dtype)
+    third = 1 / 3
+    for i in range(num_steps - 1):
+        t0, t1 = t[i], t[i + 1]
+        dt = t1 - t0
+        k1 = ode_function(t0, value)
+        k2 = ode_function(t0 + dt * third, value + dt * k1 * third)
+        k3 = ode_function(t0 + dt * (2 / 3), value + dt * (k2 - k1 * third))
+        k4 = ode_function(t1, value + dt * (k1 - k2 + k3))
+        value = value + (k1 + 3 * (k2 + k3) + k4) * dt / 8
+    return value.permute(0, 2, 1)
+
+
+def vocode(vocoder, mel):
+    """``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its final copy to the CPU (a sync a
+    CUDA graph cannot hold) and with the dB floor as a plain number (no tensor built inside)."""
+    import torch
+
+    floor = math.exp(-115 / 20.0 * math.log(10))
+    db = 20 * torch.log10(torch.clamp(torch.exp(mel), min=floor)) - 20
+    x = vocoder.normalize_spectrogram(db, 1, -115)
+    x = vocoder.conv_pre(x)
+    blocks = vocoder.num_residual_blocks
+    for i in range(vocoder.num_upsample_layers):
+        x = vocoder.ups[i][0](x)
+        x = sum(vocoder.resblocks[i * blocks + b](x) for b in range(blocks)) / blocks
+    x = vocoder.conv_post(vocoder.activation_post(x))
+    return torch.clamp(x, min=-1.0, max=1.0).squeeze()
 
 
 def encode_speaker(dit, reference_mel, cfg: bool = True):

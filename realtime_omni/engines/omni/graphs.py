@@ -95,31 +95,34 @@ class StepGraph:
 
 
 class ShapeGraphs:
-    """Graphs of one function keyed by input shape (codec windows): ``run(key, inputs)``.
+    """Graphs of one computation keyed by input shape (codec windows).
 
-    ``make(key, inputs)`` returns ``(static_inputs, step)``; ``run`` copies ``inputs`` into the
-    static tensors and replays. At most ``limit`` shapes are kept (least recently used goes).
+    ``run(key, fn, inputs)`` returns ``fn(*inputs)`` (cloned). A key is captured the second time
+    it is asked for (a reply's odd-sized last window is not worth a capture); later calls copy
+    ``inputs`` into the captured static tensors and replay. At most ``limit`` graphs are kept.
     """
 
-    def __init__(self, make: Callable[[Hashable, tuple], tuple[tuple, Callable[[], Any]]], *, device: Any,
-                 enabled: bool = True, name: str = "window", limit: int = 8) -> None:
-        self.make = make
+    def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 8) -> None:
         self.device = device
         self.enabled = enabled and graphs_available(device)
         self.name = name
         self.limit = limit
         self._graphs: OrderedDict[Hashable, tuple[tuple, StepGraph]] = OrderedDict()
+        self._seen: set[Hashable] = set()
         self._failed: set[Hashable] = set()
         self._lock = threading.Lock()
 
-    def run(self, key: Hashable, inputs: tuple, eager: Callable[[], Any]) -> Any:
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple) -> Any:
         if not self.enabled or key in self._failed:
-            return eager()
+            return fn(*inputs)
         with self._lock:
             entry = self._graphs.get(key)
             if entry is None:
-                static, step = self.make(key, inputs)
-                entry = (static, StepGraph(step, device=self.device, name=f"{self.name} {key}"))
+                if key not in self._seen:
+                    self._seen.add(key)
+                    return fn(*inputs)
+                static = tuple(t.clone() for t in inputs)
+                entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}"))
                 self._graphs[key] = entry
                 while len(self._graphs) > self.limit:
                     self._graphs.popitem(last=False)
@@ -132,6 +135,10 @@ class ShapeGraphs:
                 self._failed.add(key)
                 self._graphs.pop(key, None)
             return _clone(out)
+
+    @property
+    def captured(self) -> int:
+        return sum(1 for _, graph in self._graphs.values() if graph.captured)
 
 
 def _clone(out: Any) -> Any:

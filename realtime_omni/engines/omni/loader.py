@@ -151,6 +151,12 @@ class LoadedOmni:
         return self.model.thinker
 
     @property
+    def device_type(self) -> str:
+        import torch
+
+        return torch.device(self.device).type
+
+    @property
     def talker(self):
         return self.model.talker
 
@@ -300,6 +306,8 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
 
     if arch == "qwen2_5_omni" and getattr(model, "token2wav", None) is not None:
         model.token2wav.float()  # the DiT / BigVGAN run in float32 (as the reference generate does)
+    if arch == "qwen3_omni_moe" and torch.device(device).type == "cuda":
+        _grouped_experts(model)
     params = inspect.signature(model.thinker.model.forward).parameters
     cache_kwarg = "cache" if "cache" in params else "past_key_values"
     tokens = _special_tokens(arch, model.config, tokenizer)
@@ -308,6 +316,15 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
         feature_extractor=fe, image_processor=ip, device=torch.device(device), dtype=torch_dtype,
         tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg,
     )
+
+
+def _grouped_experts(model) -> None:
+    """MoE layers through grouped GEMMs: the eager expert loop syncs with the host per layer
+    (``nonzero``), which is slow and cannot be captured in a CUDA graph."""
+    try:
+        model.set_experts_implementation("grouped_mm")
+    except (AttributeError, ValueError, ImportError) as exc:
+        log.warning("omni: grouped-GEMM experts unavailable (%s); MoE layers run the eager loop", exc)
 
 
 def _load_tokenizer(root: Path):

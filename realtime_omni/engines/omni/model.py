@@ -68,6 +68,8 @@ class OmniModel(VoiceModel):
         attn_implementation: str | None = "sdpa",
         chars_per_second: float = 15.0,
         ignore_eos: bool = False,
+        cache_tokens: int = 8192,
+        cuda_graphs: bool = True,
         loaded: LoadedOmni | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else None
@@ -94,12 +96,15 @@ class OmniModel(VoiceModel):
         if min(self.first_chunk_frames, self.chunk_frames) < 1 or self.left_context_frames < 0:
             raise ValueError("chunk sizes must be >= 1 frame and the left context >= 0")
         self.seed = seed
+        self.cuda_graphs = bool(cuda_graphs)
         self.thinker_settings = ThinkerSettings(max_new_tokens=max_new_tokens, system_prompt=system_prompt,
-                                                do_sample=thinker_do_sample, ignore_eos=ignore_eos)
+                                                do_sample=thinker_do_sample, ignore_eos=ignore_eos,
+                                                cache_tokens=cache_tokens, cuda_graphs=self.cuda_graphs)
         self.talker_settings = TalkerSettings(
             do_sample=True if talker_do_sample is None else talker_do_sample,
             max_new_tokens=talker_max_new_tokens, first_chunk_frames=self.first_chunk_frames,
             chunk_frames=self.chunk_frames, chars_per_second=chars_per_second, ignore_eos=ignore_eos,
+            cache_tokens=cache_tokens + talker_max_new_tokens + 16, cuda_graphs=self.cuda_graphs,
         )
         self._apply_generation_config()
         self.codec: OmniCodec | None = None
@@ -140,7 +145,7 @@ class OmniModel(VoiceModel):
     def _setup_codec(self) -> None:
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
-            crossfade_ms=self.crossfade_ms, seed=self.seed or 0,
+            crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
         ))
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
@@ -227,6 +232,10 @@ class OmniSession(ModelSession):
         self._codec_stream: CodecStream | None = None
         self._codec_lock = threading.Lock()
         self.closed = False
+        if model.cuda_graphs and loaded.device_type == "cuda":
+            # allocate the static caches and capture the per-token steps before the first turn
+            self.thinker.prepare()
+            self.talker.prepare()
 
     # ModelSession -------------------------------------------------------------------------------
 
@@ -264,7 +273,7 @@ class OmniSession(ModelSession):
 
     def confirm(self, spoken_text: str) -> None:
         self.thinker.confirm(spoken_text)
-        self.talker.close()
+        self.talker.stop()
 
     def close(self) -> None:
         if self.closed:
@@ -289,5 +298,5 @@ class OmniSession(ModelSession):
 
     def crop(self, position: int) -> int:
         """Cut the thinker's context back to ``position`` tokens (barge-in by token count)."""
-        self.talker.close()
+        self.talker.stop()
         return self.thinker.crop(position)

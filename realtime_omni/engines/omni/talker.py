@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..base import TalkerOutput, ThinkerOutput
+from .graphs import StaticDecoder, StepGraph
 from .loader import LoadedOmni, samples_per_code
 from .thinker import TalkerPrompt, TokenHidden, TokenSampler
 
@@ -67,6 +68,10 @@ class TalkerSettings:
     chars_per_second: float = 15.0
     #: benchmarks only: never stop on the codec EOS (run to max_new_tokens)
     ignore_eos: bool = False
+    #: size of the session's static talker KV cache: the thinker's context + one reply's frames
+    cache_tokens: int = 8192 + 4096 + 16
+    #: replay the talker step (and Qwen3's code-predictor frame) as CUDA graphs (CUDA only)
+    cuda_graphs: bool = True
 
 
 #: the reference generate()'s talker sampling defaults
@@ -99,6 +104,32 @@ class OmniTalker:
         self.generator = generator
         self.stream: _Stream | None = None
         self.lock = threading.Lock()
+        self.kind = _Qwen25Stream if loaded.arch == "qwen2_5_omni" else _Qwen3Stream
+        # per session, reused by every reply: the static KV cache with its captured step, and
+        # (Qwen3) the code predictor's captured frame
+        self.decoder: StaticDecoder | None = None
+        self.frames: CodeFrames | None = None
+
+    def parts(self) -> tuple[StaticDecoder, CodeFrames | None]:
+        if self.decoder is None:
+            self.decoder = self.kind.new_decoder(self.loaded, self.settings)
+        if self.frames is None and self.loaded.arch != "qwen2_5_omni":
+            self.frames = CodeFrames(self.loaded, self.settings, self.generator)
+        return self.decoder, self.frames
+
+    def prepare(self) -> None:
+        """Allocate the caches and capture the steps now (at session open), not on the first reply."""
+        import torch
+
+        with self.lock, torch.inference_mode():
+            decoder, frames = self.parts()
+            graph = decoder.graph
+            if graph is not None and graph.enabled and not graph.captured:
+                self.kind.dummy_prefill(self.loaded, decoder)
+                graph.capture()
+                decoder.crop(0)
+            if frames is not None and frames.graph.enabled and not frames.graph.captured:
+                frames.graph.capture()
 
     def talk(
         self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
@@ -113,8 +144,9 @@ class OmniTalker:
                 stream = self.stream
                 if stream is None or hidden.turn > stream.turn:
                     speaker = self.loaded.speaker_for(voice)
-                    stream = self.stream = _make_stream(self.loaded, self.settings, self.generator,
-                                                        hidden.turn, hidden.prompt, speaker)
+                    decoder, frames = self.parts()
+                    stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
+                                                     hidden.turn, hidden.prompt, speaker, decoder, frames)
                 elif hidden.turn < stream.turn:
                     continue  # a stale reply
                 stream.add(out)
@@ -126,17 +158,22 @@ class OmniTalker:
         with torch.inference_mode():
             yield from stream.run(cancelled, final)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """End the running reply (barge-in); the caches and graphs stay for the next one."""
         with self.lock:
             if self.stream is not None:
                 self.stream.close()
             self.stream = None
 
-
-def _make_stream(loaded, settings, generator, turn, prompt, speaker) -> _Stream:
-    if loaded.arch == "qwen2_5_omni":
-        return _Qwen25Stream(loaded, settings, generator, turn, prompt, speaker)
-    return _Qwen3Stream(loaded, settings, generator, turn, prompt, speaker)
+    def close(self) -> None:
+        self.stop()
+        with self.lock:
+            if self.decoder is not None:
+                self.decoder.release()
+            self.decoder = None
+            if self.frames is not None:
+                self.frames.graph.release()
+            self.frames = None
 
 
 class _Stream:
@@ -145,14 +182,17 @@ class _Stream:
     frame_samples: int = 480
 
     def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator, turn: int,
-                 prompt: TalkerPrompt | None, speaker: str) -> None:
+                 prompt: TalkerPrompt | None, speaker: str, decoder: StaticDecoder,
+                 frames: CodeFrames | None = None) -> None:
         self.loaded = loaded
         self.settings = settings
         self.turn = turn
         self.prompt = prompt
         self.speaker = speaker
         self.device = loaded.device
-        self.cache = None
+        self.decoder = decoder
+        self.code_frames = frames
+        self.frame_limit = settings.max_new_tokens
         self.prefilled = False
         self.done = prompt is None  # no prompt (first output lost) → nothing to say
         self.ended = False  # the thinker's reply is complete
@@ -247,7 +287,23 @@ class _Stream:
         return 1
 
     def _max_frames(self) -> int:
-        return self.settings.max_new_tokens
+        return self.frame_limit
+
+    def _prefill_with(self, inputs, positions) -> Any:
+        """Prefill the (reused) static cache from position 0; returns the step's outputs."""
+        decoder = self.decoder
+        n = inputs.shape[1]
+        if n + 2 > decoder.max_len:
+            raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
+        decoder.crop(0)
+        self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
+        return self.forward(self.loaded, decoder, inputs, positions)
+
+    def _step_with(self, fill: Callable[..., None]) -> Any:
+        """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
+        fill(*self.decoder.inputs)
+        out = self.decoder.graph()
+        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
     def _paced_text(self, final: bool) -> str:
         if final:
@@ -263,7 +319,6 @@ class _Stream:
         return text
 
     def close(self) -> None:
-        self.cache = None
         self.logits = None
         self.done = True
 
@@ -281,13 +336,23 @@ class _Stream:
         """Sample the pending frame; append it to ``frames``; True on the codec EOS."""
         ...
 
-    def _new_cache(self, config):
-        from transformers.cache_utils import DynamicCache
+    @staticmethod
+    def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions) -> Any: ...
 
-        try:
-            return DynamicCache(config=config)
-        except TypeError:
-            return DynamicCache()
+    @classmethod
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder: ...
+
+    @classmethod
+    def dummy_prefill(cls, loaded: LoadedOmni, decoder: StaticDecoder) -> None:
+        """One throw-away token through the cache (before capturing the step at session open)."""
+        import torch
+
+        inputs = decoder.inputs
+        width = inputs[1].shape[-1] if cls is _Qwen25Stream else inputs[0].shape[-1]
+        dtype = inputs[1].dtype if cls is _Qwen25Stream else inputs[0].dtype
+        decoder.crop(0)
+        cls.forward(loaded, decoder, torch.zeros((1, 1, width), dtype=dtype, device=loaded.device),
+                    torch.zeros((3, 1), dtype=torch.long))
 
 
 class _Qwen25Stream(_Stream):
@@ -348,15 +413,32 @@ class _Qwen25Stream(_Stream):
         self.history = torch.tensor(
             [[int(cfg.tts_codec_mask_token_id)] * n_prompt
              + [int(cfg.tts_codec_pad_token_id), int(cfg.tts_codec_start_token_id)]], dtype=torch.long)
-        self.cache = self._new_cache(loaded.talker.model.config)
-        self.logits = self._forward(inputs, positions)
+        self.logits = self._prefill_with(inputs, positions)
 
-    def _forward(self, inputs, positions):
-        talker = self.loaded.talker
+    @staticmethod
+    def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions):
+        talker = loaded.talker
         x = talker.thinker_to_talker_proj(inputs.to(talker.thinker_to_talker_proj.weight.dtype))
-        out = talker.model(inputs_embeds=x, position_ids=positions.to(self.device).view(3, 1, -1),
-                           use_cache=True, return_dict=True, **{self.loaded.cache_kwarg: self.cache})
+        out = talker.model(inputs_embeds=x, position_ids=positions.to(loaded.device).view(3, 1, -1),
+                           use_cache=True, return_dict=True, **{loaded.cache_kwarg: decoder.cache})
         return talker.codec_head(out.last_hidden_state[:, -1, :]).float()
+
+    @classmethod
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+        import torch
+
+        talker = loaded.talker
+        device = loaded.device
+        decoder = StaticDecoder(talker.model.config, settings.cache_tokens, device, graphs=settings.cuda_graphs,
+                                name="talker step")
+        embed = talker.model.embed_tokens
+        width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
+        code = torch.zeros((1,), dtype=torch.long, device=device)
+        part = torch.zeros((width,), dtype=embed.weight.dtype, device=device)
+        positions = torch.zeros((3, 1), dtype=torch.long, device=device)
+        decoder.inputs = (code, part, positions)
+        decoder.bind(lambda: cls.forward(loaded, decoder, (embed(code) + part)[None], positions))
+        return decoder
 
     def _reply_part(self, s: int):
         if s < len(self.vecs):
@@ -369,14 +451,16 @@ class _Qwen25Stream(_Stream):
         return self._reply_part(self.steps) is not None
 
     def _forward_next(self) -> None:
-        import torch
-
         part = self._reply_part(self.steps)
-        code = torch.tensor([self.last_code], device=self.device)
-        inputs = (self.codec_embed(code) + part.to(self.codec_embed.weight.dtype))[None]
-        positions = torch.full((3, 1), self.pos, dtype=torch.long)
+        pos = self.pos
         self.pos += 1
-        self.logits = self._forward(inputs, positions)
+
+        def fill(code, static_part, positions) -> None:
+            code.fill_(self.last_code)
+            static_part.copy_(part)
+            positions.fill_(pos)
+
+        self.logits = self._step_with(fill)
 
     def _take_frame(self) -> bool:
         import torch
@@ -407,10 +491,6 @@ class _Qwen3Stream(_Stream):
             suppress.append(self.codec_eos)
         self.sampler = TokenSampler(do_sample=self.settings.do_sample, suppress=suppress,
                                     generator=self.generator, **self.sample_kw)
-        cp_gc = getattr(talker.code_predictor, "generation_config", None)
-        cp_temp = getattr(cp_gc, "temperature", None) or 1.0
-        self.cp_sampler = TokenSampler(do_sample=self.settings.do_sample, temperature=cp_temp, top_k=50,
-                                       top_p=0.8, generator=self.generator)
         self.embed_tokens = loaded.thinker.get_input_embeddings()
         special = torch.tensor([int(cfg.tts_bos_token_id), int(cfg.tts_eos_token_id), int(cfg.tts_pad_token_id)],
                                device=self.device)
@@ -495,15 +575,30 @@ class _Qwen3Stream(_Stream):
                                                    None)
             positions = pos[:, 0, :].round().long()
         self.pos = int(positions.max()) + 1
-        self.cache = self._new_cache(talker.model.config)
-        self.logits = self._forward(inputs, positions)
+        self.hidden, self.logits = self._prefill_with(inputs, positions)
 
-    def _forward(self, inputs, positions):
-        talker = self.loaded.talker
-        out = talker.model(inputs_embeds=inputs, position_ids=positions.to(self.device).reshape(3, 1, -1),
-                           use_cache=True, return_dict=True, **{self.loaded.cache_kwarg: self.cache})
-        self.hidden = out.last_hidden_state[:, -1:, :]
-        return talker.codec_head(self.hidden[:, -1, :]).float()
+    @staticmethod
+    def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions):
+        talker = loaded.talker
+        out = talker.model(inputs_embeds=inputs, position_ids=positions.to(loaded.device).reshape(3, 1, -1),
+                           use_cache=True, return_dict=True, **{loaded.cache_kwarg: decoder.cache})
+        hidden = out.last_hidden_state[:, -1:, :]
+        return hidden, talker.codec_head(hidden[:, -1, :]).float()
+
+    @classmethod
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+        import torch
+
+        talker = loaded.talker
+        device = loaded.device
+        decoder = StaticDecoder(talker.model.config, settings.cache_tokens, device, graphs=settings.cuda_graphs,
+                                name="talker step")
+        width = int(loaded.config.talker_config.text_config.hidden_size)
+        inputs = torch.zeros((1, 1, width), dtype=talker.codec_head.weight.dtype, device=device)
+        positions = torch.zeros((3, 1), dtype=torch.long, device=device)
+        decoder.inputs = (inputs, positions)
+        decoder.bind(lambda: cls.forward(loaded, decoder, inputs, positions))
+        return decoder
 
     def _trailing(self, k: int):
         index = 4 + k
@@ -517,13 +612,15 @@ class _Qwen3Stream(_Stream):
         return self._trailing(self.steps - 1) is not None
 
     def _forward_next(self) -> None:
-        import torch
-
         part = self._trailing(self.steps - 1)
-        inputs = (self.frame_embed + part.to(self.frame_embed.dtype))[None, None, :]
-        positions = torch.full((3, 1), self.pos, dtype=torch.long)
+        pos = self.pos
         self.pos += 1
-        self.logits = self._forward(inputs, positions)
+
+        def fill(inputs, positions) -> None:
+            inputs.copy_((self.frame_embed + part.to(self.frame_embed.dtype))[None, None, :])
+            positions.fill_(pos)
+
+        self.hidden, self.logits = self._step_with(fill)
 
     def _take_frame(self) -> bool:
         import torch
@@ -533,21 +630,80 @@ class _Qwen3Stream(_Stream):
         if c0 == self.codec_eos and not self.settings.ignore_eos:
             return True
         self.codes_hist.append(c0)
-        talker = self.loaded.talker
-        cp = talker.code_predictor
-        c0_t = torch.tensor([[c0]], device=self.device)
-        embeds = [talker.model.codec_embedding(c0_t)]  # (1, 1, H)
-        cache = self._new_cache(cp.model.config)
-        inputs = torch.cat([self.hidden.to(embeds[0].dtype), embeds[0]], dim=1)
-        codes = [c0]
-        for j in range(1, self.groups):
-            out = cp.model(inputs_embeds=inputs, use_cache=True, return_dict=True,
-                           **{self.loaded.cache_kwarg: cache})
-            logits = cp.lm_head[j - 1](out.last_hidden_state[:, -1, :]).float()
-            code = self.cp_sampler(logits, None)
-            codes.append(code)
-            inputs = cp.model.codec_embedding[j - 1](torch.tensor([[code]], device=self.device))
-            embeds.append(inputs)
-        self.frame_embed = torch.cat(embeds, dim=1).sum(dim=1)[0]  # (H,)
-        self.frames.append(torch.tensor(codes, dtype=torch.long))
+        codes, self.frame_embed = self.code_frames(self.hidden, c0)
+        self.frames.append(torch.tensor([c0, *codes], dtype=torch.long))
         return False
+
+
+class CodeFrames:
+    """Qwen3's residual codebooks of one frame: the code predictor's ``G - 1`` steps (prefill of
+    [talker hidden, embed(c0)], then one step per codebook, each sampled) as one replayed graph.
+
+    Sampling happens inside the graph (temperature → top-k → top-p, then an exponential race,
+    which draws from the same distribution as a multinomial); the uniform draws come from the
+    session's generator before each frame, so runs stay reproducible per seed.
+    """
+
+    def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator: Any = None) -> None:
+        import torch
+
+        talker = loaded.talker
+        cp = talker.code_predictor
+        device = loaded.device
+        self.groups = groups = int(loaded.config.talker_config.num_code_groups)
+        self.generator = generator if generator is not None and generator.device == torch.device(device) else None
+        self.decoder = StaticDecoder(cp.model.config, groups + 1, device, graphs=False, name="code predictor")
+        gc = getattr(cp, "generation_config", None)
+        temperature = float(getattr(gc, "temperature", None) or 1.0)
+        vocab = int(cp.lm_head[0].weight.shape[0])
+        self.top_k = top_k = min(50, vocab)
+        do_sample = bool(settings.do_sample)
+        width = int(loaded.config.talker_config.text_config.hidden_size)
+        dtype = talker.codec_head.weight.dtype
+        self.hidden = torch.zeros((1, 1, width), dtype=dtype, device=device)
+        self.c0 = torch.zeros((1, 1), dtype=torch.long, device=device)
+        self.noise = torch.full((max(1, groups - 1), top_k), 0.5, dtype=torch.float32, device=device)
+        cache = self.decoder.cache
+
+        def frame():
+            for layer in cache.layers:  # a fresh prefix every frame
+                layer.cumulative_length.zero_()
+            first = talker.model.codec_embedding(self.c0)  # (1, 1, H)
+            embeds = [first]
+            inputs = torch.cat([self.hidden.to(first.dtype), first], dim=1)
+            codes = []
+            for j in range(1, groups):
+                out = cp.model(inputs_embeds=inputs, use_cache=True, return_dict=True,
+                               **{loaded.cache_kwarg: cache})
+                logits = cp.lm_head[j - 1](out.last_hidden_state[:, -1, :]).float()
+                if do_sample:
+                    code = sample_top_k_top_p(logits[0], self.noise[j - 1], temperature, top_k, 0.8)
+                else:
+                    code = torch.argmax(logits[0], dim=-1, keepdim=True)
+                codes.append(code)
+                inputs = cp.model.codec_embedding[j - 1](code.view(1, 1))
+                embeds.append(inputs)
+            return torch.cat(codes), torch.cat(embeds, dim=1).sum(dim=1)[0]
+
+        self.graph = StepGraph(frame, device=device, enabled=settings.cuda_graphs, name="code predictor frame")
+
+    def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
+        """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""
+        self.hidden.copy_(hidden)
+        self.c0.fill_(c0)
+        self.noise.uniform_(generator=self.generator)
+        codes, embed = self.graph()
+        return codes.tolist(), embed.clone()
+
+
+def sample_top_k_top_p(logits, uniform, temperature: float, top_k: int, top_p: float):
+    """One draw from ``softmax(logits / temperature)`` cut to the top-k, then to the top-p mass;
+    ``uniform`` (k values in (0, 1)) drives an exponential race. No host sync: graph-safe."""
+    import torch
+
+    values, index = torch.topk(logits / temperature, top_k)  # sorted, largest first
+    probs = torch.softmax(values, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs
+    probs = probs * (before < top_p)  # the smallest prefix whose mass reaches top_p
+    race = probs / -torch.log(uniform.clamp_min(1e-20))
+    return index.gather(-1, torch.argmax(race, dim=-1, keepdim=True))
