@@ -12,13 +12,56 @@ be captured (a host sync inside, an unsupported kernel) is logged once and runs 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+#: per process: kind of step → whether it proved free of host syncs (see :func:`probing`)
+_verdicts: dict[str, bool] = {}
+_probing = threading.local()
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Captures made inside this block first run their step once with CUDA's sync debugging set
+    to raise, and remember per kind whether it passed; kinds that failed stay eager for good.
+
+    A capture that fails half-way can leave the CUDA RNG in capture state, so steps are checked
+    before they are captured. The check flips a process-wide CUDA setting, so it runs only where
+    nothing else uses the GPU: once, while the model loads.
+    """
+    _probing.on = True
+    try:
+        yield
+    finally:
+        _probing.on = False
+
+
+def verdicts() -> dict[str, bool]:
+    return dict(_verdicts)
+
+
+def _host_sync_in(step: Callable[[], Any]) -> str | None:
+    """Run ``step`` with host syncs turned into errors; the offending frames, or None."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return None
+    except RuntimeError as exc:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/torch/" not in f.filename]
+        where = " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.line}" for f in reversed(frames[-4:]))
+        return f"{exc} at {where}"
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def graphs_available(device: Any) -> bool:
@@ -36,12 +79,13 @@ class StepGraph:
     """
 
     def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
-                 save: Callable[[], Any] | None = None, restore: Callable[[Any], None] | None = None,
-                 warmup: int = 2) -> None:
+                 kind: str | None = None, save: Callable[[], Any] | None = None,
+                 restore: Callable[[Any], None] | None = None, warmup: int = 2) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and graphs_available(device)
         self.name = name
+        self.kind = kind or name
         self.save = save
         self.restore = restore
         self.warmup = warmup
@@ -64,7 +108,19 @@ class StepGraph:
     def capture(self) -> bool:
         import torch
 
+        if _verdicts.get(self.kind) is False:
+            self.failed = True
+            return False
         state = self.save() if self.save is not None else None
+        if getattr(_probing, "on", False) and self.kind not in _verdicts:
+            problem = _host_sync_in(self.step)
+            if self.restore is not None:
+                self.restore(state)
+            _verdicts[self.kind] = problem is None
+            if problem is not None:
+                self.failed = True
+                log.warning("omni: %s stays eager, it syncs with the host: %s", self.kind, problem)
+                return False
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -82,6 +138,7 @@ class StepGraph:
             return True
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
             self.failed = True
+            _verdicts[self.kind] = False
             self.graph = self.outputs = None
             log.warning("omni: CUDA graph for %s not captured, running it eagerly (%s: %s)",
                         self.name, type(exc).__name__, exc)
@@ -122,7 +179,8 @@ class ShapeGraphs:
                     self._seen.add(key)
                     return fn(*inputs)
                 static = tuple(t.clone() for t in inputs)
-                entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}"))
+                entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}",
+                                           kind=self.name))
                 self._graphs[key] = entry
                 while len(self._graphs) > self.limit:
                     self._graphs.popitem(last=False)

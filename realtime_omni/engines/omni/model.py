@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream, VoiceModel
+from . import graphs
 from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
 from .loader import Arch, LoadedOmni, build_random, detect_architecture, load_omni, read_config
 from .talker import CodeChunk, OmniTalker, TalkerSettings
@@ -125,7 +126,9 @@ class OmniModel(VoiceModel):
     def random(cls, config: Any, device: str = "cuda", dtype: str = "bfloat16", **kwargs) -> OmniModel:
         """Real-size model with random weights from a (reconstructed) config (benchmarks)."""
         loaded = build_random(config, device=device, dtype=dtype)
-        return cls(loaded=loaded, device=device, dtype=dtype, **kwargs)
+        model = cls(loaded=loaded, device=device, dtype=dtype, **kwargs)
+        model.warm_graphs()
+        return model
 
     def _apply_generation_config(self) -> None:
         """Talker sampling from ``generation_config.json`` (``talker_*`` keys) when present."""
@@ -158,6 +161,32 @@ class OmniModel(VoiceModel):
         self.vad = _optional_vad(progress)
         if self.vad is not None:
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
+        self.warm_graphs(progress)
+
+    def warm_graphs(self, progress: Callable[[str], None] = lambda _msg: None) -> dict[str, bool]:
+        """On CUDA: check every step for host syncs and capture it once (a throw-away session and
+        reply-shaped codec windows), while nothing else runs. Steps that sync stay eager."""
+        loaded = self.loaded
+        if not self.cuda_graphs or loaded is None or loaded.device_type != "cuda":
+            return {}
+        import torch
+
+        with graphs.probing():
+            session = self.open_session()
+            session.close()
+            codec = self.codec
+            if codec is not None:
+                high = codec.max_code + 1
+                groups = () if self.arch == "qwen2_5_omni" else (codec.groups,)
+                stream = codec.stream(turn=0, speaker=None, seed=0)
+                sizes = [self.first_chunk_frames] + [self.chunk_frames] * 4
+                start = 0
+                for size in sizes:
+                    stream.push(torch.randint(0, high, (size, *groups)), start=start)
+                    start += size
+        found = graphs.verdicts()
+        progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
+        return found
 
     def open_session(self) -> OmniSession:
         if self.loaded is None:
