@@ -211,9 +211,10 @@ def graph_status(model, session) -> dict:
     decoder = session.thinker.ctx.decoder
     talker = session.talker
     return {
-        "thinker_step": bool(decoder and decoder.graph and decoder.graph.captured),
-        "talker_step": bool(talker.decoder and talker.decoder.graph and talker.decoder.graph.captured),
-        "code_predictor_frame": bool(talker.frames and talker.frames.graph.captured) if talker.frames else None,
+        "thinker_step": decoder is not None and decoder.graph is not None and decoder.graph.captured,
+        "talker_step": (talker.decoder is not None and talker.decoder.graph is not None
+                        and talker.decoder.graph.captured),
+        "code_predictor_frame": talker.frames.graph.captured if talker.frames is not None else None,
         "codec_windows": model.codec.windows.captured,
     }
 

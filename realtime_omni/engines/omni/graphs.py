@@ -113,6 +113,9 @@ class StepGraph:
             return False
         state = self.save() if self.save is not None else None
         if getattr(_probing, "on", False) and self.kind not in _verdicts:
+            self.step()  # lazy set-up (cache allocation) happens once, outside the check
+            if self.restore is not None:
+                self.restore(state)
             problem = _host_sync_in(self.step)
             if self.restore is not None:
                 self.restore(state)
@@ -228,13 +231,15 @@ class StaticDecoder:
         #: the static input tensors the bound step reads (set by the owner)
         self.inputs: tuple[Any, ...] = ()
 
-    def __len__(self) -> int:
+    @property
+    def length(self) -> int:
+        """Tokens in the cache (reads the device)."""
         return int(self.cache.get_seq_length())
 
     def crop(self, n: int) -> None:
         import torch
 
-        have = len(self)
+        have = self.length
         if have > n:
             with torch.inference_mode():  # the lengths are inference tensors
                 self.cache.crop(max(0, n) - have)

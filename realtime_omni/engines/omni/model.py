@@ -179,7 +179,7 @@ class OmniModel(VoiceModel):
                 high = codec.max_code + 1
                 groups = () if self.arch == "qwen2_5_omni" else (codec.groups,)
                 stream = codec.stream(turn=0, speaker=None, seed=0)
-                sizes = [self.first_chunk_frames] + [self.chunk_frames] * 4
+                sizes = [self.first_chunk_frames] + [self.chunk_frames] * 6  # reaches the steady window
                 start = 0
                 for size in sizes:
                     stream.push(torch.randint(0, high, (size, *groups)), start=start)

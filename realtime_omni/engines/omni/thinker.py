@@ -493,7 +493,7 @@ class StreamingThinker:
     @property
     def cache_length(self) -> int:
         decoder = self.ctx.decoder
-        return len(decoder) if decoder is not None else 0
+        return decoder.length if decoder is not None else 0
 
     def prepare(self) -> None:
         """Allocate the KV cache and capture the decode step now (at session open) rather than
@@ -787,7 +787,8 @@ class StreamingThinker:
         import torch
 
         loaded = self.loaded
-        decoder = decoder or self._decoder()
+        if decoder is None:
+            decoder = self._decoder()
         device = loaded.device
         ids = input_ids.to(device)
         out = loaded.thinker.model(
