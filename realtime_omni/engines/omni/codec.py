@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .graphs import ShapeGraphs
+from .graphs import ShapeGraphs, on_stream
 from .loader import LoadedOmni, samples_per_code
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,))
+        with on_stream(self.loaded.stream("codec")):
+            wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,))
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def noise(self, first: int, last: int, seed: int):
@@ -168,7 +169,8 @@ class OmniCodec:
             return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
-        wav = self.windows.run((key, codes.shape[1]), window, (codes, noise))
+        with on_stream(self.loaded.stream("codec")):
+            wav = self.windows.run((key, codes.shape[1]), window, (codes, noise))
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------

@@ -64,6 +64,26 @@ def _host_sync_in(step: Callable[[], Any]) -> str | None:
         torch.cuda.set_sync_debug_mode(0)
 
 
+@contextlib.contextmanager
+def on_stream(stream: Any) -> Iterator[None]:
+    """Run a stage's GPU work on its own CUDA stream (``None``: as is).
+
+    The thinker, the talker and the codec each get a stream so that their kernels overlap on the
+    GPU instead of queueing behind each other on the default stream. Entering waits for work
+    already queued on the current stream (inputs made there); leaving waits for the stage's
+    work, so what it produced is complete for every other stream and thread.
+    """
+    if stream is None:
+        yield
+        return
+    import torch
+
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
+
+
 def graphs_available(device: Any) -> bool:
     import torch
 

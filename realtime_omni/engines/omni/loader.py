@@ -156,6 +156,17 @@ class LoadedOmni:
 
         return torch.device(self.device).type
 
+    def stream(self, stage: str) -> Any:
+        """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA."""
+        if self.device_type != "cuda":
+            return None
+        streams = self.__dict__.setdefault("_streams", {})
+        if stage not in streams:
+            import torch
+
+            streams[stage] = torch.cuda.Stream(self.device)
+        return streams[stage]
+
     @property
     def talker(self):
         return self.model.talker
@@ -308,6 +319,10 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
         model.token2wav.float()  # the DiT / BigVGAN run in float32 (as the reference generate does)
     if arch == "qwen3_omni_moe" and torch.device(device).type == "cuda":
         _grouped_experts(model)
+    if torch.device(device).type == "cuda":
+        # the float32 codec (Qwen2.5's DiT and BigVGAN) on tensor cores: TF32 matmuls, as convs
+        # already are by default; the bf16 thinker and talker are unaffected
+        torch.backends.cuda.matmul.allow_tf32 = True
     params = inspect.signature(model.thinker.model.forward).parameters
     cache_kwarg = "cache" if "cache" in params else "past_key_values"
     tokens = _special_tokens(arch, model.config, tokenizer)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import TalkerOutput, ThinkerOutput
-from .graphs import StaticDecoder, StepGraph
+from .graphs import StaticDecoder, StepGraph, on_stream
 from .loader import LoadedOmni, samples_per_code
 from .thinker import TalkerPrompt, TokenHidden, TokenSampler
 
@@ -297,13 +297,15 @@ class _Stream:
             raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
         decoder.crop(0)
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
-        return self.forward(self.loaded, decoder, inputs, positions)
+        with on_stream(self.loaded.stream("talker")):
+            return self.forward(self.loaded, decoder, inputs, positions)
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
-        fill(*self.decoder.inputs)
-        out = self.decoder.graph()
-        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+        with on_stream(self.loaded.stream("talker")):
+            fill(*self.decoder.inputs)
+            out = self.decoder.graph()
+            return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
     def _paced_text(self, final: bool) -> str:
         if final:
@@ -664,6 +666,10 @@ class CodeFrames:
         self.c0 = torch.zeros((1, 1), dtype=torch.long, device=device)
         self.noise = torch.full((max(1, groups - 1), top_k), 0.5, dtype=torch.float32, device=device)
         cache = self.decoder.cache
+        self.stream = loaded.stream("talker")
+        # the prefill's causal mask over the whole static cache, built once: left to transformers,
+        # a two-token query reads the cache length on the host to decide whether it can skip it
+        prefill_mask = torch.ones((2, groups + 1), dtype=torch.bool, device=device).tril()[None, None]
 
         def frame():
             for layer in cache.layers:  # a fresh prefix every frame
@@ -674,7 +680,7 @@ class CodeFrames:
             codes = []
             for j in range(1, groups):
                 out = cp.model(inputs_embeds=inputs, use_cache=True, return_dict=True,
-                               **{loaded.cache_kwarg: cache})
+                               attention_mask=prefill_mask if j == 1 else None, **{loaded.cache_kwarg: cache})
                 logits = cp.lm_head[j - 1](out.last_hidden_state[:, -1, :]).float()
                 if do_sample:
                     code = sample_top_k_top_p(logits[0], self.noise[j - 1], temperature, top_k, 0.8)
@@ -689,11 +695,13 @@ class CodeFrames:
 
     def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
         """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""
-        self.hidden.copy_(hidden)
-        self.c0.fill_(c0)
-        self.noise.uniform_(generator=self.generator)
-        codes, embed = self.graph()
-        return codes.tolist(), embed.clone()
+        with on_stream(self.stream):
+            self.hidden.copy_(hidden)
+            self.c0.fill_(c0)
+            self.noise.uniform_(generator=self.generator)
+            codes, embed = self.graph()
+            embed = embed.clone()
+        return codes.tolist(), embed
 
 
 def sample_top_k_top_p(logits, uniform, temperature: float, top_k: int, top_p: float):

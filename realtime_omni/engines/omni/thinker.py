@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
-from .graphs import StaticDecoder
+from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni, audio_token_count
 
 log = logging.getLogger(__name__)
@@ -738,7 +738,8 @@ class StreamingThinker:
         input_ids = torch.tensor([ids], dtype=torch.long)
         positions = self._positions(input_ids, grid_t, lengths) + ctx.next_pos  # (3, n)
         try:
-            logits, src = self._forward(input_ids, positions, mm_kwargs)
+            with on_stream(loaded.stream("thinker")):
+                logits, src = self._forward(input_ids, positions, mm_kwargs)
         except BaseException:
             # the KV cache may hold part of this forward in some layers: start over next turn
             ctx.free()
@@ -831,10 +832,11 @@ class StreamingThinker:
         try:
             decoder = self._decoder()
             ids, pos = decoder.inputs
-            ids.fill_(token)
-            pos.fill_(self.ctx.next_pos)
-            logits, src = decoder.graph()  # replayed: the graph's buffers, copied below
-            logits, src = logits.clone(), src.clone()
+            with on_stream(self.loaded.stream("thinker")):
+                ids.fill_(token)
+                pos.fill_(self.ctx.next_pos)
+                logits, src = decoder.graph()  # replayed: the graph's buffers, copied below
+                logits, src = logits.clone(), src.clone()
         except BaseException:
             self.ctx.free()  # a half-updated KV cache: the next turn re-prefills from scratch
             raise
