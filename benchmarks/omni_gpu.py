@@ -406,6 +406,8 @@ def main(argv=None) -> int:
                     help="also run a short reply with and without CUDA graphs and compare the outputs")
     ap.add_argument("--timeouts", type=float, nargs="*", help="seconds per model (one per --config)")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dump-stacks-after", type=float, default=None,
+                    help="print every thread's stack after this many seconds (finding a hang)")
     ap.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -421,6 +423,10 @@ def main(argv=None) -> int:
         "models": [],
     }
     if args.single:
+        if args.dump_stacks_after:
+            import faulthandler
+
+            faulthandler.dump_traceback_later(args.dump_stacks_after, exit=False)
         path = args.config[0]
         raw = json.loads(path.read_text())
         if args.frames is None:

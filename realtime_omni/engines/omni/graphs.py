@@ -100,12 +100,17 @@ class StepGraph:
 
     def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
                  kind: str | None = None, save: Callable[[], Any] | None = None,
-                 restore: Callable[[Any], None] | None = None, warmup: int = 2) -> None:
+                 restore: Callable[[Any], None] | None = None, warmup: int = 2,
+                 capture_stream: Any = None) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and graphs_available(device)
         self.name = name
         self.kind = kind or name
+        # One capture stream per stage: cuBLAS keeps a workspace per stream and bakes it into
+        # the graph, so graphs of stages that replay concurrently must not share one (they did
+        # on torch's default capture stream, and split-K GEMMs deadlocked on it).
+        self.capture_stream = capture_stream
         self.save = save
         self.restore = restore
         self.warmup = warmup
@@ -145,7 +150,7 @@ class StepGraph:
                 log.warning("omni: %s stays eager, it syncs with the host: %s", self.kind, problem)
                 return False
         try:
-            side = torch.cuda.Stream(self.device)
+            side = self.capture_stream or torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
@@ -155,7 +160,7 @@ class StepGraph:
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the other stage threads keep launching their own work meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, stream=self.capture_stream, capture_error_mode="thread_local"):
                 outputs = self.step()
             self.graph, self.outputs = graph, outputs
             return True
@@ -182,8 +187,10 @@ class ShapeGraphs:
     ``inputs`` into the captured static tensors and replay. At most ``limit`` graphs are kept.
     """
 
-    def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 8) -> None:
+    def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 8,
+                 capture_stream: Any = None) -> None:
         self.device = device
+        self.capture_stream = capture_stream
         self.enabled = enabled and graphs_available(device)
         self.name = name
         self.limit = limit
@@ -203,7 +210,7 @@ class ShapeGraphs:
                     return fn(*inputs)
                 static = tuple(t.clone() for t in inputs)
                 entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}",
-                                           kind=self.name))
+                                           kind=self.name, capture_stream=self.capture_stream))
                 self._graphs[key] = entry
                 while len(self._graphs) > self.limit:
                     self._graphs.popitem(last=False)
@@ -239,7 +246,8 @@ class StaticDecoder:
     length is a device tensor the graph reads, so one capture serves every position.
     """
 
-    def __init__(self, config: Any, max_len: int, device: Any, graphs: bool = True, name: str = "decoder") -> None:
+    def __init__(self, config: Any, max_len: int, device: Any, graphs: bool = True, name: str = "decoder",
+                 capture_stream: Any = None) -> None:
         from transformers.cache_utils import StaticCache
 
         self.max_len = int(max_len)
@@ -247,6 +255,7 @@ class StaticDecoder:
         self.cache = StaticCache(config=config, max_cache_len=self.max_len)
         self.graphs = graphs
         self.name = name
+        self.capture_stream = capture_stream
         self.graph: StepGraph | None = None
         #: the static input tensors the bound step reads (set by the owner)
         self.inputs: tuple[Any, ...] = ()
@@ -267,7 +276,7 @@ class StaticDecoder:
     def bind(self, step: Callable[[], Any]) -> StepGraph:
         """Wrap ``step`` (one token through this cache, static inputs) as the replayed step."""
         self.graph = StepGraph(step, device=self.device, enabled=self.graphs, name=self.name,
-                               save=self._save, restore=self._restore)
+                               save=self._save, restore=self._restore, capture_stream=self.capture_stream)
         return self.graph
 
     def _save(self) -> list[Any]:

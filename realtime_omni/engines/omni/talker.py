@@ -432,7 +432,7 @@ class _Qwen25Stream(_Stream):
         talker = loaded.talker
         device = loaded.device
         decoder = StaticDecoder(talker.model.config, settings.cache_tokens, device, graphs=settings.cuda_graphs,
-                                name=f"{loaded.arch} talker step")
+                                name=f"{loaded.arch} talker step", capture_stream=loaded.stream("talker capture"))
         embed = talker.model.embed_tokens
         width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
         code = torch.zeros((1,), dtype=torch.long, device=device)
@@ -594,7 +594,7 @@ class _Qwen3Stream(_Stream):
         talker = loaded.talker
         device = loaded.device
         decoder = StaticDecoder(talker.model.config, settings.cache_tokens, device, graphs=settings.cuda_graphs,
-                                name=f"{loaded.arch} talker step")
+                                name=f"{loaded.arch} talker step", capture_stream=loaded.stream("talker capture"))
         width = int(loaded.config.talker_config.text_config.hidden_size)
         inputs = torch.zeros((1, 1, width), dtype=talker.codec_head.weight.dtype, device=device)
         positions = torch.zeros((3, 1), dtype=torch.long, device=device)
@@ -691,7 +691,9 @@ class CodeFrames:
                 embeds.append(inputs)
             return torch.cat(codes), torch.cat(embeds, dim=1).sum(dim=1)[0]
 
-        self.graph = StepGraph(frame, device=device, enabled=settings.cuda_graphs, name=f"{loaded.arch} code predictor frame")
+        self.graph = StepGraph(frame, device=device, enabled=settings.cuda_graphs,
+                               name=f"{loaded.arch} code predictor frame",
+                               capture_stream=loaded.stream("talker capture"))
 
     def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
         """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""
