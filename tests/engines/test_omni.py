@@ -477,3 +477,54 @@ def test_bad_paths_give_clear_errors(tmp_path):
     model = OmniModel(tmp_path)  # a config alone passes detection; loading reports the missing weights
     with pytest.raises(ValueError, match="no weights"):
         model.load()
+
+
+# ---------------------------------------------------------------------------------------------
+# (6) the graph-safe pieces: in-graph sampling and the static cache's bounds
+
+
+def test_graph_safe_sampling_draws_from_top_k_top_p():
+    """The code predictor samples inside its CUDA graph; the draws must follow temperature →
+    top-k → top-p exactly as the reference sampler's distribution does."""
+    from realtime_omni.engines.omni.talker import sample_top_k_top_p
+
+    logits = torch.tensor([2.0, 1.6, 1.1, 0.4, 0.0, -1.0, -3.0])
+    temperature, top_k, top_p = 0.9, 5, 0.8
+    probs = torch.softmax(logits / temperature, dim=-1)
+    kept = torch.zeros_like(probs)
+    order = torch.argsort(probs, descending=True)[:top_k]
+    mass = 0.0
+    for i in order.tolist():  # the smallest prefix of the top-k whose mass reaches top_p
+        kept[i] = probs[i]
+        mass += float(probs[i] / probs[order].sum())
+        if mass >= top_p:
+            break
+    expected = kept / kept.sum()
+    gen = torch.Generator().manual_seed(0)
+    n = 6000
+    counts = torch.zeros_like(probs)
+    for _ in range(n):
+        counts[int(sample_top_k_top_p(logits, torch.rand(top_k, generator=gen), temperature, top_k, top_p))] += 1
+    freq = counts / n
+    assert torch.all(counts[expected == 0] == 0)  # never outside the top-p set
+    sigma = torch.sqrt(expected * (1 - expected) / n)
+    assert torch.all((freq - expected).abs() <= 5 * sigma + 1e-9), (freq, expected)
+
+
+def test_context_past_the_static_cache_is_a_clear_error(omni):
+    """The KV cache is static: a prompt that cannot fit is refused with a clear error before
+    anything is written, and the session goes on with a prompt that fits."""
+    from realtime_omni.engines.omni.thinker import StreamingThinker, ThinkerSettings
+
+    settings = ThinkerSettings(max_new_tokens=8, cache_tokens=96, system_prompt="")
+    thinker = StreamingThinker(omni.loaded, settings)
+    try:
+        long = TurnMessage(role="user", text="tell me everything " * 6)  # byte-level: > 96 tokens
+        with pytest.raises(ValueError, match="context tokens"):
+            list(thinker.run(request([long], max_tokens=4)))
+        assert thinker.cache_length == 0
+        outs = list(thinker.run(request([TurnMessage(role="user", text="hi")], max_tokens=4)))
+        assert outs and outs[-1].hidden.end
+        assert 0 < thinker.cache_length < 96
+    finally:
+        thinker.close()

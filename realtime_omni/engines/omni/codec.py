@@ -92,23 +92,27 @@ class OmniCodec:
         return max(0, n_codes * self.samples_per_code - self.lost) if n_codes else 0
 
     def render(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
-               noise=None) -> np.ndarray:
+               noise=None, steady: bool = False) -> np.ndarray:
         """Waveform (float32, 24 kHz) of ``codes`` rendered as one window whose first code has
         index ``start`` in the reply (Qwen2.5 uses it to pick the noise of those mel frames;
-        ``noise`` overrides that noise, shape (mel frames, mel bins))."""
+        ``noise`` overrides that noise, shape (mel frames, mel bins)).
+
+        ``steady``: a window shape that recurs (a reply's running windows), worth a CUDA graph;
+        a reply's last window has a length of its own and runs eagerly (a capture costs about
+        three eager runs, more than that window's head start on playback)."""
         import torch
 
         with torch.inference_mode():
             if self.arch == "qwen2_5_omni":
                 seed = self.settings.seed if seed is None else seed
-                return self._render_q25(codes, start, speaker, seed, noise)
-            return self._render_q3(codes)
+                return self._render_q25(codes, start, speaker, seed, noise, steady)
+            return self._render_q3(codes, steady)
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
         return self.render(codes, 0, speaker, seed)
 
-    def _render_q3(self, codes) -> np.ndarray:
+    def _render_q3(self, codes, steady: bool = False) -> np.ndarray:
         import torch
 
         c2w = self.loaded.model.code2wav
@@ -117,7 +121,7 @@ class OmniCodec:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
         with on_stream(self.loaded.stream("codec")):
-            wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,))
+            wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,), capture=steady)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def noise(self, first: int, last: int, seed: int):
@@ -137,7 +141,8 @@ class OmniCodec:
         name = speaker if speaker in self.loaded.speakers else self.loaded.default_speaker
         return self.loaded.speakers[name]
 
-    def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None) -> np.ndarray:
+    def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
+                    steady: bool = False) -> np.ndarray:
         import torch
 
         t2w = self.loaded.model.token2wav
@@ -170,7 +175,7 @@ class OmniCodec:
 
         noise = noise.to(device).float()[None]
         with on_stream(self.loaded.stream("codec")):
-            wav = self.windows.run((key, codes.shape[1]), window, (codes, noise))
+            wav = self.windows.run((key, codes.shape[1]), window, (codes, noise), capture=steady)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------
@@ -236,7 +241,7 @@ class CodecStream:
         allc = torch.cat(self.codes, dim=0)
         if len(self.codes) > 1:
             self.codes = [allc]
-        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed)
+        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final)
         base = c0 * U
         new = wav[self.emitted - base : target - base].copy()
         if self.tail is not None and len(self.tail) and len(new):

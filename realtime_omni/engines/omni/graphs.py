@@ -183,8 +183,8 @@ class ShapeGraphs:
     """Graphs of one computation keyed by input shape (codec windows).
 
     ``run(key, fn, inputs)`` returns ``fn(*inputs)`` (cloned). A key is captured the second time
-    it is asked for (a reply's odd-sized last window is not worth a capture); later calls copy
-    ``inputs`` into the captured static tensors and replay. At most ``limit`` graphs are kept.
+    it is asked for with ``capture`` set; later calls copy ``inputs`` into the captured static
+    tensors and replay. At most ``limit`` graphs are kept.
     """
 
     def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 8,
@@ -199,12 +199,14 @@ class ShapeGraphs:
         self._failed: set[Hashable] = set()
         self._lock = threading.Lock()
 
-    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple) -> Any:
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple, capture: bool = True) -> Any:
         if not self.enabled or key in self._failed:
             return fn(*inputs)
         with self._lock:
             entry = self._graphs.get(key)
             if entry is None:
+                if not capture:
+                    return fn(*inputs)
                 if key not in self._seen:
                     self._seen.add(key)
                     return fn(*inputs)
