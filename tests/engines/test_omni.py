@@ -528,3 +528,23 @@ def test_context_past_the_static_cache_is_a_clear_error(omni):
         assert 0 < thinker.cache_length < 96
     finally:
         thinker.close()
+
+
+def test_chunks_ramp_up_from_the_first_to_the_steady_size(omni):
+    """First chunk, then the ramp, then steady chunks: each early chunk is small enough to be
+    ready before the one before it has played."""
+    settings = omni.talker_settings
+    saved = (settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames)
+    settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames = 2, (3, 4), 5
+    session = omni.open_session()
+    try:
+        _outputs, chunks, _audio, _events = run_turn(session, request([TurnMessage(role="user", text="hi")],
+                                                                      max_tokens=16))
+        sizes = [len(c.codes) for c in chunks if isinstance(c.codes, CodeChunk)]
+        assert sum(sizes) >= 2 + 3 + 4 + 5 + 1  # long enough to reach the steady size
+        assert sizes[:3] == [2, 3, 4]
+        assert sizes[3:-1] and all(size == 5 for size in sizes[3:-1])
+        assert 0 <= sizes[-1] <= 5 and chunks[-1].final  # the final chunk holds the rest
+    finally:
+        session.close()
+        settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames = saved

@@ -121,7 +121,8 @@ class OmniCodec:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
         with on_stream(self.loaded.stream("codec")):
-            wav = self.windows.run(("code2wav", codes.shape[-1]), c2w, (codes,), capture=steady)
+            wav = self.windows.run(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,),
+                                   capture=steady)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def noise(self, first: int, last: int, seed: int):
@@ -304,6 +305,29 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
         k4 = ode_function(t1, value + dt * (k1 - k2 + k3))
         value = value + (k1 + 3 * (k2 + k3) + k4) * dt / 8
     return value.permute(0, 2, 1)
+
+
+def code2wav(c2w, codes):
+    """``Qwen3OmniMoeCode2Wav.forward`` with its sliding-window causal mask built here: left to
+    transformers, the mask is derived by inspecting position ids on the host (a sync that a
+    CUDA graph cannot hold)."""
+    import torch
+
+    hidden = c2w.code_embedding(codes + c2w.code_offset).mean(1)
+    n = hidden.shape[1]
+    i = torch.arange(n, device=hidden.device)
+    back = i[:, None] - i[None, :]  # query - key
+    window = getattr(c2w.pre_transformer.config, "sliding_window", None) or n
+    mask = ((back >= 0) & (back < window))[None, None]
+    hidden = c2w.pre_transformer(inputs_embeds=hidden, attention_mask={"sliding_attention": mask}).last_hidden_state
+    hidden = hidden.permute(0, 2, 1)
+    for blocks in c2w.upsample:
+        for block in blocks:
+            hidden = block(hidden)
+    wav = hidden
+    for block in c2w.decoder:
+        wav = block(wav)
+    return wav.clamp(min=-1, max=1)
 
 
 def vocode(vocoder, mel):

@@ -187,7 +187,7 @@ class ShapeGraphs:
     tensors and replay. At most ``limit`` graphs are kept.
     """
 
-    def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 8,
+    def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 16,
                  capture_stream: Any = None) -> None:
         self.device = device
         self.capture_stream = capture_stream

@@ -36,12 +36,13 @@ log = logging.getLogger(__name__)
 
 #: per-architecture chunking defaults (codec frames): Qwen2.5 frames are 20 ms, Qwen3 frames 80 ms
 CHUNK_DEFAULTS: dict[str, dict[str, Any]] = {
-    # 12 codes = one DiT block; 24-code windows of context; 2 codes held back and cross-faded
+    # 12 codes = one DiT block; 24-code windows of context; 2 codes held back and cross-faded;
+    # 12 then 18 codes before the steady 24, so that each chunk is ready before the last one ends
     "qwen2_5_omni": dict(first_chunk_frames=12, chunk_frames=24, left_context_frames=24,
-                         lookahead_frames=2, crossfade_ms=10.0),
-    # causal codec: 2 frames (160 ms) first, then 8 (640 ms); 25 frames of context (the reference)
+                         lookahead_frames=2, crossfade_ms=10.0, ramp_frames=(12, 18)),
+    # causal codec: 2 frames (160 ms) first, 4, then 8 (640 ms); 25 frames of context (the reference)
     "qwen3_omni_moe": dict(first_chunk_frames=2, chunk_frames=8, left_context_frames=25,
-                           lookahead_frames=0, crossfade_ms=0.0),
+                           lookahead_frames=0, crossfade_ms=0.0, ramp_frames=(4,)),
 }
 
 
@@ -59,6 +60,7 @@ class OmniModel(VoiceModel):
         *,
         lookahead_frames: int | None = None,
         crossfade_ms: float | None = None,
+        ramp_frames: tuple[int, ...] | None = None,
         model_id: str | None = None,
         max_new_tokens: int = 1024,
         system_prompt: str | None = None,
@@ -94,7 +96,12 @@ class OmniModel(VoiceModel):
                                        else left_context_frames)
         self.lookahead_frames = int(defaults["lookahead_frames"] if lookahead_frames is None else lookahead_frames)
         self.crossfade_ms = float(defaults["crossfade_ms"] if crossfade_ms is None else crossfade_ms)
-        if min(self.first_chunk_frames, self.chunk_frames) < 1 or self.left_context_frames < 0:
+        if ramp_frames is None:
+            # the default ramp belongs to the default chunk sizes
+            custom = first_chunk_frames is not None or chunk_frames is not None
+            ramp_frames = () if custom else defaults["ramp_frames"]
+        self.ramp_frames = tuple(int(f) for f in ramp_frames)
+        if min(self.first_chunk_frames, self.chunk_frames, *self.ramp_frames) < 1 or self.left_context_frames < 0:
             raise ValueError("chunk sizes must be >= 1 frame and the left context >= 0")
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
@@ -104,7 +111,7 @@ class OmniModel(VoiceModel):
         self.talker_settings = TalkerSettings(
             do_sample=True if talker_do_sample is None else talker_do_sample,
             max_new_tokens=talker_max_new_tokens, first_chunk_frames=self.first_chunk_frames,
-            chunk_frames=self.chunk_frames, chars_per_second=chars_per_second, ignore_eos=ignore_eos,
+            chunk_frames=self.chunk_frames, ramp_frames=self.ramp_frames, chars_per_second=chars_per_second, ignore_eos=ignore_eos,
             cache_tokens=cache_tokens + talker_max_new_tokens + 16, cuda_graphs=self.cuda_graphs,
         )
         self._apply_generation_config()
@@ -179,7 +186,8 @@ class OmniModel(VoiceModel):
                 high = codec.max_code + 1
                 groups = () if self.arch == "qwen2_5_omni" else (codec.groups,)
                 stream = codec.stream(turn=0, speaker=None, seed=0)
-                sizes = [self.first_chunk_frames] + [self.chunk_frames] * 6  # reaches the steady window
+                # the reply's chunk sizes, far enough to reach the steady window
+                sizes = [self.first_chunk_frames, *self.ramp_frames] + [self.chunk_frames] * 6
                 start = 0
                 for size in sizes:
                     stream.push(torch.randint(0, high, (size, *groups)), start=start)

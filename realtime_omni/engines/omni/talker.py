@@ -64,6 +64,9 @@ class TalkerSettings:
     max_new_tokens: int = 4096
     first_chunk_frames: int = 12
     chunk_frames: int = 24
+    #: sizes of the chunks between the first and the steady ones: the second chunk must be ready
+    #: before the first has played, so it cannot be a full steady chunk
+    ramp_frames: tuple[int, ...] = ()
     #: transcript pacing: text is attributed to audio at most this fast (characters per second)
     chars_per_second: float = 15.0
     #: benchmarks only: never stop on the codec EOS (run to max_new_tokens)
@@ -257,8 +260,7 @@ class _Stream:
             if self.steps >= self._max_frames():
                 self.done = True
                 break
-            threshold = self.settings.first_chunk_frames if self.emitted == 0 else self.settings.chunk_frames
-            if len(self.frames) >= max(1, threshold):
+            if len(self.frames) >= max(1, self._threshold()):
                 yield self._chunk(final=False)
         if cancelled.is_set():
             return
@@ -285,6 +287,18 @@ class _Stream:
 
     def _groups(self) -> int:
         return 1
+
+    def _threshold(self) -> int:
+        """Frames in the next chunk: the first chunk, the ramp, then steady chunks."""
+        s = self.settings
+        if self.emitted == 0:
+            return s.first_chunk_frames
+        done = self.emitted - s.first_chunk_frames
+        for size in s.ramp_frames:
+            if done < size:
+                return size
+            done -= size
+        return s.chunk_frames
 
     def _max_frames(self) -> int:
         return self.frame_limit
