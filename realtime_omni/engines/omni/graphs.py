@@ -32,8 +32,9 @@ def probing() -> Iterator[None]:
     """Captures made inside this block first run their step once with CUDA's sync debugging set
     to raise, and remember per kind whether it passed; kinds that failed stay eager for good.
 
-    A capture that fails half-way can leave the CUDA RNG in capture state, so steps are checked
-    before they are captured. The check flips a process-wide CUDA setting, so it runs only where
+    A capture puts CUDA's default generator in capture state (a capture that fails half-way can
+    leave it there), so steps are checked before they are captured, codec windows are captured
+    only in here, and sampling always draws from per-session generators. The check flips a process-wide CUDA setting, so it runs only where
     nothing else uses the GPU: once, while the model loads.
     """
     _probing.on = True
@@ -82,6 +83,14 @@ def on_stream(stream: Any) -> Iterator[None]:
     with torch.cuda.stream(stream):
         yield
     stream.synchronize()
+
+
+def same_device(a: Any, b: Any) -> bool:
+    """``cuda`` and ``cuda:0`` are one device (a generator made for ``cuda`` reports ``cuda:0``)."""
+    import torch
+
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
 def graphs_available(device: Any) -> bool:
@@ -183,7 +192,9 @@ class ShapeGraphs:
     """Graphs of one computation keyed by input shape (codec windows).
 
     ``run(key, fn, inputs)`` returns ``fn(*inputs)`` (cloned). A key is captured the second time
-    it is asked for with ``capture`` set; later calls copy ``inputs`` into the captured static
+    it is asked for with ``capture`` set, and only while the model warms up (:func:`probing`):
+    a capture puts CUDA's default generator in capture state, so captures are kept away from
+    replies running in other threads. Later calls copy ``inputs`` into the captured static
     tensors and replay. At most ``limit`` graphs are kept.
     """
 
@@ -205,7 +216,7 @@ class ShapeGraphs:
         with self._lock:
             entry = self._graphs.get(key)
             if entry is None:
-                if not capture:
+                if not capture or not getattr(_probing, "on", False):
                     return fn(*inputs)
                 if key not in self._seen:
                     self._seen.add(key)

@@ -185,13 +185,15 @@ class OmniModel(VoiceModel):
             if codec is not None:
                 high = codec.max_code + 1
                 groups = () if self.arch == "qwen2_5_omni" else (codec.groups,)
-                stream = codec.stream(turn=0, speaker=None, seed=0)
-                # the reply's chunk sizes, far enough to reach the steady window
+                # the reply's chunk sizes, far enough to reach the steady window, twice: a window
+                # shape is captured on its second use (and only here, see graphs.ShapeGraphs)
                 sizes = [self.first_chunk_frames, *self.ramp_frames] + [self.chunk_frames] * 6
-                start = 0
-                for size in sizes:
-                    stream.push(torch.randint(0, high, (size, *groups)), start=start)
-                    start += size
+                for _ in range(2):
+                    stream = codec.stream(turn=0, speaker=None, seed=0)
+                    start = 0
+                    for size in sizes:
+                        stream.push(torch.randint(0, high, (size, *groups)), start=start)
+                        start += size
         found = graphs.verdicts()
         progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
         return found

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base import TalkerOutput, ThinkerOutput
-from .graphs import StaticDecoder, StepGraph, on_stream
+from .graphs import StaticDecoder, StepGraph, on_stream, same_device
 from .loader import LoadedOmni, samples_per_code
 from .thinker import TalkerPrompt, TokenHidden, TokenSampler
 
@@ -667,7 +667,7 @@ class CodeFrames:
         cp = talker.code_predictor
         device = loaded.device
         self.groups = groups = int(loaded.config.talker_config.num_code_groups)
-        self.generator = generator if generator is not None and generator.device == torch.device(device) else None
+        self.generator = generator if generator is not None and same_device(generator.device, device) else None
         self.decoder = StaticDecoder(cp.model.config, groups + 1, device, graphs=False, name="code predictor")
         gc = getattr(cp, "generation_config", None)
         temperature = float(getattr(gc, "temperature", None) or 1.0)

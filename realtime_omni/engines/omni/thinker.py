@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
-from .graphs import StaticDecoder, on_stream
+from .graphs import StaticDecoder, on_stream, same_device
 from .loader import LoadedOmni, audio_token_count
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class TokenSampler:
         scores = self._warp(history.to(scores.device) if history is not None else None, scores)
         probs = torch.softmax(scores, dim=-1)
         gen = self.generator
-        if gen is not None and gen.device != probs.device:
+        if gen is not None and not same_device(gen.device, probs.device):
             gen = None
         return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
 
