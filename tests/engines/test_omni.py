@@ -486,7 +486,7 @@ def test_bad_paths_give_clear_errors(tmp_path):
 def test_graph_safe_sampling_draws_from_top_k_top_p():
     """The code predictor samples inside its CUDA graph; the draws must follow temperature →
     top-k → top-p exactly as the reference sampler's distribution does."""
-    from realtime_omni.engines.omni.talker import sample_top_k_top_p
+    from realtime_omni.engines.omni.code_predictor import sample_top_k_top_p
 
     logits = torch.tensor([2.0, 1.6, 1.1, 0.4, 0.0, -1.0, -3.0])
     temperature, top_k, top_p = 0.9, 5, 0.8
@@ -534,8 +534,9 @@ def test_chunks_ramp_up_from_the_first_to_the_steady_size(omni):
     """First chunk, then the ramp, then steady chunks: each early chunk is small enough to be
     ready before the one before it has played."""
     settings = omni.talker_settings
-    saved = (settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames)
-    settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames = 2, (3, 4), 5
+    saved = (settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames, settings.ignore_eos)
+    # random weights stop anywhere: run the talker to its frame limit
+    settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames, settings.ignore_eos = 2, (3, 4), 5, True
     session = omni.open_session()
     try:
         _outputs, chunks, _audio, _events = run_turn(session, request([TurnMessage(role="user", text="hi")],
@@ -547,7 +548,7 @@ def test_chunks_ramp_up_from_the_first_to_the_steady_size(omni):
         assert 0 <= sizes[-1] <= 5 and chunks[-1].final  # the final chunk holds the rest
     finally:
         session.close()
-        settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames = saved
+        settings.first_chunk_frames, settings.ramp_frames, settings.chunk_frames, settings.ignore_eos = saved
 
 
 def test_generators_match_their_device_with_or_without_an_index():

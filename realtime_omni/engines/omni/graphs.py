@@ -34,8 +34,9 @@ def probing() -> Iterator[None]:
 
     A capture puts CUDA's default generator in capture state (a capture that fails half-way can
     leave it there), so steps are checked before they are captured, codec windows are captured
-    only in here, and sampling always draws from per-session generators. The check flips a process-wide CUDA setting, so it runs only where
-    nothing else uses the GPU: once, while the model loads.
+    only in here, and sampling always draws from per-session generators. The check flips a
+    process-wide CUDA setting, so it runs only where nothing else uses the GPU: once, while the
+    model loads.
     """
     _probing.on = True
     try:
