@@ -458,6 +458,29 @@ def test_cancellation_stops_within_one_chunk(omni):
         session.close()
 
 
+def test_a_superseded_reply_takes_no_further_step(omni):
+    """The talker's caches are the session's: once a reply is stopped (barge-in) its generator
+    steps no more, and the next reply starts cleanly on the same caches."""
+    session = omni.open_session()
+    try:
+        outputs = list(session.think(request([TurnMessage(role="user", text="talk more")], max_tokens=12)))
+        talk = session.talk(outputs, "alloy", threading.Event(), final=True)
+        first = next(talk)
+        assert isinstance(first.codes, CodeChunk)
+        decoder = session.talker.decoder
+        steps = decoder.length
+        session.talker.stop()
+        rest = list(talk)
+        assert decoder.length == steps  # no step after the stop
+        assert all(not isinstance(c.codes, CodeChunk) or c.codes.turn == first.codes.turn for c in rest)
+        outputs = list(session.think(request([TurnMessage(role="user", text="again")], max_tokens=6)))
+        chunks = list(session.talk(outputs, "alloy", threading.Event(), final=True))
+        assert session.talker.decoder is decoder  # the same caches, reused
+        assert chunks and chunks[-1].final and sum(len(c.codes) for c in chunks) > 0
+    finally:
+        session.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # (6) bad paths: clear errors
 

@@ -40,6 +40,7 @@ audio input included). Where this differs from the reference:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -113,6 +114,9 @@ class OmniTalker:
         # (Qwen3) the code predictor's captured frame
         self.decoder: StaticDecoder | None = None
         self.frames: CodeFrames | None = None
+        # one reply at a time on the shared caches: a superseded reply's thread may still be
+        # finishing a step when the next reply prefills
+        self.step_lock = threading.Lock()
 
     def parts(self) -> tuple[StaticDecoder, CodeFrames | None]:
         if self.decoder is None:
@@ -150,8 +154,11 @@ class OmniTalker:
                 if stream is None or hidden.turn > stream.turn:
                     speaker = self.loaded.speaker_for(voice)
                     decoder, frames = self.parts()
+                    if stream is not None:
+                        stream.close()  # superseded: it takes no further step on the shared caches
                     stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
                                                      hidden.turn, hidden.prompt, speaker, decoder, frames)
+                    stream.step_lock = self.step_lock
                 elif hidden.turn < stream.turn:
                     continue  # a stale reply
                 stream.add(out)
@@ -172,13 +179,17 @@ class OmniTalker:
 
     def close(self) -> None:
         self.stop()
-        with self.lock:
+        with self.lock, self.step_lock:  # not under a step still finishing in the talker thread
             if self.decoder is not None:
                 self.decoder.release()
             self.decoder = None
             if self.frames is not None:
                 self.frames.graph.release()
             self.frames = None
+
+
+class _Superseded(Exception):
+    """A closed reply tried to step on the session's shared caches."""
 
 
 class _Stream:
@@ -197,6 +208,7 @@ class _Stream:
         self.device = loaded.device
         self.decoder = decoder
         self.code_frames = frames
+        self.step_lock = threading.Lock()  # the session's, set by OmniTalker
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
         self.done = prompt is None  # no prompt (first output lost) → nothing to say
@@ -235,6 +247,12 @@ class _Stream:
     # running ----------------------------------------------------------------------------------
 
     def run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
+        try:
+            yield from self._run(cancelled, final)
+        except _Superseded:
+            return
+
+    def _run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
         if final:
             self.ended = True
         while not self.done:
@@ -311,17 +329,25 @@ class _Stream:
         n = inputs.shape[1]
         if n + 2 > decoder.max_len:
             raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
-        decoder.crop(0)
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
-        with on_stream(self.loaded.stream("talker")):
+        with self._own_caches(), on_stream(self.loaded.stream("talker")):
+            decoder.crop(0)
             return self.forward(self.loaded, decoder, inputs, positions)
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
-        with on_stream(self.loaded.stream("talker")):
+        with self._own_caches(), on_stream(self.loaded.stream("talker")):
             fill(*self.decoder.inputs)
             out = self.decoder.graph()
             return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    @contextlib.contextmanager
+    def _own_caches(self) -> Iterator[None]:
+        """Hold the session's caches for one step; a closed (superseded) reply takes none."""
+        with self.step_lock:
+            if self.done:
+                raise _Superseded
+            yield
 
     def _paced_text(self, final: bool) -> str:
         if final:
@@ -648,6 +674,7 @@ class _Qwen3Stream(_Stream):
         if c0 == self.codec_eos and not self.settings.ignore_eos:
             return True
         self.codes_hist.append(c0)
-        codes, self.frame_embed = self.code_frames(self.hidden, c0)
+        with self._own_caches():
+            codes, self.frame_embed = self.code_frames(self.hidden, c0)
         self.frames.append(torch.tensor([c0, *codes], dtype=torch.long))
         return False
