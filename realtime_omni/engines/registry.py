@@ -30,17 +30,14 @@ def _echo() -> VoiceModel:
 
 
 def _omni(spec: str) -> VoiceModel:
-    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json).
-    Device and dtype come from REALTIME_OMNI_OMNI_DEVICE / REALTIME_OMNI_OMNI_DTYPE."""
-    import os
-
+    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json),
+    configured by ``REALTIME_OMNI_OMNI_*`` variables (:class:`~.omni.settings.OmniSettings`)."""
     try:
         from .omni import OmniModel
+        from .omni.settings import OmniSettings
     except ImportError as exc:
         raise RuntimeError("the omni engine needs the optional extra: pip install 'realtime-omni[omni]'") from exc
-    device = os.environ.get("REALTIME_OMNI_OMNI_DEVICE", "cpu")
-    dtype = os.environ.get("REALTIME_OMNI_OMNI_DTYPE", "float32" if device == "cpu" else "bfloat16")
-    return OmniModel(spec, device=device, dtype=dtype)
+    return OmniModel(spec, **OmniSettings().model_kwargs())
 
 
 BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}

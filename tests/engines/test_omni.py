@@ -581,3 +581,26 @@ def test_generators_match_their_device_with_or_without_an_index():
 
     assert same_device("cuda", "cuda:0") and same_device("cpu", torch.device("cpu"))
     assert not same_device("cuda:1", "cuda") and not same_device("cpu", "cuda")
+
+
+def test_serving_settings_come_from_the_environment(omni, monkeypatch):
+    """``realtime-omni serve --model omni:<dir>`` reads chunking, cache and graphs settings from
+    ``REALTIME_OMNI_OMNI_*``; a bad value is a clear error naming the variable's field."""
+    from pydantic import ValidationError
+
+    from realtime_omni.engines.registry import resolve_builder
+
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_FIRST_CHUNK_FRAMES", "3")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "6")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_RAMP_FRAMES", "[4, 5]")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_LEFT_CONTEXT_FRAMES", "7")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_CACHE_TOKENS", "512")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_CUDA_GRAPHS", "false")
+    model = resolve_builder(f"omni:{omni.path}")()
+    assert (model.first_chunk_frames, model.ramp_frames, model.chunk_frames) == (3, (4, 5), 6)
+    assert model.left_context_frames == 7 and model.device == "cpu" and model.dtype == "float32"
+    assert model.thinker_settings.cache_tokens == 512 and not model.cuda_graphs
+    assert model.talker_settings.ramp_frames == (4, 5)
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "0")
+    with pytest.raises(ValidationError, match="chunk_frames"):
+        resolve_builder(f"omni:{omni.path}")()

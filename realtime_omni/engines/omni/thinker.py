@@ -571,7 +571,7 @@ class StreamingThinker:
             self.last_prefill_tokens = prefilled
             self.last_prompt_tokens = prompt
             snapshot = self._snapshot(turn)
-        log.debug("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
+        log.info("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
 
         def out(text: str, hidden: TokenHidden) -> ThinkerOutput:
             return ThinkerOutput(text=text, hidden=hidden, prefilled_tokens=prefilled, prompt_tokens=prompt)
