@@ -15,7 +15,6 @@ Stage wiring (what the pipeline sees):
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import threading
@@ -25,10 +24,25 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream, VoiceModel
+from ..base import (
+    ModelInfo,
+    ModelSession,
+    TalkerOutput,
+    ThinkerOutput,
+    ThinkRequest,
+    VADStream,
+    VoiceModel,
+)
 from . import graphs
 from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
-from .loader import Arch, LoadedOmni, build_random, detect_architecture, load_omni, read_config
+from .loader import (
+    Arch,
+    LoadedOmni,
+    build_random,
+    detect_architecture,
+    load_omni,
+    read_config,
+)
 from .talker import CodeChunk, OmniTalker, TalkerSettings
 from .thinker import StreamingThinker, ThinkerSettings
 

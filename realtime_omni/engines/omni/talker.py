@@ -49,9 +49,10 @@ from typing import Any
 
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
+from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni, samples_per_code
-from .thinker import TalkerPrompt, TokenHidden, TokenSampler
+from .sampling import TokenSampler
 
 log = logging.getLogger(__name__)
 

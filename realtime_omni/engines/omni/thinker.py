@@ -1,6 +1,6 @@
 """Streaming thinker with a KV cache kept per session (resumable segments).
 
-The session keeps one :class:`ThinkerContext`: the thinker's ``DynamicCache`` plus, for every token
+The session keeps one :class:`ThinkerContext`: the thinker's static KV cache (:class:`~.graphs.StaticDecoder`) plus, for every token
 in it, the token id, its rotary position and the vector the talker needs for that token. Each
 conversation message in the cache is a record with a fingerprint; a new request re-uses the
 longest matching prefix of records, crops the cache where the conversation diverges and prefills
@@ -22,18 +22,25 @@ What the talker needs per token (``ThinkerOutput.hidden``):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
-from .graphs import StaticDecoder, on_stream, same_device
-from .loader import LoadedOmni, audio_token_count
+from .context import (
+    MessageRecord,
+    MultimodalItem,
+    ReplyState,
+    TalkerPrompt,
+    ThinkerContext,
+    TokenHidden,
+)
+from .graphs import StaticDecoder, on_stream
+from .loader import LoadedOmni
+from .prompt import PromptRenderer, Rendered, fingerprint, norm_text
+from .sampling import TokenSampler
 
 log = logging.getLogger(__name__)
 
@@ -41,332 +48,6 @@ QWEN25_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving "
     "auditory and visual inputs, as well as generating text and speech."
 )
-
-#: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
-MIN_AUDIO_SAMPLES = 1_600
-#: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
-MAX_AUDIO_SAMPLES = 300 * 16_000
-
-
-# ---------------------------------------------------------------------------------------------
-# sampling
-
-
-class TokenSampler:
-    """Repetition penalty → suppressed tokens → temperature → top-k → top-p, then argmax or a draw:
-    the order ``GenerationMixin._get_logits_processor`` applies them in."""
-
-    def __init__(
-        self,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        suppress: list[int] | None = None,
-        generator: Any = None,
-    ) -> None:
-        import torch
-        from transformers import (
-            LogitsProcessorList,
-            RepetitionPenaltyLogitsProcessor,
-            TemperatureLogitsWarper,
-            TopKLogitsWarper,
-            TopPLogitsWarper,
-        )
-
-        self.do_sample = bool(do_sample)
-        self.generator = generator
-        self._suppress = torch.tensor(sorted(set(suppress or [])), dtype=torch.long)
-        procs = []
-        if repetition_penalty is not None and repetition_penalty != 1.0:
-            procs.append(RepetitionPenaltyLogitsProcessor(penalty=float(repetition_penalty)))
-        self._pre = LogitsProcessorList(procs)
-        warpers = []
-        if self.do_sample:
-            if temperature is not None and temperature != 1.0:
-                warpers.append(TemperatureLogitsWarper(float(temperature)))
-            if top_k is not None and top_k != 0:
-                warpers.append(TopKLogitsWarper(top_k=int(top_k)))
-            if top_p is not None and top_p < 1.0:
-                warpers.append(TopPLogitsWarper(top_p=float(top_p)))
-        self._warp = LogitsProcessorList(warpers)
-
-    def __call__(self, logits, history=None) -> int:
-        """``logits``: (1, V) float; ``history``: (1, H) long ids the penalty looks at."""
-        import torch
-
-        scores = logits.float()
-        if len(self._pre) and history is not None and history.numel():
-            scores = self._pre(history.to(scores.device), scores)
-        if self._suppress.numel():
-            idx = self._suppress.to(scores.device)
-            idx = idx[idx < scores.shape[-1]]
-            scores = scores.index_fill(-1, idx, -float("inf"))
-        if not self.do_sample:
-            return int(torch.argmax(scores, dim=-1)[0])
-        scores = self._warp(history.to(scores.device) if history is not None else None, scores)
-        probs = torch.softmax(scores, dim=-1)
-        gen = self.generator
-        if gen is not None and not same_device(gen.device, probs.device):
-            gen = None
-        return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
-
-
-# ---------------------------------------------------------------------------------------------
-# per-session storage
-
-
-class _Rows:
-    """A growable (capacity-doubling) row buffer on the model's device: append and crop in O(new)."""
-
-    def __init__(self) -> None:
-        self.data = None
-        self.n = 0
-
-    def append(self, rows) -> None:
-        import torch
-
-        k = rows.shape[0]
-        if self.data is None:
-            cap = max(64, 2 * k)
-            self.data = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-        elif self.n + k > self.data.shape[0]:
-            cap = max(2 * self.data.shape[0], self.n + k)
-            grown = torch.empty((cap, *rows.shape[1:]), dtype=self.data.dtype, device=self.data.device)
-            grown[: self.n] = self.data[: self.n]
-            self.data = grown
-        self.data[self.n : self.n + k] = rows
-        self.n += k
-
-    def crop(self, n: int) -> None:
-        self.n = min(self.n, max(0, n))
-
-    def view(self, start: int = 0, end: int | None = None):
-        end = self.n if end is None else min(end, self.n)
-        return self.data[start:end]
-
-    def clear(self) -> None:
-        self.data = None
-        self.n = 0
-
-
-@dataclass
-class MessageRecord:
-    """One message of the conversation as it lies in the cache."""
-
-    fingerprint: tuple
-    start: int
-    end: int
-    #: False for a generated reply whose closing ``<|im_end|>\n`` is not in the cache yet
-    closed: bool = True
-
-
-@dataclass
-class ReplyState:
-    """The reply being (or last) generated: what confirm() needs to cut it back."""
-
-    turn: int
-    record: MessageRecord
-    content_start: int  # cache index of the first generated token
-    ids: list[int] = field(default_factory=list)  # emitted tokens (forwarded or not)
-    text: str = ""  # concatenation of the emitted text deltas
-    ends: list[int] = field(default_factory=list)  # len(text) after each token's delta
-    forwarded: int = 0  # how many of ``ids`` are in the cache
-
-
-@dataclass
-class MultimodalItem:
-    """An audio clip or an image inside the cache (the Qwen3 talker recomputes rope positions)."""
-
-    pos: int  # cache index of its start token (<|audio_start|> / <|vision_start|>)
-    kind: str  # "audio" | "image"
-    value: Any  # audio: feature length (int); image: grid_thw (3 ints)
-
-
-class ThinkerContext:
-    """The thinker's kept context for one session."""
-
-    def __init__(self) -> None:
-        self.decoder: StaticDecoder | None = None  # the KV cache and its captured decode step
-        self.ids: list[int] = []
-        self.positions = _Rows()  # (T, 3) long rotary positions
-        self.src = _Rows()  # (T, D) talker source vectors
-        self.mm: list[bool] = []
-        self.next_pos = 0
-        self.messages: list[MessageRecord] = []
-        self.items: list[MultimodalItem] = []
-        self.reply: ReplyState | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def crop(self, n: int) -> None:
-        """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
-        n = max(0, min(n, len(self.ids)))
-        if self.decoder is not None:
-            self.decoder.crop(n)
-        del self.ids[n:]
-        del self.mm[n:]
-        self.positions.crop(n)
-        self.src.crop(n)
-        self.items = [it for it in self.items if it.pos < n]
-        self.messages = [m for m in self.messages if m.start < n]
-        if self.messages and self.messages[-1].end > n:
-            self.messages[-1].end = n
-        self.next_pos = int(self.positions.view().max()) + 1 if n else 0
-
-    def free(self) -> None:
-        if self.decoder is not None:
-            self.decoder.release()
-        self.decoder = None
-        self.ids.clear()
-        self.mm.clear()
-        self.positions.clear()
-        self.src.clear()
-        self.messages.clear()
-        self.items.clear()
-        self.reply = None
-        self.next_pos = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# what flows to the talker
-
-
-@dataclass
-class TalkerPrompt:
-    """Snapshot of the context the talker is prefilled with (taken when the reply starts)."""
-
-    turn: int
-    # Qwen2.5: every context token (the talker sees the whole thinker input)
-    src: Any = None  # (T, D)
-    positions: Any = None  # (T, 3)
-    next_pos: int = 0
-    # Qwen3: user-turn tokens only, plus the assistant header of this reply
-    user_ids: list[int] = field(default_factory=list)
-    user_src: Any = None  # (U, D)
-    user_mm: Any = None  # (U,) bool
-    user_items: list[MultimodalItem] = field(default_factory=list)
-    header_ids: list[int] = field(default_factory=list)
-    header_src: Any = None  # (h, D) token embeddings of "<|im_start|>assistant\n"
-
-
-@dataclass
-class TokenHidden:
-    """``ThinkerOutput.hidden`` of the omni engine."""
-
-    turn: int
-    index: int  # index of the token within the reply (-1 for an end marker without token)
-    token_id: int
-    vec: Any = None  # Qwen2.5: last_hidden + embedding of this token, (D,)
-    prompt: TalkerPrompt | None = None  # on the first output of each reply
-    end: bool = False  # end of the reply (EOS, max tokens)
-    eos: bool = False  # the token is the thinker's EOS (never forwarded)
-
-
-# ---------------------------------------------------------------------------------------------
-# prompt rendering
-
-
-@dataclass
-class _Rendered:
-    ids: list[int]
-    audio_features: list[Any] = field(default_factory=list)  # (mel, frames) float tensors
-    audio_lengths: list[int] = field(default_factory=list)
-    pixel_values: list[Any] = field(default_factory=list)
-    image_grids: list[list[int]] = field(default_factory=list)
-    items: list[tuple[int, str, Any]] = field(default_factory=list)  # (offset, kind, value)
-
-
-def _norm(text: str) -> str:
-    return " ".join((text or "").split())
-
-
-def _digest(array: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=12).hexdigest()
-
-
-def fingerprint(message: TurnMessage) -> tuple:
-    if message.role == "assistant":
-        return ("assistant", _norm(message.text))
-    audio = _digest(message.audio) if message.audio is not None and len(message.audio) else ""
-    images = tuple(_digest(img) for img in message.images)
-    return (message.role, _norm(message.text), audio, images)
-
-
-class PromptRenderer:
-    """Qwen chat-template rendering straight to token ids (placeholders expanded)."""
-
-    def __init__(self, loaded: LoadedOmni) -> None:
-        self.loaded = loaded
-        self.tok = loaded.tokens
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False)) if text else []
-
-    def header(self, role: str) -> list[int]:
-        return [self.tok.im_start, *self.tok.role[role], *self.tok.newline]
-
-    def closing(self) -> list[int]:
-        return [self.tok.im_end, *self.tok.newline]
-
-    def render(self, message: TurnMessage) -> _Rendered:
-        out = _Rendered(ids=self.header(message.role))
-        if message.role == "user":
-            for image in message.images:
-                self._image(out, image)
-            if message.audio is not None and len(message.audio):
-                self._audio(out, message.audio)
-        out.ids += self.encode(message.text)
-        out.ids += self.closing()
-        return out
-
-    def _audio(self, out: _Rendered, pcm16k: np.ndarray) -> None:
-        import torch
-
-        audio = np.asarray(pcm16k)
-        if audio.dtype == np.int16:
-            audio = audio.astype(np.float32) / 32768.0
-        else:
-            audio = audio.astype(np.float32)
-        audio = audio.reshape(-1)[-MAX_AUDIO_SAMPLES:]
-        if audio.size < MIN_AUDIO_SAMPLES:
-            audio = np.pad(audio, (0, MIN_AUDIO_SAMPLES - audio.size))
-        fe = self.loaded.feature_extractor
-        # pad to the clip length plus one FFT window: the valid frames then equal those of the
-        # processor's 300 s "max_length" padding (trailing zeros, same normalisation maximum)
-        hop = int(getattr(fe, "hop_length", 160))
-        n_fft = int(getattr(fe, "n_fft", 400))
-        target = int(np.ceil((audio.size + n_fft) / hop)) * hop
-        feats = fe(audio, sampling_rate=16_000, return_attention_mask=True, padding="max_length",
-                   max_length=target, truncation=False, return_tensors="pt")
-        length = int(feats["attention_mask"][0].sum())
-        features = feats["input_features"][0][:, :length]
-        n_tokens = audio_token_count(self.loaded, length)
-        out.items.append((len(out.ids), "audio", length))
-        out.ids += [self.tok.audio_start] + [self.tok.audio] * n_tokens + [self.tok.audio_end]
-        out.audio_features.append(features.to(torch.float32))
-        out.audio_lengths.append(length)
-
-    def _image(self, out: _Rendered, image: np.ndarray) -> None:
-        ip = self.loaded.image_processor
-        if ip is None or self.tok.image is None or self.tok.vision_start is None:
-            raise ValueError("this omni checkpoint has no image input")
-        arr = np.asarray(image)
-        if arr.ndim == 2:
-            arr = np.repeat(arr[..., None], 3, axis=-1)
-        if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
-            raise ValueError(f"images must be HxWx3 uint8 arrays, got shape {arr.shape}")
-        arr = np.ascontiguousarray(arr[..., :3].astype(np.uint8))
-        res = ip(images=[arr], return_tensors="pt")
-        grid = [int(v) for v in res["image_grid_thw"][0]]
-        merge = int(getattr(ip, "merge_size", 2))
-        n_tokens = grid[0] * grid[1] * grid[2] // (merge * merge)
-        out.items.append((len(out.ids), "image", grid))
-        out.ids += [self.tok.vision_start] + [self.tok.image] * n_tokens + [self.tok.vision_end]
-        out.pixel_values.append(res["pixel_values"])
-        out.image_grids.append(grid)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +148,7 @@ class StreamingThinker:
             reply.text = reply.text[: reply.ends[-1]] if keep else ""
             reply.forwarded = min(reply.forwarded, keep)
             record = reply.record
-            record.fingerprint = ("assistant", _norm(spoken))
+            record.fingerprint = ("assistant", norm_text(spoken))
             record.end = position
             record.closed = False
             if not self.ctx.messages or self.ctx.messages[-1] is not record:
@@ -486,7 +167,7 @@ class StreamingThinker:
                 reply.ends = reply.ends[:keep]
                 reply.text = reply.text[: reply.ends[-1]] if keep else ""
                 reply.forwarded = min(reply.forwarded, keep)
-                reply.record.fingerprint = ("assistant", _norm(reply.text))
+                reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 reply.record.closed = False
             return len(self.ctx)
 
@@ -546,7 +227,7 @@ class StreamingThinker:
             base = QWEN25_SYSTEM_PROMPT
         else:
             base = ""
-        if base and system and _norm(system) != _norm(base):
+        if base and system and norm_text(system) != norm_text(base):
             system = base + "\n\n" + system
         elif base:
             system = base
@@ -604,7 +285,7 @@ class StreamingThinker:
                 # reference generate); it enters the cache with the next turn's prefill.
                 with self.lock:
                     delta = self._append_text(reply, token)
-                    reply.record.fingerprint = ("assistant", _norm(reply.text))
+                    reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                 if last:
                     if self._alive(turn, request):
@@ -620,7 +301,7 @@ class StreamingThinker:
                 reply.record.end = len(self.ctx)
                 if qwen25:
                     delta = self._append_text(reply, token)
-                    reply.record.fingerprint = ("assistant", _norm(reply.text))
+                    reply.record.fingerprint = ("assistant", norm_text(reply.text))
             all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
             if qwen25:
                 yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
@@ -653,7 +334,7 @@ class StreamingThinker:
             ctx.crop(ctx.messages[keep].start)
             ctx.messages = ctx.messages[:keep]
         ids: list[int] = []
-        rendered: list[tuple[int, _Rendered, tuple]] = []
+        rendered: list[tuple[int, Rendered, tuple]] = []
         if ctx.messages and not ctx.messages[-1].closed:
             reply = ctx.reply
             if reply is not None and reply.record is ctx.messages[-1]:

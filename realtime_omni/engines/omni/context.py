@@ -1,0 +1,158 @@
+"""What a session keeps of the thinker's context, and what flows from the thinker to the talker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graphs import StaticDecoder
+
+
+class _Rows:
+    """A growable (capacity-doubling) row buffer on the model's device: append and crop in O(new)."""
+
+    def __init__(self) -> None:
+        self.data = None
+        self.n = 0
+
+    def append(self, rows) -> None:
+        import torch
+
+        k = rows.shape[0]
+        if self.data is None:
+            cap = max(64, 2 * k)
+            self.data = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        elif self.n + k > self.data.shape[0]:
+            cap = max(2 * self.data.shape[0], self.n + k)
+            grown = torch.empty((cap, *rows.shape[1:]), dtype=self.data.dtype, device=self.data.device)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+        self.data[self.n : self.n + k] = rows
+        self.n += k
+
+    def crop(self, n: int) -> None:
+        self.n = min(self.n, max(0, n))
+
+    def view(self, start: int = 0, end: int | None = None):
+        end = self.n if end is None else min(end, self.n)
+        return self.data[start:end]
+
+    def clear(self) -> None:
+        self.data = None
+        self.n = 0
+
+
+@dataclass
+class MessageRecord:
+    """One message of the conversation as it lies in the cache."""
+
+    fingerprint: tuple
+    start: int
+    end: int
+    #: False for a generated reply whose closing ``<|im_end|>\n`` is not in the cache yet
+    closed: bool = True
+
+
+@dataclass
+class ReplyState:
+    """The reply being (or last) generated: what confirm() needs to cut it back."""
+
+    turn: int
+    record: MessageRecord
+    content_start: int  # cache index of the first generated token
+    ids: list[int] = field(default_factory=list)  # emitted tokens (forwarded or not)
+    text: str = ""  # concatenation of the emitted text deltas
+    ends: list[int] = field(default_factory=list)  # len(text) after each token's delta
+    forwarded: int = 0  # how many of ``ids`` are in the cache
+
+
+@dataclass
+class MultimodalItem:
+    """An audio clip or an image inside the cache (the Qwen3 talker recomputes rope positions)."""
+
+    pos: int  # cache index of its start token (<|audio_start|> / <|vision_start|>)
+    kind: str  # "audio" | "image"
+    value: Any  # audio: feature length (int); image: grid_thw (3 ints)
+
+
+class ThinkerContext:
+    """The thinker's kept context for one session."""
+
+    def __init__(self) -> None:
+        self.decoder: StaticDecoder | None = None  # the KV cache and its captured decode step
+        self.ids: list[int] = []
+        self.positions = _Rows()  # (T, 3) long rotary positions
+        self.src = _Rows()  # (T, D) talker source vectors
+        self.mm: list[bool] = []
+        self.next_pos = 0
+        self.messages: list[MessageRecord] = []
+        self.items: list[MultimodalItem] = []
+        self.reply: ReplyState | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def crop(self, n: int) -> None:
+        """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
+        n = max(0, min(n, len(self.ids)))
+        if self.decoder is not None:
+            self.decoder.crop(n)
+        del self.ids[n:]
+        del self.mm[n:]
+        self.positions.crop(n)
+        self.src.crop(n)
+        self.items = [it for it in self.items if it.pos < n]
+        self.messages = [m for m in self.messages if m.start < n]
+        if self.messages and self.messages[-1].end > n:
+            self.messages[-1].end = n
+        self.next_pos = int(self.positions.view().max()) + 1 if n else 0
+
+    def free(self) -> None:
+        if self.decoder is not None:
+            self.decoder.release()
+        self.decoder = None
+        self.ids.clear()
+        self.mm.clear()
+        self.positions.clear()
+        self.src.clear()
+        self.messages.clear()
+        self.items.clear()
+        self.reply = None
+        self.next_pos = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# what flows to the talker
+
+
+@dataclass
+class TalkerPrompt:
+    """Snapshot of the context the talker is prefilled with (taken when the reply starts)."""
+
+    turn: int
+    # Qwen2.5: every context token (the talker sees the whole thinker input)
+    src: Any = None  # (T, D)
+    positions: Any = None  # (T, 3)
+    next_pos: int = 0
+    # Qwen3: user-turn tokens only, plus the assistant header of this reply
+    user_ids: list[int] = field(default_factory=list)
+    user_src: Any = None  # (U, D)
+    user_mm: Any = None  # (U,) bool
+    user_items: list[MultimodalItem] = field(default_factory=list)
+    header_ids: list[int] = field(default_factory=list)
+    header_src: Any = None  # (h, D) token embeddings of "<|im_start|>assistant\n"
+
+
+@dataclass
+class TokenHidden:
+    """``ThinkerOutput.hidden`` of the omni engine."""
+
+    turn: int
+    index: int  # index of the token within the reply (-1 for an end marker without token)
+    token_id: int
+    vec: Any = None  # Qwen2.5: last_hidden + embedding of this token, (D,)
+    prompt: TalkerPrompt | None = None  # on the first output of each reply
+    end: bool = False  # end of the reply (EOS, max tokens)
+    eos: bool = False  # the token is the thinker's EOS (never forwarded)
+
+

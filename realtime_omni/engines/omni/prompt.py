@@ -1,0 +1,120 @@
+"""Chat-template rendering of conversation messages into thinker tokens and multimodal inputs."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..base import TurnMessage
+from .loader import LoadedOmni, audio_token_count
+
+#: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
+MIN_AUDIO_SAMPLES = 1_600
+#: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
+MAX_AUDIO_SAMPLES = 300 * 16_000
+
+
+
+@dataclass
+class Rendered:
+    ids: list[int]
+    audio_features: list[Any] = field(default_factory=list)  # (mel, frames) float tensors
+    audio_lengths: list[int] = field(default_factory=list)
+    pixel_values: list[Any] = field(default_factory=list)
+    image_grids: list[list[int]] = field(default_factory=list)
+    items: list[tuple[int, str, Any]] = field(default_factory=list)  # (offset, kind, value)
+
+
+def norm_text(text: str) -> str:
+    return " ".join((text or "").split())
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=12).hexdigest()
+
+
+def fingerprint(message: TurnMessage) -> tuple:
+    if message.role == "assistant":
+        return ("assistant", norm_text(message.text))
+    audio = _digest(message.audio) if message.audio is not None and len(message.audio) else ""
+    images = tuple(_digest(img) for img in message.images)
+    return (message.role, norm_text(message.text), audio, images)
+
+
+class PromptRenderer:
+    """Qwen chat-template rendering straight to token ids (placeholders expanded)."""
+
+    def __init__(self, loaded: LoadedOmni) -> None:
+        self.loaded = loaded
+        self.tok = loaded.tokens
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+    def header(self, role: str) -> list[int]:
+        return [self.tok.im_start, *self.tok.role[role], *self.tok.newline]
+
+    def closing(self) -> list[int]:
+        return [self.tok.im_end, *self.tok.newline]
+
+    def render(self, message: TurnMessage) -> Rendered:
+        out = Rendered(ids=self.header(message.role))
+        if message.role == "user":
+            for image in message.images:
+                self._image(out, image)
+            if message.audio is not None and len(message.audio):
+                self._audio(out, message.audio)
+        out.ids += self.encode(message.text)
+        out.ids += self.closing()
+        return out
+
+    def _audio(self, out: Rendered, pcm16k: np.ndarray) -> None:
+        import torch
+
+        audio = np.asarray(pcm16k)
+        if audio.dtype == np.int16:
+            audio = audio.astype(np.float32) / 32768.0
+        else:
+            audio = audio.astype(np.float32)
+        audio = audio.reshape(-1)[-MAX_AUDIO_SAMPLES:]
+        if audio.size < MIN_AUDIO_SAMPLES:
+            audio = np.pad(audio, (0, MIN_AUDIO_SAMPLES - audio.size))
+        fe = self.loaded.feature_extractor
+        # pad to the clip length plus one FFT window: the valid frames then equal those of the
+        # processor's 300 s "max_length" padding (trailing zeros, same normalisation maximum)
+        hop = int(getattr(fe, "hop_length", 160))
+        n_fft = int(getattr(fe, "n_fft", 400))
+        target = int(np.ceil((audio.size + n_fft) / hop)) * hop
+        feats = fe(audio, sampling_rate=16_000, return_attention_mask=True, padding="max_length",
+                   max_length=target, truncation=False, return_tensors="pt")
+        length = int(feats["attention_mask"][0].sum())
+        features = feats["input_features"][0][:, :length]
+        n_tokens = audio_token_count(self.loaded, length)
+        out.items.append((len(out.ids), "audio", length))
+        out.ids += [self.tok.audio_start] + [self.tok.audio] * n_tokens + [self.tok.audio_end]
+        out.audio_features.append(features.to(torch.float32))
+        out.audio_lengths.append(length)
+
+    def _image(self, out: Rendered, image: np.ndarray) -> None:
+        ip = self.loaded.image_processor
+        if ip is None or self.tok.image is None or self.tok.vision_start is None:
+            raise ValueError("this omni checkpoint has no image input")
+        arr = np.asarray(image)
+        if arr.ndim == 2:
+            arr = np.repeat(arr[..., None], 3, axis=-1)
+        if arr.ndim != 3 or arr.shape[-1] not in (3, 4):
+            raise ValueError(f"images must be HxWx3 uint8 arrays, got shape {arr.shape}")
+        arr = np.ascontiguousarray(arr[..., :3].astype(np.uint8))
+        res = ip(images=[arr], return_tensors="pt")
+        grid = [int(v) for v in res["image_grid_thw"][0]]
+        merge = int(getattr(ip, "merge_size", 2))
+        n_tokens = grid[0] * grid[1] * grid[2] // (merge * merge)
+        out.items.append((len(out.ids), "image", grid))
+        out.ids += [self.tok.vision_start] + [self.tok.image] * n_tokens + [self.tok.vision_end]
+        out.pixel_values.append(res["pixel_values"])
+        out.image_grids.append(grid)
+
+

@@ -1,0 +1,70 @@
+"""Token sampling for the thinker and the talker, in the reference ``generate``'s order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .graphs import same_device
+
+
+class TokenSampler:
+    """Repetition penalty → suppressed tokens → temperature → top-k → top-p, then argmax or a draw:
+    the order ``GenerationMixin._get_logits_processor`` applies them in."""
+
+    def __init__(
+        self,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        suppress: list[int] | None = None,
+        generator: Any = None,
+    ) -> None:
+        import torch
+        from transformers import (
+            LogitsProcessorList,
+            RepetitionPenaltyLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        self.do_sample = bool(do_sample)
+        self.generator = generator
+        self._suppress = torch.tensor(sorted(set(suppress or [])), dtype=torch.long)
+        procs = []
+        if repetition_penalty is not None and repetition_penalty != 1.0:
+            procs.append(RepetitionPenaltyLogitsProcessor(penalty=float(repetition_penalty)))
+        self._pre = LogitsProcessorList(procs)
+        warpers = []
+        if self.do_sample:
+            if temperature is not None and temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(float(temperature)))
+            if top_k is not None and top_k != 0:
+                warpers.append(TopKLogitsWarper(top_k=int(top_k)))
+            if top_p is not None and top_p < 1.0:
+                warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+        self._warp = LogitsProcessorList(warpers)
+
+    def __call__(self, logits, history=None) -> int:
+        """``logits``: (1, V) float; ``history``: (1, H) long ids the penalty looks at."""
+        import torch
+
+        scores = logits.float()
+        if len(self._pre) and history is not None and history.numel():
+            scores = self._pre(history.to(scores.device), scores)
+        if self._suppress.numel():
+            idx = self._suppress.to(scores.device)
+            idx = idx[idx < scores.shape[-1]]
+            scores = scores.index_fill(-1, idx, -float("inf"))
+        if not self.do_sample:
+            return int(torch.argmax(scores, dim=-1)[0])
+        scores = self._warp(history.to(scores.device) if history is not None else None, scores)
+        probs = torch.softmax(scores, dim=-1)
+        gen = self.generator
+        if gen is not None and not same_device(gen.device, probs.device):
+            gen = None
+        return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
+
+
