@@ -1,0 +1,283 @@
+"""One reply's talker state, shared by both architectures: chunking, text pacing, stop/resume."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..base import TalkerOutput, ThinkerOutput
+from .code_predictor import CodeFrames
+from .context import TalkerPrompt, TokenHidden
+from .graphs import StaticDecoder, on_stream
+from .loader import LoadedOmni, samples_per_code
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class TalkerSettings:
+    do_sample: bool = True
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int = 4096
+    first_chunk_frames: int = 12
+    chunk_frames: int = 24
+    #: sizes of the chunks between the first and the steady ones: the second chunk must be ready
+    #: before the first has played, so it cannot be a full steady chunk
+    ramp_frames: tuple[int, ...] = ()
+    #: transcript pacing: text is attributed to audio at most this fast (characters per second)
+    chars_per_second: float = 15.0
+    #: benchmarks only: never stop on the codec EOS (run to max_new_tokens)
+    ignore_eos: bool = False
+    #: size of the session's static talker KV cache: the thinker's context + one reply's frames
+    cache_tokens: int = 8192 + 4096 + 16
+    #: replay the talker step (and Qwen3's code-predictor frame) as CUDA graphs (CUDA only)
+    cuda_graphs: bool = True
+
+
+#: the reference generate()'s talker sampling defaults
+_DEFAULTS = {
+    "qwen2_5_omni": dict(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05),
+    "qwen3_omni_moe": dict(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05),
+}
+
+
+@dataclass
+class CodeChunk:
+    """``TalkerOutput.codes`` of the omni engine: a run of codec frames of one reply."""
+
+    turn: int
+    start: int  # index of the first frame within the reply
+    codes: Any  # long tensor on CPU: (n,) for Qwen2.5, (n, G) for Qwen3
+    speaker: str
+    final: bool = False
+
+    def __len__(self) -> int:
+        return int(self.codes.shape[0])
+
+
+class Superseded(Exception):
+    """A closed reply tried to step on the session's shared caches."""
+
+
+class TalkerStream:
+    """One reply's talker state (shared logic: chunking, text pacing, stop/resume)."""
+
+    frame_samples: int = 480
+
+    def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator, turn: int,
+                 prompt: TalkerPrompt | None, speaker: str, decoder: StaticDecoder,
+                 frames: CodeFrames | None = None) -> None:
+        self.loaded = loaded
+        self.settings = settings
+        self.turn = turn
+        self.prompt = prompt
+        self.speaker = speaker
+        self.device = loaded.device
+        self.decoder = decoder
+        self.code_frames = frames
+        self.step_lock = threading.Lock()  # the session's, set by OmniTalker
+        self.frame_limit = settings.max_new_tokens
+        self.prefilled = False
+        self.done = prompt is None  # no prompt (first output lost) → nothing to say
+        self.ended = False  # the thinker's reply is complete
+        self.final_sent = False
+        self.logits = None  # pending logits of the last forward
+        self.frames: list[Any] = []  # frames waiting to be emitted
+        self.emitted = 0  # frames emitted so far
+        self.steps = 0
+        self.text_in = ""
+        self.text_out = 0
+        self.frame_sec = samples_per_code(loaded) / 24_000.0
+        defaults = dict(_DEFAULTS[loaded.arch])
+        for key in ("temperature", "top_k", "top_p", "repetition_penalty"):
+            value = getattr(settings, key)
+            if value is not None:
+                defaults[key] = value
+        self.sample_kw = defaults
+        self.generator = generator
+
+    # feeding ----------------------------------------------------------------------------------
+
+    def add(self, out: ThinkerOutput) -> None:
+        hidden: TokenHidden = out.hidden
+        self.text_in += out.text or ""
+        if hidden.prompt is not None and self.prompt is None and not self.prefilled:
+            self.prompt = hidden.prompt
+            self.done = False
+        self._add_token(hidden)
+        if hidden.end:
+            self.ended = True
+
+    def _add_token(self, hidden: TokenHidden) -> None:
+        raise NotImplementedError
+
+    # running ----------------------------------------------------------------------------------
+
+    def run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
+        try:
+            yield from self._run(cancelled, final)
+        except Superseded:
+            return
+
+    def _run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
+        if final:
+            self.ended = True
+        while not self.done:
+            if cancelled.is_set():
+                return
+            if self.logits is None:
+                if not self.prefilled:
+                    if not self._can_prefill():
+                        if self.ended:
+                            self.done = True  # nothing to speak
+                        break
+                    self._prefill()
+                    self.prefilled = True
+                    continue
+                if not self._input_ready():
+                    break
+                self._forward_next()
+                continue
+            stop = self._take_frame()
+            self.logits = None
+            if stop:
+                self.done = True
+                break
+            self.steps += 1
+            if self.steps >= self._max_frames():
+                self.done = True
+                break
+            if len(self.frames) >= max(1, self._threshold()):
+                yield self._chunk(final=False)
+        if cancelled.is_set():
+            return
+        if self.done and self.ended and not self.final_sent:
+            while len(self.frames) > max(1, self.settings.chunk_frames):
+                yield self._chunk(final=False, count=self.settings.chunk_frames)
+            self.final_sent = True
+            yield self._chunk(final=True)
+
+    def _chunk(self, final: bool, count: int | None = None) -> TalkerOutput:
+        import torch
+
+        take = self.frames if count is None else self.frames[:count]
+        self.frames = [] if count is None else self.frames[count:]
+        start = self.emitted
+        self.emitted += len(take)
+        if take:
+            codes = torch.stack([t if t.ndim else t.view(()) for t in take]).to("cpu")
+        else:
+            codes = torch.zeros((0,) if self.loaded.arch == "qwen2_5_omni" else (0, self._groups()),
+                                dtype=torch.long)
+        chunk = CodeChunk(turn=self.turn, start=start, codes=codes, speaker=self.speaker, final=final)
+        return TalkerOutput(codes=chunk, text=self._paced_text(final), final=final)
+
+    def _groups(self) -> int:
+        return 1
+
+    def _threshold(self) -> int:
+        """Frames in the next chunk: the first chunk, the ramp, then steady chunks."""
+        s = self.settings
+        if self.emitted == 0:
+            return s.first_chunk_frames
+        done = self.emitted - s.first_chunk_frames
+        for size in s.ramp_frames:
+            if done < size:
+                return size
+            done -= size
+        return s.chunk_frames
+
+    def _max_frames(self) -> int:
+        return self.frame_limit
+
+    def _prefill_with(self, inputs, positions) -> Any:
+        """Prefill the (reused) static cache from position 0; returns the step's outputs."""
+        decoder = self.decoder
+        n = inputs.shape[1]
+        if n + 2 > decoder.max_len:
+            raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
+        self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
+        with self._own_caches(), on_stream(self.loaded.stream("talker")):
+            decoder.crop(0)
+            return self.forward(self.loaded, decoder, inputs, positions)
+
+    def _step_with(self, fill: Callable[..., None]) -> Any:
+        """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
+        with self._own_caches(), on_stream(self.loaded.stream("talker")):
+            fill(*self.decoder.inputs)
+            out = self.decoder.graph()
+            return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    @contextlib.contextmanager
+    def _own_caches(self) -> Iterator[None]:
+        """Hold the session's caches for one step; a closed (superseded) reply takes none."""
+        with self.step_lock:
+            if self.done:
+                raise Superseded
+            yield
+
+    def _paced_text(self, final: bool) -> str:
+        if final:
+            cut = len(self.text_in)
+        else:
+            allowed = int(self.emitted * self.frame_sec * self.settings.chars_per_second)
+            cut = min(allowed, len(self.text_in))
+            if cut < len(self.text_in):
+                space = self.text_in.rfind(" ", self.text_out, cut + 1)
+                cut = space if space > self.text_out else self.text_out
+        text = self.text_in[self.text_out : cut]
+        self.text_out = max(self.text_out, cut)
+        return text
+
+    def close(self) -> None:
+        self.logits = None
+        self.done = True
+
+    # architecture hooks -------------------------------------------------------------------------
+
+    def _can_prefill(self) -> bool: ...
+
+    def _prefill(self) -> None: ...
+
+    def _input_ready(self) -> bool: ...
+
+    def _forward_next(self) -> None: ...
+
+    def _take_frame(self) -> bool:
+        """Sample the pending frame; append it to ``frames``; True on the codec EOS."""
+        ...
+
+    @staticmethod
+    def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions) -> Any: ...
+
+    @classmethod
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+        """The session's talker cache with this architecture's step bound to it."""
+        ...
+
+    @staticmethod
+    def empty_decoder(loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+        return StaticDecoder(loaded.talker.model.config, settings.cache_tokens, loaded.device,
+                             graphs=settings.cuda_graphs, name=f"{loaded.arch} talker step",
+                             capture_stream=loaded.stream("talker capture"))
+
+    @classmethod
+    def dummy_prefill(cls, loaded: LoadedOmni, decoder: StaticDecoder) -> None:
+        """One throw-away token through the cache (before capturing the step at session open)."""
+        import torch
+
+        like = cls.step_input(decoder)  # one input row of this architecture's step
+        decoder.crop(0)
+        cls.forward(loaded, decoder, torch.zeros((1, 1, like.shape[-1]), dtype=like.dtype, device=loaded.device),
+                    torch.zeros((3, 1), dtype=torch.long))
+
+    @staticmethod
+    def step_input(decoder: StaticDecoder) -> Any:
+        """The static tensor that carries the step's input embedding."""
+        ...
