@@ -9,14 +9,23 @@ What the engine takes in and gives out:
   model's own length formula. Clips are zero-padded to 0.1 s and cut to their last 300 s.
 * images in: ``TurnMessage.images`` (HxWx3 uint8) → Qwen2-VL patches → the vision encoder, with
   3-D rotary positions (``get_rope_index``). This works for both architectures (tested with tiny
-  random models). Video is not supported.
+  random models). Video reaches the engine as such images, frames sampled by the transport
+  (WebRTC: 1 per second by default); the models' own video input is not used.
 * text in / text out: Qwen chat template rendered straight to token ids. Qwen2.5-Omni gets its
   official system prompt (required for speech output), with the session instructions after it.
 * audio out: 24 kHz int16 from the talker's codes (Qwen2.5: token2wav DiT + BigVGAN; Qwen3:
   code2wav), decoded in chunks.
 
-See ``model.py`` for the stage wiring, ``talker.py`` for how the reference ``generate`` is
-reproduced step by step, and ``codec.py`` for chunked decoding.
+Where things are:
+
+* ``model.py``: the stage wiring (``OmniModel``, ``OmniSession``); ``settings.py``: how
+  ``serve --model omni:<dir>`` is configured; ``loader.py``: checkpoints and random builds.
+* ``thinker.py`` (with ``prompt.py``, ``context.py``, ``sampling.py``): the streaming thinker and
+  the session's resumable context.
+* ``talker.py`` (with ``talker_stream.py``, ``talker_qwen25.py``, ``talker_qwen3.py``,
+  ``code_predictor.py``): how the reference ``generate``'s talker is reproduced step by step.
+* ``codec.py``: chunked decoding with left context.
+* ``graphs.py``: static KV caches, CUDA graphs and per-stage CUDA streams (the GPU fast path).
 """
 
 from .loader import detect_architecture, load_omni, read_config
