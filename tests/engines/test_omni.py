@@ -481,6 +481,17 @@ def test_a_superseded_reply_takes_no_further_step(omni):
         session.close()
 
 
+def test_a_reply_drained_after_close_allocates_nothing(omni):
+    """A talk() generator made before the session closed (the client left mid-reply) ends
+    without building new caches for the dead session."""
+    session = omni.open_session()
+    outputs = list(session.think(request([TurnMessage(role="user", text="bye")], max_tokens=4)))
+    talk = session.talk(outputs, "alloy", threading.Event(), final=True)
+    session.close()
+    assert list(talk) == []
+    assert session.talker.decoder is None and session.talker.frames is None
+
+
 # ---------------------------------------------------------------------------------------------
 # (6) bad paths: clear errors
 

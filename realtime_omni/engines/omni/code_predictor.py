@@ -65,7 +65,7 @@ class CodeFrames:
 
         self.graph = StepGraph(frame, device=device, enabled=cuda_graphs,
                                name=f"{loaded.arch} code predictor frame",
-                               capture_stream=loaded.stream("talker capture"))
+                               **loaded.graph_streams("talker"))
 
     def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
         """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""

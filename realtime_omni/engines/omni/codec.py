@@ -69,7 +69,7 @@ class OmniCodec:
         self.samples_per_code = samples_per_code(loaded)
         self._speaker_cache: dict[tuple, Any] = {}
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
-                                   name=f"{loaded.arch} codec window", capture_stream=loaded.stream("codec capture"))
+                                   name=f"{loaded.arch} codec window", **loaded.graph_streams("codec"))
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config
             self.repeats = int(dit.repeats)

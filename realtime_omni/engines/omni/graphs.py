@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 #: per process: kind of step → whether it proved free of host syncs (see :func:`probing`)
 _verdicts: dict[str, bool] = {}
 _probing = threading.local()
+_CAPTURE_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -81,9 +82,12 @@ def on_stream(stream: Any) -> Iterator[None]:
     import torch
 
     stream.wait_stream(torch.cuda.current_stream(stream.device))
-    with torch.cuda.stream(stream):
-        yield
-    stream.synchronize()
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        # also on errors: the caller may free what the stage's queued kernels still use
+        stream.synchronize()
 
 
 def same_device(a: Any, b: Any) -> bool:
@@ -111,7 +115,7 @@ class StepGraph:
     def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
                  kind: str | None = None, save: Callable[[], Any] | None = None,
                  restore: Callable[[Any], None] | None = None, warmup: int = 2,
-                 capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and graphs_available(device)
@@ -121,6 +125,9 @@ class StepGraph:
         # the graph, so graphs of stages that replay concurrently must not share one (they did
         # on torch's default capture stream, and split-K GEMMs deadlocked on it).
         self.capture_stream = capture_stream
+        # warm-ups run where the stage's replays run, so they never overlap one (on the capture
+        # stream they would share the captured graphs' cuBLAS workspace)
+        self.run_stream = run_stream
         self.save = save
         self.restore = restore
         self.warmup = warmup
@@ -141,6 +148,10 @@ class StepGraph:
         return self.step()
 
     def capture(self) -> bool:
+        with _CAPTURE_LOCK:  # one capture at a time in the process (sessions open concurrently)
+            return self._capture()
+
+    def _capture(self) -> bool:
         import torch
 
         if _verdicts.get(self.kind) is False:
@@ -160,7 +171,7 @@ class StepGraph:
                 log.warning("omni: %s stays eager, it syncs with the host: %s", self.kind, problem)
                 return False
         try:
-            side = self.capture_stream or torch.cuda.Stream(self.device)
+            side = self.run_stream or torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
@@ -200,8 +211,9 @@ class ShapeGraphs:
     """
 
     def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 16,
-                 capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None) -> None:
         self.device = device
+        self.run_stream = run_stream
         self.capture_stream = capture_stream
         self.enabled = enabled and graphs_available(device)
         self.name = name
@@ -224,7 +236,8 @@ class ShapeGraphs:
                     return fn(*inputs)
                 static = tuple(t.clone() for t in inputs)
                 entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}",
-                                           kind=self.name, capture_stream=self.capture_stream))
+                                           kind=self.name, run_stream=self.run_stream,
+                                           capture_stream=self.capture_stream))
                 self._graphs[key] = entry
                 while len(self._graphs) > self.limit:
                     self._graphs.popitem(last=False)
@@ -261,7 +274,7 @@ class StaticDecoder:
     """
 
     def __init__(self, config: Any, max_len: int, device: Any, graphs: bool = True, name: str = "decoder",
-                 capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None) -> None:
         from transformers.cache_utils import StaticCache
 
         self.max_len = int(max_len)
@@ -269,6 +282,7 @@ class StaticDecoder:
         self.cache = StaticCache(config=config, max_cache_len=self.max_len)
         self.graphs = graphs
         self.name = name
+        self.run_stream = run_stream
         self.capture_stream = capture_stream
         self.graph: StepGraph | None = None
         #: the static input tensors the bound step reads (set by the owner)
@@ -290,7 +304,8 @@ class StaticDecoder:
     def bind(self, step: Callable[[], Any]) -> StepGraph:
         """Wrap ``step`` (one token through this cache, static inputs) as the replayed step."""
         self.graph = StepGraph(step, device=self.device, enabled=self.graphs, name=self.name,
-                               save=self._save, restore=self._restore, capture_stream=self.capture_stream)
+                               save=self._save, restore=self._restore, run_stream=self.run_stream,
+                               capture_stream=self.capture_stream)
         return self.graph
 
     def _save(self) -> list[Any]:

@@ -156,6 +156,11 @@ class LoadedOmni:
 
         return torch.device(self.device).type
 
+    def graph_streams(self, stage: str) -> dict[str, Any]:
+        """Where a stage's graphs warm up (its own stream, in order with its replays) and where
+        they are captured (a stream of the stage's own: its cuBLAS workspace goes into them)."""
+        return {"run_stream": self.stream(stage), "capture_stream": self.stream(f"{stage} capture")}
+
     def stream(self, stage: str) -> Any:
         """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA."""
         if self.device_type != "cuda":

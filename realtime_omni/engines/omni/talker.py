@@ -76,8 +76,11 @@ class OmniTalker:
         # one reply at a time on the shared caches: a superseded reply's thread may still be
         # finishing a step when the next reply prefills
         self.step_lock = threading.Lock()
+        self.closed = False
 
     def parts(self) -> tuple[StaticDecoder, CodeFrames | None]:
+        if self.closed:
+            raise RuntimeError("the session's talker is closed")
         if self.decoder is None:
             self.decoder = self.kind.new_decoder(self.loaded, self.settings)
         if self.frames is None and self.loaded.arch != "qwen2_5_omni":
@@ -90,6 +93,8 @@ class OmniTalker:
         import torch
 
         with self.lock, torch.inference_mode():
+            if self.closed:
+                return
             decoder, frames = self.parts()
             graph = decoder.graph
             if graph is not None and graph.enabled and not graph.captured:
@@ -105,6 +110,8 @@ class OmniTalker:
         import torch
 
         with self.lock:
+            if self.closed:  # a reply still draining after the session closed: nothing to say
+                return
             for out in segment:
                 hidden = out.hidden
                 if not isinstance(hidden, TokenHidden):
@@ -139,6 +146,7 @@ class OmniTalker:
     def close(self) -> None:
         self.stop()
         with self.lock, self.step_lock:  # not under a step still finishing in the talker thread
+            self.closed = True
             if self.decoder is not None:
                 self.decoder.release()
             self.decoder = None

@@ -50,7 +50,7 @@ class Qwen3Stream(TalkerStream):
     def _max_frames(self) -> int:
         # the reference completes a frame's residual codebooks in the *next* step, so a run that
         # hits max_new_tokens drops its last frame
-        return max(1, self.settings.max_new_tokens - 1)
+        return min(self.frame_limit, max(1, self.settings.max_new_tokens - 1))
 
     def add(self, out: ThinkerOutput) -> None:
         if out.hidden.prompt is not None and self.prompt is None and not self.prefilled:

@@ -265,7 +265,7 @@ class TalkerStream:
     def empty_decoder(loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
         return StaticDecoder(loaded.talker.model.config, settings.cache_tokens, loaded.device,
                              graphs=settings.cuda_graphs, name=f"{loaded.arch} talker step",
-                             capture_stream=loaded.stream("talker capture"))
+                             **loaded.graph_streams("talker"))
 
     @classmethod
     def dummy_prefill(cls, loaded: LoadedOmni, decoder: StaticDecoder) -> None:

@@ -457,7 +457,7 @@ class StreamingThinker:
             device = self.loaded.device
             decoder = StaticDecoder(self._text_cfg, self._cache_len, device, graphs=self.settings.cuda_graphs,
                                     name=f"{self.loaded.arch} thinker step",
-                                    capture_stream=self.loaded.stream("thinker capture"))
+                                    **self.loaded.graph_streams("thinker"))
             ids = torch.zeros((1, 1), dtype=torch.long, device=device)
             positions = torch.zeros((3, 1), dtype=torch.long, device=device)
             decoder.bind(lambda: self._forward(ids, positions, {}, decoder))
