@@ -169,7 +169,9 @@ class LoadedOmni:
         if stage not in streams:
             import torch
 
-            streams[stage] = torch.cuda.Stream(self.device)
+            stream = streams[stage] = torch.cuda.Stream(self.device)
+            if stage.endswith(" capture"):
+                _prime_cublas(stream, self.device)
         return streams[stage]
 
     @property
@@ -336,6 +338,20 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
         feature_extractor=fe, image_processor=ip, device=torch.device(device), dtype=torch_dtype,
         tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg,
     )
+
+
+def _prime_cublas(stream: Any, device: Any) -> None:
+    """Allocate cuBLAS / cuBLASLt workspaces for a capture stream now, in the ordinary memory
+    pool: graphs captured on it bake these in, and warm-ups never run on it (they run on the
+    stage's stream, in order with its replays)."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        for dtype in (torch.float32, torch.bfloat16):
+            a = torch.ones((16, 16), device=device, dtype=dtype)
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)  # the cuBLASLt path (bias epilogue)
+    stream.synchronize()
 
 
 def _grouped_experts(model) -> None:
