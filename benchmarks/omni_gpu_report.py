@@ -179,7 +179,7 @@ def main(argv=None) -> int:
         args.command,
         "# here again:",
         "python benchmarks/omni_gpu_report.py omni-gpu-raw.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
-        "--driver 580.159.04 --cores 16 --ram-gib 128",
+        "--driver 580.159.04 --cores 16 --ram-gib 128 --baseline OLD_REPORT.json --sections benchmarks/omni_gpu_sections.md",
     ]
     report = build(results, baseline, args)
     if args.sections is not None:
