@@ -140,12 +140,15 @@ class StepGraph:
         return self.graph is not None
 
     def __call__(self) -> Any:
-        if self.enabled and self.graph is None and not self.failed:
-            self.capture()
+        self.ensure_captured()
         if self.graph is not None:
             self.graph.replay()
             return self.outputs
         return self.step()
+
+    def ensure_captured(self) -> None:
+        if self.enabled and self.graph is None and not self.failed:
+            self.capture()
 
     def capture(self) -> bool:
         with _CAPTURE_LOCK:  # one capture at a time in the process (sessions open concurrently)
@@ -300,6 +303,17 @@ class StaticDecoder:
         if have > n:
             with torch.inference_mode():  # the lengths are inference tensors
                 self.cache.crop(max(0, n) - have)
+
+    def capture_now(self, dummy: Callable[[], Any]) -> None:
+        """Capture the bound step now (session open) rather than on its first use: ``dummy`` puts
+        one throw-away token in the cache for the warm-ups to follow, and it is cut off again."""
+        graph = self.graph
+        if graph is None or not graph.enabled or graph.captured or graph.failed:
+            return
+        self.crop(0)
+        dummy()
+        graph.ensure_captured()
+        self.crop(0)
 
     def bind(self, step: Callable[[], Any]) -> StepGraph:
         """Wrap ``step`` (one token through this cache, static inputs) as the replayed step."""

@@ -96,13 +96,9 @@ class OmniTalker:
             if self.closed:
                 return
             decoder, frames = self.parts()
-            graph = decoder.graph
-            if graph is not None and graph.enabled and not graph.captured:
-                self.kind.dummy_prefill(self.loaded, decoder)
-                graph.capture()
-                decoder.crop(0)
-            if frames is not None and frames.graph.enabled and not frames.graph.captured:
-                frames.graph.capture()
+            decoder.capture_now(lambda: self.kind.dummy_prefill(self.loaded, decoder))
+            if frames is not None:
+                frames.graph.ensure_captured()
 
     def talk(
         self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool

@@ -269,11 +269,10 @@ class TalkerStream:
 
     @classmethod
     def dummy_prefill(cls, loaded: LoadedOmni, decoder: StaticDecoder) -> None:
-        """One throw-away token through the cache (before capturing the step at session open)."""
+        """One throw-away token through the empty cache (before capturing the step at session open)."""
         import torch
 
         like = cls.step_input(decoder)  # one input row of this architecture's step
-        decoder.crop(0)
         cls.forward(loaded, decoder, torch.zeros((1, 1, like.shape[-1]), dtype=like.dtype, device=loaded.device),
                     torch.zeros((3, 1), dtype=torch.long))
 

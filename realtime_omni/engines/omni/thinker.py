@@ -184,13 +184,8 @@ class StreamingThinker:
         with self.lock, torch.inference_mode():
             if self.closed or self.ctx.ids:
                 return
-            decoder = self._decoder()
-            if decoder.graph is None or not decoder.graph.enabled or decoder.graph.captured:
-                return
-            first = self.loaded.tokens.im_start
-            self._forward(torch.tensor([[first]], dtype=torch.long), torch.zeros((3, 1), dtype=torch.long), {})
-            decoder.graph.capture()
-            decoder.crop(0)
+            first = torch.tensor([[self.loaded.tokens.im_start]], dtype=torch.long)
+            self._decoder().capture_now(lambda: self._forward(first, torch.zeros((3, 1), dtype=torch.long), {}))
 
     def close(self) -> None:
         with self.lock:
