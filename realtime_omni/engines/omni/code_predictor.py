@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .graphs import StaticDecoder, StepGraph, on_stream, same_device
 from .loader import LoadedOmni
+
+if TYPE_CHECKING:
+    from .batching.stages import Rows
+
+
+@dataclass(frozen=True)
+class CodePredictorSpec:
+    """The code predictor's sampling: ``groups`` codebooks per frame, top-k of ``temperature``."""
+
+    groups: int
+    temperature: float
+    top_k: int
+
+    @classmethod
+    def of(cls, loaded: LoadedOmni) -> CodePredictorSpec:
+        cp = loaded.talker.code_predictor
+        gc = getattr(cp, "generation_config", None)
+        vocab = int(cp.lm_head[0].weight.shape[0])
+        return cls(groups=int(loaded.config.talker_config.num_code_groups),
+                   temperature=float(getattr(gc, "temperature", None) or 1.0), top_k=min(50, vocab))
 
 
 class CodeFrames:
@@ -18,64 +39,103 @@ class CodeFrames:
     """
 
     def __init__(self, loaded: LoadedOmni, *, do_sample: bool = True, cuda_graphs: bool = True,
-                 generator: Any = None) -> None:
+                 generator: Any = None, rows: Rows | None = None) -> None:
         import torch
 
         talker = loaded.talker
         cp = talker.code_predictor
         device = loaded.device
-        self.groups = groups = int(loaded.config.talker_config.num_code_groups)
+        spec = CodePredictorSpec.of(loaded)
+        self.groups = groups = spec.groups
         self.generator = generator if generator is not None and same_device(generator.device, device) else None
-        self.decoder = StaticDecoder(cp.model.config, groups + 1, device, graphs=False, name="code predictor")
-        gc = getattr(cp, "generation_config", None)
-        temperature = float(getattr(gc, "temperature", None) or 1.0)
-        vocab = int(cp.lm_head[0].weight.shape[0])
-        self.top_k = top_k = min(50, vocab)
-        do_sample = bool(do_sample)
+        self.top_k = top_k = spec.top_k
+        temperature = spec.temperature
+        self.device = device
+        #: the model's batched frames (shared by all sessions), or None: this session's own graph
+        self.rows = rows
+        self.stream = loaded.stream("talker")
+        if rows is not None:
+            self.graph = None
+            return
         width = int(loaded.config.talker_config.text_config.hidden_size)
         dtype = talker.codec_head.weight.dtype
-        self.hidden = torch.zeros((1, 1, width), dtype=dtype, device=device)
+        self.hidden = torch.zeros((1, width), dtype=dtype, device=device)
         self.c0 = torch.zeros((1, 1), dtype=torch.long, device=device)
-        self.noise = torch.full((max(1, groups - 1), top_k), 0.5, dtype=torch.float32, device=device)
-        cache = self.decoder.cache
-        self.stream = loaded.stream("talker")
-        # the prefill's causal mask over the whole static cache, built once: left to transformers,
-        # a two-token query reads the cache length on the host to decide whether it can skip it
-        prefill_mask = torch.ones((2, groups + 1), dtype=torch.bool, device=device).tril()[None, None]
-
-        def frame():
-            for layer in cache.layers:  # a fresh prefix every frame
-                layer.cumulative_length.zero_()
-            first = talker.model.codec_embedding(self.c0)  # (1, 1, H)
-            embeds = [first]
-            inputs = torch.cat([self.hidden.to(first.dtype), first], dim=1)
-            codes = []
-            for j in range(1, groups):
-                out = cp.model(inputs_embeds=inputs, use_cache=True, return_dict=True,
-                               attention_mask=prefill_mask if j == 1 else None, **{loaded.cache_kwarg: cache})
-                logits = cp.lm_head[j - 1](out.last_hidden_state[:, -1, :]).float()
-                if do_sample:
-                    code = sample_top_k_top_p(logits[0], self.noise[j - 1], temperature, top_k, 0.8)
-                else:
-                    code = torch.argmax(logits[0], dim=-1, keepdim=True)
-                codes.append(code)
-                inputs = cp.model.codec_embedding[j - 1](code.view(1, 1))
-                embeds.append(inputs)
-            return torch.cat(codes), torch.cat(embeds, dim=1).sum(dim=1)[0]
-
-        self.graph = StepGraph(frame, device=device, enabled=cuda_graphs,
-                               name=f"{loaded.arch} code predictor frame",
+        self.noise = torch.full((1, max(1, groups - 1), top_k), 0.5, dtype=torch.float32, device=device)
+        step = frame_step(loaded, do_sample)(1, None, (self.hidden, self.c0, self.noise))
+        self.graph = StepGraph(step, device=device, enabled=cuda_graphs, name=f"{loaded.arch} code predictor frame",
                                **loaded.graph_streams("talker"))
 
     def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
         """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""
+        if self.rows is not None:
+            return self._batched(hidden, c0)
         with on_stream(self.stream):
-            self.hidden.copy_(hidden)
+            self.hidden.copy_(hidden.reshape(self.hidden.shape))
             self.c0.fill_(c0)
             self.noise.uniform_(generator=self.generator)
             codes, embed = self.graph()
-            embed = embed.clone()
+            embed = embed[0].clone()
+        return codes[0].tolist(), embed
+
+    def _batched(self, hidden, c0: int) -> tuple[list[int], Any]:
+        import torch
+
+        with on_stream(self.stream):
+            noise = torch.empty((max(1, self.groups - 1), self.top_k), dtype=torch.float32, device=self.device)
+            noise.uniform_(generator=self.generator)
+        codes, embed = self.rows.batcher.step((hidden.reshape(-1), torch.tensor([c0]), noise))
         return codes.tolist(), embed
+
+    def release(self) -> None:
+        if self.graph is not None:
+            self.graph.release()
+
+
+def frame_step(loaded: LoadedOmni, do_sample: bool):
+    """``make(bucket, _, (hidden, c0, noise))`` → a step computing ``bucket`` frames' residual
+    codebooks at once: ``hidden`` (bucket, H) talker states, ``c0`` (bucket, 1) codebook-0
+    codes, ``noise`` (bucket, G-1, k) uniform draws; returns codes (bucket, G-1) and the frames'
+    summed codebook embeddings (bucket, H). The cache is rebuilt every frame."""
+    from transformers.cache_utils import StaticCache
+
+    talker = loaded.talker
+    cp = talker.code_predictor
+    spec = CodePredictorSpec.of(loaded)
+    groups = spec.groups
+
+    def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+        import torch
+
+        hidden, c0, noise = inputs
+        cache = StaticCache(config=cp.model.config, max_cache_len=groups + 1)
+        # the prefill's causal mask over the whole static cache, built once: left to transformers,
+        # a two-token query reads the cache length on the host to decide whether it can skip it
+        prefill_mask = torch.ones((2, groups + 1), dtype=torch.bool, device=loaded.device).tril()[None, None]
+
+        def step():
+            for layer in cache.layers:  # a fresh prefix every frame
+                layer.cumulative_length.zero_()
+            first = talker.model.codec_embedding(c0)  # (bucket, 1, H)
+            embeds = [first]
+            x = torch.cat([hidden[:, None, :].to(first.dtype), first], dim=1)
+            codes = []
+            for j in range(1, groups):
+                out = cp.model(inputs_embeds=x, use_cache=True, return_dict=True,
+                               attention_mask=prefill_mask if j == 1 else None, **{loaded.cache_kwarg: cache})
+                logits = cp.lm_head[j - 1](out.last_hidden_state[:, -1, :]).float()
+                if do_sample:
+                    code = sample_top_k_top_p(logits, noise[:, j - 1], spec.temperature, spec.top_k, 0.8)
+                else:
+                    code = torch.argmax(logits, dim=-1, keepdim=True)
+                codes.append(code)
+                x = cp.model.codec_embedding[j - 1](code)
+                embeds.append(x)
+            return torch.cat(codes, dim=1), torch.cat(embeds, dim=1).sum(dim=1)
+
+        return step
+
+    return make
 
 
 def sample_top_k_top_p(logits, uniform, temperature: float, top_k: int, top_p: float):

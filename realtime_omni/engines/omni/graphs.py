@@ -274,15 +274,24 @@ class StaticDecoder:
 
     The cache lives as long as the session (``crop`` cuts it back, as after a barge-in); its
     length is a device tensor the graph reads, so one capture serves every position.
+
+    With a ``pool`` the cache's storage is the session's ``slot`` row of the stage's shared
+    :class:`~.batching.slots.SlotPool`, and its decode steps run in the stage's batches: those
+    only count tokens here (:meth:`advance`), on the host, and the count reaches the device
+    tensors the next time the session's own cache is used (:attr:`cache`).
     """
 
     def __init__(self, config: Any, max_len: int, device: Any, graphs: bool = True, name: str = "decoder",
-                 run_stream: Any = None, capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None, pool: Any = None, slot: int | None = None) -> None:
         from transformers.cache_utils import StaticCache
 
-        self.max_len = int(max_len)
         self.device = device
-        self.cache = StaticCache(config=config, max_cache_len=self.max_len)
+        self._cache = StaticCache(config=config, max_cache_len=int(max_len))
+        if pool is not None:
+            pool.attach(self._cache, slot)
+            max_len = pool.length
+        self.max_len = int(max_len)
+        self.slot = slot
         self.graphs = graphs
         self.name = name
         self.run_stream = run_stream
@@ -290,6 +299,35 @@ class StaticDecoder:
         self.graph: StepGraph | None = None
         #: the static input tensors the bound step reads (set by the owner)
         self.inputs: tuple[Any, ...] = ()
+        self._pending = 0  # tokens written by batched steps, not yet in the device lengths
+        self._host_length: int | None = None
+
+    @property
+    def cache(self) -> Any:
+        """The session's own cache (prefill, crop, its own step), its lengths brought up to date."""
+        self._flush()
+        return self._cache
+
+    def _flush(self) -> None:
+        if self._pending and self._cache is not None:
+            import torch
+
+            with torch.inference_mode():
+                for layer in self._cache.layers:
+                    layer.cumulative_length.add_(self._pending)
+        self._pending = 0
+        self._host_length = None  # the owner may change the length through the cache now
+
+    def write_position(self) -> int:
+        """Where the next batched step writes this session's token (its current length)."""
+        if self._host_length is None:
+            self._host_length = int(self._cache.get_seq_length())
+        return self._host_length
+
+    def advance(self) -> None:
+        """One batched step wrote a token at :meth:`write_position`."""
+        self._host_length = self.write_position() + 1
+        self._pending += 1
 
     @property
     def length(self) -> int:
@@ -302,7 +340,7 @@ class StaticDecoder:
         have = self.length
         if have > n:
             with torch.inference_mode():  # the lengths are inference tensors
-                self.cache.crop(max(0, n) - have)
+                self._cache.crop(max(0, n) - have)
 
     def capture_now(self, dummy: Callable[[], Any]) -> None:
         """Capture the bound step now (session open) rather than on its first use: ``dummy`` puts
@@ -338,4 +376,6 @@ class StaticDecoder:
         if self.graph is not None:
             self.graph.release()
         self.graph = None
-        self.cache = None
+        self._cache = None
+        self._pending = 0
+        self._host_length = None

@@ -43,6 +43,7 @@ from .loader import (
     load_omni,
     read_config,
 )
+from .batching.stages import OmniBatching, SessionRows
 from .talker import CodeChunk, OmniTalker, TalkerSettings
 from .thinker import StreamingThinker, ThinkerSettings
 
@@ -87,6 +88,8 @@ class OmniModel(VoiceModel):
         ignore_eos: bool = False,
         cache_tokens: int = 8192,
         cuda_graphs: bool = True,
+        max_sessions: int = 16,
+        batch_gather_ms: float = 2.0,
         loaded: LoadedOmni | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else None
@@ -119,6 +122,12 @@ class OmniModel(VoiceModel):
             raise ValueError("chunk sizes must be >= 1 frame and the left context >= 0")
         self.seed = seed
         self.cuda_graphs = bool(cuda_graphs)
+        if max_sessions < 0:
+            raise ValueError("max_sessions must be >= 0 (0: every session steps alone)")
+        #: sessions that share the batched stages (one slot each); 0 turns batching off
+        self.max_sessions = int(max_sessions)
+        self.batch_gather_s = float(batch_gather_ms) / 1000.0
+        self.batching: OmniBatching | None = None
         self.thinker_settings = ThinkerSettings(max_new_tokens=max_new_tokens, system_prompt=system_prompt,
                                                 do_sample=thinker_do_sample, ignore_eos=ignore_eos,
                                                 cache_tokens=cache_tokens, cuda_graphs=self.cuda_graphs)
@@ -167,6 +176,11 @@ class OmniModel(VoiceModel):
                 setattr(self.talker_settings, key, data[f"talker_{key}"])
 
     def _setup_codec(self) -> None:
+        if self.max_sessions and self.batching is None:
+            self.batching = OmniBatching(
+                self.loaded, slots=self.max_sessions, thinker_tokens=max(64, self.thinker_settings.cache_tokens),
+                talker_tokens=self.talker_settings.cache_tokens, graphs=self.cuda_graphs,
+                talker_do_sample=self.talker_settings.do_sample, gather_s=self.batch_gather_s)
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
@@ -193,6 +207,8 @@ class OmniModel(VoiceModel):
         import torch
 
         with graphs.probing():
+            if self.batching is not None:
+                self.batching.warm()
             session = self.open_session()
             session.close()
             codec = self.codec
@@ -234,6 +250,9 @@ class OmniModel(VoiceModel):
             sessions = list(self._sessions)
         for session in sessions:
             session.close()
+        if self.batching is not None:
+            self.batching.close()
+            self.batching = None
         self.loaded = None
         self.codec = None
         try:
@@ -279,9 +298,12 @@ class OmniSession(ModelSession):
         self.loaded = loaded
         seed = model.seed if model.seed is not None else int(torch.seed() % (2**31))
         self.seed = seed
+        # a slot in each batched stage (SlotsFull when the model is at capacity)
+        self.rows: SessionRows | None = model.batching.open() if model.batching is not None else None
         # one generator per stage: think() and talk() run in different threads
-        self.thinker = StreamingThinker(loaded, model.thinker_settings, _generator(loaded.device, seed))
-        self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1))
+        self.thinker = StreamingThinker(loaded, model.thinker_settings, _generator(loaded.device, seed),
+                                        rows=self.rows.thinker if self.rows else None)
+        self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1), rows=self.rows)
         self._codec_stream: CodecStream | None = None
         self._codec_lock = threading.Lock()
         self.closed = False
@@ -336,6 +358,8 @@ class OmniSession(ModelSession):
         self.talker.close()
         with self._codec_lock:
             self._codec_stream = None
+        if self.rows is not None and self.model.batching is not None:
+            self.model.batching.release(self.rows)  # after the stages let go of their slots
         self.model._forget(self)
 
     # extras -------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
@@ -54,6 +54,9 @@ from .talker_qwen3 import Qwen3Stream
 from .talker_qwen25 import Qwen25Stream
 from .talker_stream import CodeChunk, TalkerSettings, TalkerStream
 
+if TYPE_CHECKING:
+    from .batching.stages import SessionRows
+
 __all__ = ["CodeChunk", "OmniTalker", "TalkerSettings"]
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,11 @@ log = logging.getLogger(__name__)
 class OmniTalker:
     """Per-session talker; keeps the running reply's talker state between ``talk()`` calls."""
 
-    def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator: Any = None) -> None:
+    def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator: Any = None,
+                 rows: SessionRows | None = None) -> None:
         self.loaded = loaded
+        #: the session's slots in the model's batched talker and code predictor; None: alone
+        self.rows = rows
         self.settings = settings
         self.generator = generator
         self.stream: TalkerStream | None = None
@@ -81,11 +87,13 @@ class OmniTalker:
     def parts(self) -> tuple[StaticDecoder, CodeFrames | None]:
         if self.closed:
             raise RuntimeError("the session's talker is closed")
+        rows = self.rows
         if self.decoder is None:
-            self.decoder = self.kind.new_decoder(self.loaded, self.settings)
+            self.decoder = self.kind.new_decoder(self.loaded, self.settings, rows.talker if rows else None)
         if self.frames is None and self.loaded.arch != "qwen2_5_omni":
             self.frames = CodeFrames(self.loaded, do_sample=self.settings.do_sample,
-                                     cuda_graphs=self.settings.cuda_graphs, generator=self.generator)
+                                     cuda_graphs=self.settings.cuda_graphs, generator=self.generator,
+                                     rows=rows.code_frames if rows else None)
         return self.decoder, self.frames
 
     def prepare(self) -> None:
@@ -96,6 +104,8 @@ class OmniTalker:
             if self.closed:
                 return
             decoder, frames = self.parts()
+            if self.rows is not None:
+                return  # the batched stages were captured when the model loaded
             decoder.capture_now(lambda: self.kind.dummy_prefill(self.loaded, decoder))
             if frames is not None:
                 frames.graph.ensure_captured()
@@ -121,6 +131,7 @@ class OmniTalker:
                     stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
                                                      hidden.turn, hidden.prompt, speaker, decoder, frames)
                     stream.step_lock = self.step_lock
+                    stream.rows = self.rows.talker if self.rows is not None else None
                 elif hidden.turn < stream.turn:
                     continue  # a stale reply
                 stream.add(out)
@@ -129,8 +140,15 @@ class OmniTalker:
             if final:
                 yield TalkerOutput(text="".join(o.text for o in segment), final=True)
             return
-        with torch.inference_mode():
+        with torch.inference_mode(), self._streaming():
             yield from stream.run(cancelled, final)
+
+    def _streaming(self):
+        """Counted among the sessions the batched talker waits for while this runs."""
+        import contextlib
+
+        return (self.rows.talker.batcher.activity.streaming() if self.rows is not None
+                else contextlib.nullcontext())
 
     def stop(self) -> None:
         """End the running reply (barge-in); the caches and graphs stay for the next one."""
@@ -147,5 +165,5 @@ class OmniTalker:
                 self.decoder.release()
             self.decoder = None
             if self.frames is not None:
-                self.frames.graph.release()
+                self.frames.release()
             self.frames = None

@@ -84,12 +84,12 @@ class Qwen25Stream(TalkerStream):
         return decoder.inputs[1]  # the reply part; the code embedding is added in the step
 
     @classmethod
-    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings, rows: Any = None) -> StaticDecoder:
         import torch
 
         talker = loaded.talker
         device = loaded.device
-        decoder = cls.empty_decoder(loaded, settings)
+        decoder = cls.empty_decoder(loaded, settings, rows)
         embed = talker.model.embed_tokens
         width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
         code = torch.zeros((1,), dtype=torch.long, device=device)

@@ -128,12 +128,12 @@ class Qwen3Stream(TalkerStream):
         return decoder.inputs[0]
 
     @classmethod
-    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings, rows: Any = None) -> StaticDecoder:
         import torch
 
         talker = loaded.talker
         device = loaded.device
-        decoder = cls.empty_decoder(loaded, settings)
+        decoder = cls.empty_decoder(loaded, settings, rows)
         width = int(loaded.config.talker_config.text_config.hidden_size)
         inputs = torch.zeros((1, 1, width), dtype=talker.codec_head.weight.dtype, device=device)
         positions = torch.zeros((3, 1), dtype=torch.long, device=device)

@@ -82,6 +82,7 @@ class TalkerStream:
         self.decoder = decoder
         self.code_frames = frames
         self.step_lock = threading.Lock()  # the session's, set by OmniTalker
+        self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
         self.done = prompt is None  # no prompt (first output lost) → nothing to say
@@ -209,10 +210,27 @@ class TalkerStream:
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
+        if self.rows is not None:
+            return self._batched_step(fill)
         with self._own_caches(), on_stream(self.loaded.stream("talker")):
             fill(*self.decoder.inputs)
             out = self.decoder.graph()
             return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    def _batched_step(self, fill: Callable[..., None]) -> Any:
+        """The same step in the model's batched talker: ``fill`` writes this row's inputs into
+        tensors shaped like the session's own step inputs."""
+        import torch
+
+        with self._own_caches():
+            decoder = self.decoder
+            with on_stream(self.loaded.stream("talker")):
+                row = tuple(torch.zeros_like(t) for t in decoder.inputs)
+                fill(*row)
+            out = self.rows.batcher.step(row, slot=self.rows.slot, write_pos=decoder.write_position())
+            decoder.advance()
+            out = tuple(o[None] for o in out)
+            return out[0] if len(out) == 1 else out
 
     @contextlib.contextmanager
     def _own_caches(self) -> Iterator[None]:
@@ -257,14 +275,16 @@ class TalkerStream:
     def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions) -> Any: ...
 
     @classmethod
-    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+    def new_decoder(cls, loaded: LoadedOmni, settings: TalkerSettings, rows: Any = None) -> StaticDecoder:
         """The session's talker cache with this architecture's step bound to it."""
         ...
 
     @staticmethod
-    def empty_decoder(loaded: LoadedOmni, settings: TalkerSettings) -> StaticDecoder:
+    def empty_decoder(loaded: LoadedOmni, settings: TalkerSettings, rows: Any = None) -> StaticDecoder:
+        """The session's talker cache: its own, or its slot of the model's batched talker."""
         return StaticDecoder(loaded.talker.model.config, settings.cache_tokens, loaded.device,
-                             graphs=settings.cuda_graphs, name=f"{loaded.arch} talker step",
+                             graphs=settings.cuda_graphs and rows is None, name=f"{loaded.arch} talker step",
+                             pool=rows.pool if rows else None, slot=rows.slot if rows else None,
                              **loaded.graph_streams("talker"))
 
     @classmethod

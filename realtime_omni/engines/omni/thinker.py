@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
 from .context import (
@@ -41,6 +41,9 @@ from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, Rendered, fingerprint, norm_text
 from .sampling import TokenSampler
+
+if TYPE_CHECKING:
+    from .batching.stages import Rows
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +79,12 @@ class ThinkerSettings:
 class StreamingThinker:
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
-    def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None) -> None:
+    def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None,
+                 rows: Rows | None = None) -> None:
         self.loaded = loaded
         self.settings = settings
+        #: the model's batched thinker and this session's slot in it; None: steps run alone
+        self.rows = rows
         self.ctx = ThinkerContext()
         self.renderer = PromptRenderer(loaded)
         self.generator = generator
@@ -116,8 +122,14 @@ class StreamingThinker:
                 return
             self.turn += 1
             turn = self.turn
-        with torch.inference_mode():
+        with torch.inference_mode(), self._streaming():
             yield from self._run(request, turn)
+
+    def _streaming(self):
+        """Counted among the sessions the batched thinker waits for while this reply runs."""
+        import contextlib
+
+        return self.rows.batcher.activity.streaming() if self.rows is not None else contextlib.nullcontext()
 
     def confirm(self, spoken_text: str) -> int:
         """Cut the last reply back to what was heard; returns the new cache length."""
@@ -182,7 +194,7 @@ class StreamingThinker:
         import torch
 
         with self.lock, torch.inference_mode():
-            if self.closed or self.ctx.ids:
+            if self.closed or self.ctx.ids or self.rows is not None:
                 return
             first = torch.tensor([[self.loaded.tokens.im_start]], dtype=torch.long)
             self._decoder().capture_now(lambda: self._forward(first, torch.zeros((3, 1), dtype=torch.long), {}))
@@ -450,8 +462,11 @@ class StreamingThinker:
             import torch
 
             device = self.loaded.device
-            decoder = StaticDecoder(self._text_cfg, self._cache_len, device, graphs=self.settings.cuda_graphs,
+            rows = self.rows
+            decoder = StaticDecoder(self._text_cfg, self._cache_len, device,
+                                    graphs=self.settings.cuda_graphs and rows is None,
                                     name=f"{self.loaded.arch} thinker step",
+                                    pool=rows.pool if rows else None, slot=rows.slot if rows else None,
                                     **self.loaded.graph_streams("thinker"))
             ids = torch.zeros((1, 1), dtype=torch.long, device=device)
             positions = torch.zeros((3, 1), dtype=torch.long, device=device)
@@ -506,6 +521,8 @@ class StreamingThinker:
         import torch
 
         positions = torch.full((3, 1), self.ctx.next_pos, dtype=torch.long)
+        if self.rows is not None:
+            return self._batched_step(token, positions)
         try:
             decoder = self._decoder()
             ids, pos = decoder.inputs
@@ -520,6 +537,22 @@ class StreamingThinker:
         self._append([token], positions, src)
         vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
         return logits, vec
+
+    def _batched_step(self, token: int, positions):
+        """The same step in the model's batched thinker, in this session's slot."""
+        import torch
+
+        decoder = self._decoder()
+        try:
+            logits, src = self.rows.batcher.step((torch.tensor([token]), positions[:, 0]), slot=self.rows.slot,
+                                                 write_pos=decoder.write_position())
+        except BaseException:
+            self.ctx.free()  # the step may or may not have written: re-prefill next turn
+            raise
+        decoder.advance()
+        src = src[None]
+        self._append([token], positions, src)
+        return logits[None], (src[0] if self.loaded.arch == "qwen2_5_omni" else None)
 
     def _snapshot(self, turn: int) -> TalkerPrompt:
         """What the talker is prefilled with for the reply that starts now."""

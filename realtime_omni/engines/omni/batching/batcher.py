@@ -1,0 +1,265 @@
+"""One loop per stage that runs the pending step of every live session as one batched forward.
+
+Sessions keep their own threads and their own streaming logic; where they used to run their
+one-token step alone, they hand its inputs to the stage's :class:`StepBatcher` and wait. The
+batcher's thread takes everything pending, waits a moment for the other sessions that are in
+the middle of a reply (``gather_s``), writes the rows into the static inputs of the smallest
+batch bucket that holds them, replays that bucket's CUDA graph (eager off CUDA) and hands each
+session its own row of the outputs.
+
+Rows are either slots (the stage keeps per-session KV in a :class:`~.slots.SlotPool`, row =
+slot, rows without work write to the scratch column) or compact (the step needs no per-session
+state: requests take rows ``0..n-1`` in arrival order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graphs import StepGraph, on_stream
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+
+
+class BatcherClosed(RuntimeError):
+    """The stage's loop has stopped (the model is closing)."""
+
+
+@dataclass(frozen=True)
+class RowInput:
+    """Shape (without the batch axis) and dtype name of one per-row input of a step."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+#: ``make(bucket, write_pos, inputs)`` returns the bucket's step: a zero-argument function that
+#: reads the static ``write_pos`` / ``inputs`` tensors and returns a tuple of outputs whose first
+#: axis is the row
+StepFactory = Callable[[int, Any, tuple[Any, ...]], Callable[[], tuple[Any, ...]]]
+
+
+@dataclass
+class _Request:
+    inputs: tuple[Any, ...]
+    slot: int | None
+    write_pos: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple[Any, ...] | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Bucket:
+    size: int
+    write_pos: Any
+    inputs: tuple[Any, ...]
+    graph: StepGraph
+
+
+class Activity:
+    """How many sessions are in the middle of a reply on a stage (the batch to wait for)."""
+
+    def __init__(self) -> None:
+        self._n = 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def streaming(self) -> Iterator[None]:
+        with self._lock:
+            self._n += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._n -= 1
+
+    @property
+    def count(self) -> int:
+        return self._n
+
+
+class StepBatcher:
+    def __init__(
+        self,
+        name: str,
+        make: StepFactory,
+        row_inputs: Sequence[RowInput],
+        *,
+        capacity: int,
+        device: Any,
+        slotted: bool,
+        scratch: int = 0,
+        stream: Any = None,
+        graph_streams: dict[str, Any] | None = None,
+        graphs: bool = True,
+        gather_s: float = 0.002,
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+        activity: Activity | None = None,
+        step_timeout_s: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.make = make
+        self.row_inputs = tuple(row_inputs)
+        self.capacity = int(capacity)
+        self.device = device
+        self.slotted = slotted
+        self.scratch = int(scratch)
+        self.stream = stream
+        self.graph_streams = graph_streams or {}
+        self.graphs = graphs
+        self.gather_s = float(gather_s)
+        self.sizes = sorted({b for b in buckets if b < self.capacity} | {self.capacity})
+        self.activity = activity or Activity()
+        self.step_timeout_s = step_timeout_s
+        self._buckets: dict[int, _Bucket] = {}
+        self._queue: list[_Request] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._bucket_lock = threading.Lock()
+        # statistics (read by benchmarks and metrics)
+        self.steps = 0
+        self.rows = 0
+        self.busy_s = 0.0
+        self.step_ms: dict[int, float] = {}  # bucket -> moving average of a step's wall time
+        self._thread = threading.Thread(target=self._loop, name=f"batch-{name}", daemon=True)
+        self._thread.start()
+
+    # -- what sessions call -------------------------------------------------------------------
+
+    def step(self, inputs: tuple[Any, ...], slot: int | None = None, write_pos: int = 0) -> tuple[Any, ...]:
+        """Run one step for one row; blocks until the batch that carries it has run. Returns
+        this row's outputs (views into a copy the batcher made for this step)."""
+        if self.slotted and (slot is None or not 0 <= slot < self.capacity):
+            raise ValueError(f"{self.name}: a slotted step needs a slot in 0..{self.capacity - 1}")
+        req = _Request(tuple(inputs), slot, int(write_pos))
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed(f"{self.name} batcher is closed")
+            self._queue.append(req)
+            self._cond.notify_all()
+        if not req.done.wait(self.step_timeout_s):
+            raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    def warm(self) -> None:
+        """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
+        for size in self.sizes:
+            bucket = self._bucket(size)
+            with on_stream(self.stream):
+                bucket.graph.ensure_captured()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cond.notify_all()
+        for req in pending:
+            req.error = BatcherClosed(f"{self.name} batcher is closed")
+            req.done.set()
+        self._thread.join(timeout=5)
+        for bucket in self._buckets.values():
+            bucket.graph.release()
+        self._buckets.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
+                "mean_rows": self.rows / self.steps if self.steps else 0.0,
+                "step_ms": dict(sorted(self.step_ms.items())),
+                "graphs": sum(1 for b in self._buckets.values() if b.graph.captured)}
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait(0.5)
+                if self._closed:
+                    return
+                # the sessions mid-reply will submit soon: give them a moment to join this step
+                deadline = time.monotonic() + self.gather_s
+                while len(self._queue) < self.activity.count and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                take, self._queue = self._take(self._queue)
+            if take:
+                self._run(take)
+
+    def _take(self, queue: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+        if self.slotted:
+            seen: set[int] = set()
+            take, rest = [], []
+            for req in queue:  # one step per slot per batch (a session never has two pending)
+                (rest if req.slot in seen else take).append(req)
+                seen.add(req.slot)
+            return take, rest
+        return queue[: self.capacity], queue[self.capacity :]
+
+    def _bucket(self, size: int) -> _Bucket:
+        with self._bucket_lock:
+            bucket = self._buckets.get(size)
+            if bucket is not None:
+                return bucket
+            import torch
+
+            with torch.inference_mode():
+                write_pos = torch.full((size,), self.scratch, dtype=torch.long, device=self.device)
+                inputs = tuple(torch.zeros((size, *spec.shape), dtype=getattr(torch, spec.dtype), device=self.device)
+                               for spec in self.row_inputs)
+                fn = self.make(size, write_pos, inputs)
+            graph = StepGraph(fn, device=self.device, enabled=self.graphs, name=f"{self.name} batch {size}",
+                              kind=f"{self.name} batch", **self.graph_streams)
+            bucket = self._buckets[size] = _Bucket(size, write_pos, inputs, graph)
+            return bucket
+
+    def _run(self, take: list[_Request]) -> None:
+        import torch
+
+        started = time.perf_counter()
+        size = 0
+        try:
+            rows = [req.slot for req in take] if self.slotted else list(range(len(take)))
+            need = max(rows) + 1
+            size = next(s for s in self.sizes if s >= need)
+            bucket = self._bucket(size)
+            with torch.inference_mode(), on_stream(self.stream):
+                index = torch.tensor(rows, dtype=torch.long)
+                pos = torch.full((size,), self.scratch, dtype=torch.long)
+                pos[index] = torch.tensor([req.write_pos for req in take], dtype=torch.long)
+                bucket.write_pos.copy_(pos, non_blocking=False)
+                device_index = index.to(self.device)
+                for k, buf in enumerate(bucket.inputs):
+                    values = torch.stack([torch.as_tensor(req.inputs[k]).reshape(buf.shape[1:]) for req in take])
+                    buf.index_copy_(0, device_index, values.to(device=buf.device, dtype=buf.dtype))
+                outputs = bucket.graph()
+                outputs = tuple(o.clone() for o in outputs)
+            for req, row in zip(take, rows, strict=True):
+                req.result = tuple(o[row] for o in outputs)
+        except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
+            log.exception("omni %s: batched step failed", self.name)
+            for req in take:
+                req.error = exc
+        finally:
+            elapsed = time.perf_counter() - started
+            self.steps += 1
+            self.rows += len(take)
+            self.busy_s += elapsed
+            for req in take:
+                req.done.set()
+        if size:
+            ms = 1000 * elapsed
+            self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms

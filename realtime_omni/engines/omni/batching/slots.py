@@ -1,0 +1,132 @@
+"""The KV cache of one stage, shared by all sessions: one slot (batch row) per session.
+
+Each decoder layer gets one key and one value tensor of shape ``[slots, kv_heads, length + 1,
+head_dim]``. A session's own transformers ``StaticCache`` is made of views into its slot row, so
+its prefill, crop and length bookkeeping work as before, while the batched decode step
+(:class:`RowsCache`) writes one token per row at each row's own position and attends over the
+rows in place, without copying a session's cache anywhere.
+
+The extra last column is scratch: a batch row without work in a step writes there, and no
+session's context ever reaches it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class SlotsFull(RuntimeError):
+    """Every slot of a stage is taken: the engine is at its real-time capacity."""
+
+
+def _kv_shape(config: Any) -> tuple[int, int, int]:
+    layers = int(config.num_hidden_layers)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return layers, kv_heads, head_dim
+
+
+class SlotPool:
+    """Preallocated K/V of one stage for ``slots`` sessions of up to ``length`` tokens each."""
+
+    def __init__(self, config: Any, slots: int, length: int, device: Any, dtype: Any, name: str) -> None:
+        import torch
+
+        if slots < 1 or length < 2:
+            raise ValueError("a slot pool needs at least one slot of two tokens")
+        self.name = name
+        self.slots = int(slots)
+        self.length = int(length)  # usable tokens per slot; column ``length`` is scratch
+        self.device = torch.device(device)
+        self.dtype = dtype
+        layers, kv_heads, head_dim = _kv_shape(config)
+        shape = (self.slots, kv_heads, self.length + 1, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(layers)]
+        self._free = list(range(self.slots))
+        self._lock = threading.Lock()
+
+    # -- accounting ------------------------------------------------------------------------
+
+    @property
+    def bytes_per_slot(self) -> int:
+        per_layer = self.keys[0][0].numel() * self.keys[0].element_size()
+        return 2 * per_layer * len(self.keys)
+
+    @property
+    def in_use(self) -> int:
+        with self._lock:
+            return self.slots - len(self._free)
+
+    def allocate(self) -> int:
+        """The lowest free slot (so batches stay short); :class:`SlotsFull` when none is left."""
+        with self._lock:
+            if not self._free:
+                raise SlotsFull(f"all {self.slots} {self.name} slots are in use")
+            self._free.sort()
+            return self._free.pop(0)
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            if 0 <= slot < self.slots and slot not in self._free:
+                self._free.append(slot)
+
+    # -- views -----------------------------------------------------------------------------
+
+    def attach(self, cache: Any, slot: int) -> None:
+        """Point every layer of a batch-1 ``StaticCache`` at this pool's row ``slot``."""
+        import torch
+
+        for i, layer in enumerate(cache.layers):
+            keys = self.keys[i][slot : slot + 1, :, : self.length]
+            values = self.values[i][slot : slot + 1, :, : self.length]
+            layer.max_cache_len = self.length
+            layer.device = self.device
+            layer.batch_size, layer.num_heads = 1, keys.shape[1]
+            layer.k_head_dim = layer.v_head_dim = keys.shape[-1]
+            layer.keys, layer.values = keys, values
+            layer.cumulative_length = torch.zeros((), dtype=torch.long, device=self.device)
+            layer.is_initialized = True
+
+    def rows(self, bucket: int, write_pos: Any) -> RowsCache:
+        return RowsCache(self, bucket, write_pos)
+
+
+class RowsCache:
+    """Duck-typed transformers cache for one batched decode step over slots ``0..bucket-1``.
+
+    ``write_pos`` (``bucket`` longs, on the device) is where each row's new token goes; the
+    attention mask lets a row see its columns ``0..write_pos``. Both are static tensors, so the
+    step can be captured once per bucket and replayed for any mix of sessions and lengths.
+    """
+
+    is_compileable = True
+
+    def __init__(self, pool: SlotPool, bucket: int, write_pos: Any) -> None:
+        import torch
+
+        self.pool = pool
+        self.bucket = bucket
+        self.write_pos = write_pos
+        self.rows = torch.arange(bucket, device=pool.device)
+        self.columns = torch.arange(pool.length + 1, device=pool.device)
+
+    def mask(self) -> Any:
+        """``(bucket, 1, 1, length + 1)`` boolean: True where a row may attend."""
+        return (self.columns[None, :] <= self.write_pos[:, None])[:, None, None, :]
+
+    def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
+        keys = self.pool.keys[layer_idx][: self.bucket]
+        values = self.pool.values[layer_idx][: self.bucket]
+        # (bucket, kv_heads, 1, dim) -> each row's own column; index_put_ stays on the device
+        keys[self.rows, :, self.write_pos] = key_states[:, :, 0, :]
+        values[self.rows, :, self.write_pos] = value_states[:, :, 0, :]
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always given explicitly
+
+    def __len__(self) -> int:
+        return len(self.pool.keys)

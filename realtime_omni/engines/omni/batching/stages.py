@@ -1,0 +1,183 @@
+"""The batched steps of each omni stage, and the slots a session holds in them.
+
+* thinker: one reply token per row → next-token logits and the talker's vector for that token;
+* talker: one codec frame per row → (Qwen3: the hidden state and) the codebook-0 logits;
+* Qwen3 code predictor: a frame's residual codebooks per row, sampled inside the step (compact
+  rows: its cache is rebuilt every frame, so no session state lives in it).
+
+Each step is the same sub-module calls as the per-session path (``language_model``,
+``talker.model``, ``code_predictor.model``), run over ``bucket`` rows with the stage's
+:class:`~.slots.RowsCache` and an explicit mask, so batched and single-session runs give the same
+tokens (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..code_predictor import CodePredictorSpec, frame_step
+from ..loader import LoadedOmni
+from .batcher import Activity, RowInput, StepBatcher
+from .slots import SlotPool, SlotsFull
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """What one stage gives a session: its batcher, and (slotted stages) its pool and slot."""
+
+    batcher: StepBatcher
+    pool: SlotPool | None = None
+    slot: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionRows:
+    thinker: Rows
+    talker: Rows
+    code_frames: Rows | None
+
+
+def _positions(pos: Any) -> Any:
+    """``(bucket, 3)`` per-row rotary positions → the models' ``(3, bucket, 1)``."""
+    return pos.t().unsqueeze(-1)
+
+
+def thinker_step(loaded: LoadedOmni, pool: SlotPool):
+    lm = loaded.thinker.model.language_model
+    head = loaded.thinker.lm_head
+    qwen25 = loaded.arch == "qwen2_5_omni"
+
+    def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+        ids, pos = inputs  # (bucket, 1) long, (bucket, 3) long
+        cache = pool.rows(bucket, write_pos)
+
+        def step():
+            embeds = lm.embed_tokens(ids)  # (bucket, 1, H)
+            out = lm(inputs_embeds=embeds, position_ids=_positions(pos), attention_mask=cache.mask(),
+                     use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
+            last = out.last_hidden_state[:, -1, :]
+            logits = head(last).float()
+            # what the talker needs of a reply token (see thinker._forward)
+            src = last + embeds[:, 0, :] if qwen25 else embeds[:, 0, :]
+            return logits, src
+
+        return step
+
+    return make
+
+
+def talker_step(loaded: LoadedOmni, pool: SlotPool):
+    talker = loaded.talker
+    qwen25 = loaded.arch == "qwen2_5_omni"
+
+    def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+        cache = pool.rows(bucket, write_pos)
+
+        def step():
+            if qwen25:
+                code, part, pos = inputs  # (bucket, 1), (bucket, W), (bucket, 3)
+                x = talker.model.embed_tokens(code) + part[:, None, :]
+                x = talker.thinker_to_talker_proj(x.to(talker.thinker_to_talker_proj.weight.dtype))
+            else:
+                x, pos = inputs  # (bucket, H), (bucket, 3)
+                x = x[:, None, :]
+            out = talker.model(inputs_embeds=x, position_ids=_positions(pos), attention_mask=cache.mask(),
+                               use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
+            hidden = out.last_hidden_state[:, -1:, :]  # (bucket, 1, H)
+            logits = talker.codec_head(hidden[:, -1, :]).float()
+            return (logits,) if qwen25 else (hidden, logits)
+
+        return step
+
+    return make
+
+
+def talker_inputs(loaded: LoadedOmni) -> list[RowInput]:
+    dtype = str(loaded.talker.codec_head.weight.dtype).removeprefix("torch.")
+    if loaded.arch == "qwen2_5_omni":
+        width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
+        embed_dtype = str(loaded.talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
+        return [RowInput((1,), "long"), RowInput((width,), embed_dtype), RowInput((3,), "long")]
+    width = int(loaded.config.talker_config.text_config.hidden_size)
+    return [RowInput((width,), dtype), RowInput((3,), "long")]
+
+
+class OmniBatching:
+    """Slot pools and step batchers of one loaded model, shared by all its sessions.
+
+    ``slots`` bounds the live sessions: a session beyond it is refused (:class:`SlotsFull`), it
+    never slows the others down.
+    """
+
+    def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
+                 graphs: bool, talker_do_sample: bool, gather_s: float = 0.002) -> None:
+        self.loaded = loaded
+        self.slots = int(slots)
+        device, dtype = loaded.device, loaded.dtype
+        graphs = bool(graphs)
+        text_cfg = loaded.config.thinker_config.text_config
+        self.thinker_pool = SlotPool(text_cfg, slots, thinker_tokens, device, dtype, "thinker")
+        self.talker_pool = SlotPool(loaded.talker.model.config, slots, talker_tokens, device, dtype, "talker")
+        common = dict(capacity=self.slots, device=device, graphs=graphs, gather_s=gather_s)
+        self.thinker = StepBatcher(
+            "thinker", thinker_step(loaded, self.thinker_pool), [RowInput((1,), "long"), RowInput((3,), "long")],
+            slotted=True, scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
+            graph_streams=loaded.graph_streams("thinker"), **common)
+        talking = Activity()
+        self.talker = StepBatcher(
+            "talker", talker_step(loaded, self.talker_pool), talker_inputs(loaded), slotted=True,
+            scratch=self.talker_pool.length, stream=loaded.stream("talker"),
+            graph_streams=loaded.graph_streams("talker"), activity=talking, **common)
+        self.code_frames: StepBatcher | None = None
+        if loaded.arch != "qwen2_5_omni":
+            make, spec = frame_step(loaded, talker_do_sample), CodePredictorSpec.of(loaded)
+            width = int(loaded.config.talker_config.text_config.hidden_size)
+            self.code_frames = StepBatcher(
+                "code predictor", make,
+                [RowInput((width,), str(loaded.talker.codec_head.weight.dtype).removeprefix("torch.")),
+                 RowInput((1,), "long"), RowInput((max(1, spec.groups - 1), spec.top_k), "float32")],
+                slotted=False, stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"),
+                activity=talking, **common)
+        log.info("omni batching: %d session slots; KV per session: thinker %.1f MiB (%d tokens), "
+                 "talker %.1f MiB (%d tokens)", self.slots, self.thinker_pool.bytes_per_slot / 2**20,
+                 thinker_tokens, self.talker_pool.bytes_per_slot / 2**20, talker_tokens)
+
+    @property
+    def batchers(self) -> list[StepBatcher]:
+        return [b for b in (self.thinker, self.talker, self.code_frames) if b is not None]
+
+    def open(self) -> SessionRows:
+        thinker_slot = self.thinker_pool.allocate()
+        try:
+            talker_slot = self.talker_pool.allocate()
+        except SlotsFull:
+            self.thinker_pool.release(thinker_slot)
+            raise
+        return SessionRows(
+            thinker=Rows(self.thinker, self.thinker_pool, thinker_slot),
+            talker=Rows(self.talker, self.talker_pool, talker_slot),
+            code_frames=Rows(self.code_frames) if self.code_frames is not None else None,
+        )
+
+    def release(self, rows: SessionRows) -> None:
+        self.thinker_pool.release(rows.thinker.slot)
+        self.talker_pool.release(rows.talker.slot)
+
+    def warm(self) -> None:
+        for batcher in self.batchers:
+            batcher.warm()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "slots": self.slots, "in_use": self.thinker_pool.in_use,
+            "kv_bytes_per_session": self.thinker_pool.bytes_per_slot + self.talker_pool.bytes_per_slot,
+            **{b.name: b.stats() for b in self.batchers},
+        }
+
+    def close(self) -> None:
+        for batcher in self.batchers:
+            batcher.close()
