@@ -76,9 +76,16 @@ def build_request(model, prompt_tokens: int, audio_seconds: float, reply_tokens:
     return req, msg, n
 
 
-def stream_once(model, req):
-    """One response through three threads (thinker → talker → codec); returns timings."""
-    session = model.open_session()
+def stream_once(model, req, session=None, start=None):
+    """One response through three threads (thinker → talker → codec); returns timings.
+
+    With ``session`` given it is used (and left open); ``start`` (a barrier) lines the clock up
+    with other responses started together."""
+    own = session is None
+    if own:
+        session = model.open_session()
+    if start is not None:
+        start.wait()
     q_think: queue.Queue = queue.Queue(maxsize=1024)
     q_codes: queue.Queue = queue.Queue(maxsize=256)
     cancelled = threading.Event()
@@ -166,7 +173,8 @@ def stream_once(model, req):
     t_end = time.perf_counter()
     outputs_prefill = session.last_prefill_tokens
     graphs = graph_status(model, session)
-    session.close()
+    if own:
+        session.close()
     if errors:
         raise errors[0]
     rel = {k: v - t0 for k, v in marks.items()}
@@ -210,6 +218,9 @@ def graph_status(model, session) -> dict:
     """Which steps ran as replayed CUDA graphs in this session."""
     decoder = session.thinker.ctx.decoder
     talker = session.talker
+    if model.batching is not None:  # the batched stages' graphs, captured per bucket at load
+        return {**{f"{b.name} batches": b.stats()["graphs"] for b in model.batching.batchers},
+                "codec_windows": model.codec.windows.captured}
     return {
         "thinker_step": decoder is not None and decoder.graph is not None and decoder.graph.captured,
         "talker_step": (talker.decoder is not None and talker.decoder.graph is not None

@@ -31,11 +31,17 @@ class OmniSettings(BaseSettings):
     cache_tokens: int = Field(default=8192, ge=64)
     #: replay per-token steps and codec windows as CUDA graphs (CUDA only)
     cuda_graphs: bool = True
+    #: live sessions served by the batched stages (one KV slot each); a session beyond it is
+    #: refused. 0: every session steps on its own (no batching)
+    max_sessions: int = Field(default=16, ge=0, le=1024)
+    #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
+    batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
 
     def model_kwargs(self) -> dict[str, Any]:
         dtype = self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
         kwargs: dict[str, Any] = dict(device=self.device, dtype=dtype, max_new_tokens=self.max_new_tokens,
-                                      cache_tokens=self.cache_tokens, cuda_graphs=self.cuda_graphs)
+                                      cache_tokens=self.cache_tokens, cuda_graphs=self.cuda_graphs,
+                                      max_sessions=self.max_sessions, batch_gather_ms=self.batch_gather_ms)
         for name in ("first_chunk_frames", "chunk_frames", "left_context_frames"):
             value = getattr(self, name)
             if value is not None:

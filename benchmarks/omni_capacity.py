@@ -1,0 +1,245 @@
+#!/usr/bin/env python
+"""How many live omni sessions one GPU keeps in real time (the batched stages).
+
+For each N: N sessions are opened first, then N replies start together (a barrier), each driven
+the way the pipeline drives one (think / talk / decode threads, see ``omni_gpu.stream_once``),
+with the shared prompt of the GPU report and a reply forced to ``--reply-tokens`` tokens.
+Recorded per N: time to first audio, chunk real-time factor, audio produced per wall second,
+underruns after the first audio (a chunk ready after the listener would have reached it), GPU
+memory, and the batchers' step counts, rows per step and step times.
+
+    python benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \\
+        --sessions 1 2 4 8 16 32 48 64 --out capacity-raw.json
+
+One process per ``--config`` (a fault in one model leaves the other's numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from omni_gpu import _pct, _sync, build_request, stream_once  # noqa: E402
+
+
+def underruns(run: dict) -> tuple[int, float]:
+    """Chunks that arrived after playback (started at the first audio) would have needed them."""
+    first = run["ttfa_ms"]
+    if first is None:
+        return 0, 0.0
+    clock = first / 1000.0
+    count, gap = 0, 0.0
+    for chunk in run["chunks"]:
+        if chunk["samples"] <= 0:
+            continue
+        late = chunk["ready_s"] - clock
+        if late > 0.001:
+            count += 1
+            gap += late
+            clock = chunk["ready_s"]
+        clock += chunk["samples"] / 24_000
+    return count, 1000 * gap
+
+
+def batch_stats(model) -> dict:
+    if model.batching is None:
+        return {}
+    return {b.name: b.stats() for b in model.batching.batchers}
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    out = {}
+    for name, a in after.items():
+        b = before.get(name, {"steps": 0, "rows": 0, "busy_s": 0.0})
+        steps = a["steps"] - b["steps"]
+        rows = a["rows"] - b["rows"]
+        busy = a["busy_s"] - b["busy_s"]
+        out[name] = {"steps": steps, "mean_rows": rows / steps if steps else 0.0,
+                     "ms_per_step": 1000 * busy / steps if steps else None, "busy_s": busy,
+                     "step_ms_by_bucket": a["step_ms"]}
+    return out
+
+
+def run_n(model, req, n: int) -> dict:
+    import torch
+
+    sessions = [model.open_session() for _ in range(n)]
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = stream_once(model, req, session=sessions[i], start=barrier)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            barrier.abort()
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    before = batch_stats(model)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    after = batch_stats(model)
+    for s in sessions:
+        s.close()
+    runs = [r for r in results if r is not None]
+    ttfa = [r["ttfa_ms"] for r in runs if r["ttfa_ms"] is not None]
+    rtf_p50 = [r["chunk_rtf_p50"] for r in runs if r["chunk_rtf_p50"] is not None]
+    rtf_p95 = [r["chunk_rtf_p95"] for r in runs if r["chunk_rtf_p95"] is not None]
+    rtf_max = [r["chunk_rtf_max"] for r in runs if r["chunk_rtf_max"] is not None]
+    under = [underruns(r) for r in runs]
+    audio = sum(r["audio_s"] for r in runs)
+    return {
+        "sessions": n, "errors": errors, "completed": len(runs), "wall_s": wall,
+        "ttfa_ms": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "max": max(ttfa) if ttfa else None},
+        "first_token_ms_p50": _pct([r["first_token_ms"] for r in runs], 50),
+        # per session: its median / p95 / worst chunk; then over sessions
+        "chunk_rtf": {"p50": _pct(rtf_p50, 50), "p95": _pct(rtf_p95, 95), "max": max(rtf_max) if rtf_max else None},
+        "audio_s_per_wall_s": audio / wall if wall else None,
+        "audio_s": audio,
+        "underrun_sessions": sum(1 for c, _ in under if c),
+        "underruns": sum(c for c, _ in under),
+        "underrun_gap_ms_max": max((g for _, g in under), default=0.0),
+        "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
+        "batches": stats_delta(before, after),
+        "ttfa_all_ms": ttfa,
+    }
+
+
+def check_alone(model, req) -> dict:
+    """Greedy short reply: a batched session next to a session that steps alone (per-session
+    graphs). bf16 random weights give near-flat logits, so a difference is reported, not failed."""
+    short = type(req)(req.instructions, req.messages, 12, req.voice, True)
+    sampling = model.talker_settings.do_sample
+    model.talker_settings.do_sample = False
+    batching = model.batching
+    try:
+        batched = stream_once(model, short)
+        model.batching = None
+        alone = stream_once(model, short)
+    finally:
+        model.batching = batching
+        model.talker_settings.do_sample = sampling
+    return {"tokens_equal": batched["tokens"] == alone["tokens"], "codes_equal": batched["codes"] == alone["codes"],
+            "ttfa_ms": {"batched": batched["ttfa_ms"], "alone": alone["ttfa_ms"]}}
+
+
+def run_config(path: Path, args) -> dict:
+    import torch
+    import transformers
+
+    from realtime_omni.engines.omni import OmniModel
+    from realtime_omni.engines.omni.loader import detect_architecture
+
+    raw = json.loads(path.read_text())
+    arch = detect_architecture(raw, where=str(path))
+    frames = args.frames or (3 * args.reply_tokens if arch == "qwen2_5_omni" else args.reply_tokens)
+    slots = max(args.sessions)
+    result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
+                    "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
+    t0 = time.perf_counter()
+    model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
+                             max_new_tokens=args.reply_tokens, talker_max_new_tokens=frames + 1, seed=0,
+                             model_id=path.parent.name, max_sessions=slots, cache_tokens=args.cache_tokens,
+                             batch_gather_ms=args.gather_ms)
+    _sync()
+    result["build_s"] = time.perf_counter() - t0
+    result["gpu_mem_after_load_gb"] = torch.cuda.memory_allocated() / 1e9 if torch.cuda.is_available() else None
+    result["batching"] = {k: v for k, v in model.batching.stats().items() if k in ("slots", "kv_bytes_per_session")}
+    result["graphs"] = {b.name: b.stats()["graphs"] for b in model.batching.batchers}
+    req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, args.reply_tokens)
+    result["prompt_tokens"] = n_prompt
+    warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
+    stream_once(model, warm)
+    result["runs"] = []
+    for n in args.sessions:
+        res = run_n(model, req, n)
+        result["runs"].append(res)
+        brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
+                                      "underrun_sessions", "gpu_mem_peak_gb")}
+        brief["rows"] = {k: round(v["mean_rows"], 1) for k, v in res["batches"].items()}
+        brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
+        print(json.dumps(brief, default=float), flush=True)
+        if args.partial is not None:
+            args.partial.write_text(json.dumps(result, indent=1, default=float))
+    if args.check_alone:
+        try:
+            result["check_alone"] = check_alone(model, req)
+        except Exception as exc:  # noqa: BLE001
+            result["check_alone"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    model.close()
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", action="append", required=True, type=Path)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompt-tokens", type=int, default=120)
+    ap.add_argument("--audio-seconds", type=float, default=2.0)
+    ap.add_argument("--reply-tokens", type=int, default=64)
+    ap.add_argument("--frames", type=int, default=None)
+    ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
+    ap.add_argument("--gather-ms", type=float, default=2.0)
+    ap.add_argument("--check-alone", action="store_true")
+    ap.add_argument("--timeouts", type=float, nargs="*")
+    ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.single:
+        res = run_config(args.config[0], args)
+        args.out.write_text(json.dumps(res, indent=1, default=float))
+        return 0
+    import torch
+
+    report = {"host": platform.node(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "args": {k: str(v) for k, v in vars(args).items()},
+              "models": []}
+    for i, path in enumerate(args.config):
+        part = args.out.with_suffix(f".{i}.json")
+        cmd = [sys.executable, __file__, "--single", "--config", str(path), "--out", str(part), "--partial", str(part),
+               "--device", args.device, "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
+               "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
+               "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
+               "--sessions", *map(str, args.sessions)]
+        if args.frames:
+            cmd += ["--frames", str(args.frames)]
+        if args.check_alone:
+            cmd.append("--check-alone")
+        budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
+        try:
+            rc = subprocess.run(cmd, timeout=budget).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        res = json.loads(part.read_text()) if part.exists() else {"config": str(path)}
+        if rc != 0:
+            res["exit"] = rc
+        report["models"].append(res)
+        args.out.write_text(json.dumps(report, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""Cross-session batching of the omni engine, on the tiny random checkpoints (CPU).
+
+A batch of sessions must give each session exactly what it would get alone: the same thinker
+tokens, talker codes and audio (greedy), across turns, after a barge-in cut, and while other
+sessions join and leave mid-stream.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from realtime_omni.engines.base import TurnMessage  # noqa: E402
+from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.batching import (  # noqa: E402
+    BatcherClosed,
+    RowInput,
+    SlotsFull,
+    StepBatcher,
+)
+
+from .test_omni import ARCHS, CHUNKS, request, run_turn, save_checkpoint, user_audio  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request, tmp_path_factory):
+    """The same checkpoint twice: batched stages (4 slots) and every session on its own."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(arch)
+    save_checkpoint(arch, root)
+    models = {}
+    for name, slots in (("batched", 4), ("alone", 0)):
+        model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
+                          talker_max_new_tokens=40, max_sessions=slots, **CHUNKS[arch])
+        model.load()
+        models[name] = model
+    yield models
+    for model in models.values():
+        model.close()
+
+
+def _turns(i: int) -> list[list[TurnMessage]]:
+    first = TurnMessage(role="user", text=f"hello number {i}", audio=user_audio(0.4, seed=i))
+    second = TurnMessage(role="user", text=f"and then {i}?")
+    return [[first], [first, second]]
+
+
+def _conversation(session, i: int, cut: bool, started: threading.Event | None = None) -> dict:
+    """Two turns; with ``cut`` the first reply is cut back (barge-in) to half its tokens."""
+    record: dict = {"tokens": [], "codes": [], "audio": []}
+    spoken = ""
+    for t, messages in enumerate(_turns(i)):
+        if t == 1:
+            messages = [messages[0], TurnMessage(role="assistant", text=spoken), messages[1]]
+        outputs, chunks, audio, _ = run_turn(session, request(messages, max_tokens=8))
+        if started is not None:
+            started.set()
+        texts = [o.text for o in outputs]
+        spoken = "".join(texts[: max(1, len(texts) // 2)]) if cut else "".join(texts)
+        if cut and t == 0:
+            session.confirm(spoken)
+        record["tokens"].append([o.hidden.token_id for o in outputs])
+        record["codes"].append([c.codes.codes.tolist() for c in chunks if c.codes is not None])
+        record["audio"].append(np.concatenate(audio) if audio else np.zeros(0, np.int16))
+    return record
+
+
+def _alone(model: OmniModel, i: int, cut: bool) -> dict:
+    session = model.open_session()
+    try:
+        return _conversation(session, i, cut)
+    finally:
+        session.close()
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a["tokens"] == b["tokens"]
+    assert a["codes"] == b["codes"]
+    for x, y in zip(a["audio"], b["audio"], strict=True):
+        assert x.shape == y.shape
+        assert np.array_equal(x, y)
+
+
+def test_a_batch_of_sessions_gives_each_what_it_gets_alone(pair):
+    batched, alone = pair["batched"], pair["alone"]
+    expected = {i: _alone(alone, i, cut=(i == 1)) for i in range(4)}
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+    first_done = threading.Event()
+
+    def converse(i: int, started: threading.Event | None = None) -> None:
+        try:
+            session = batched.open_session()
+            try:
+                results[i] = _conversation(session, i, cut=(i == 1), started=started)
+            finally:
+                session.close()  # leaves while the others may still be mid-stream
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=converse, args=(i, first_done if i == 0 else None)) for i in range(3)]
+    for th in threads:
+        th.start()
+    # a fourth session joins once the others are streaming
+    assert first_done.wait(120)
+    late = threading.Thread(target=converse, args=(3,))
+    late.start()
+    for th in [*threads, late]:
+        th.join(300)
+    assert not errors, errors
+    for i in range(4):
+        _same(results[i], expected[i])
+    stats = batched.batching.stats()
+    assert stats["in_use"] == 0  # every slot came back
+    assert stats["thinker"]["steps"] > 0 and stats["talker"]["steps"] > 0
+
+
+def test_steps_of_several_sessions_share_one_forward(pair):
+    """Sessions mid-reply are gathered into the same step (mean rows per step above one)."""
+    batched = pair["batched"]
+    before = batched.batching.thinker.stats()
+    sessions = [batched.open_session() for _ in range(3)]
+    barrier = threading.Barrier(3)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        run_turn(sessions[i], request([TurnMessage(role="user", text=f"hi {i}")], max_tokens=8))
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    for s in sessions:
+        s.close()
+    after = batched.batching.thinker.stats()
+    rows = after["rows"] - before["rows"]
+    steps = after["steps"] - before["steps"]
+    assert steps > 0 and rows / steps > 1.2
+
+
+def test_a_session_beyond_the_slots_is_refused_and_a_freed_slot_is_reused(pair):
+    batched = pair["batched"]
+    sessions = [batched.open_session() for _ in range(4)]
+    with pytest.raises(SlotsFull, match="slots are in use"):
+        batched.open_session()
+    sessions.pop(2).close()
+    again = batched.open_session()
+    assert again.rows.thinker.slot == 2  # the lowest free slot: batches stay short
+    for s in [*sessions, again]:
+        s.close()
+    assert batched.batching.stats()["in_use"] == 0
+
+
+def test_settings_reach_the_batching(tmp_path, monkeypatch):
+    from realtime_omni.engines.omni.settings import OmniSettings
+
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "3")
+    assert OmniSettings().model_kwargs()["max_sessions"] == 3
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "-1")
+    with pytest.raises(ValueError):
+        OmniSettings()
+
+
+# ---------------------------------------------------------------------------------------------
+# the batcher on its own: rows, errors, closing
+
+
+def _adder(capacity: int, fail_on: int | None = None) -> StepBatcher:
+    """A slotted toy stage: each row's output is its input plus its write position."""
+
+    def make(bucket, write_pos, inputs):
+        (x,) = inputs
+
+        def step():
+            if fail_on is not None and bool((x == fail_on).any()):
+                raise RuntimeError("the forward failed")
+            return (x + write_pos[:, None].to(x.dtype),)
+
+        return step
+
+    return StepBatcher("toy", make, [RowInput((2,), "float32")], capacity=capacity, device="cpu", slotted=True,
+                       scratch=99, graphs=False, gather_s=0.0)
+
+
+def test_batcher_rows_get_their_own_outputs():
+    batcher = _adder(8)
+    try:
+        out = {}
+
+        def go(slot: int) -> None:
+            (y,) = batcher.step((torch.tensor([slot, -slot], dtype=torch.float32),), slot=slot, write_pos=10 * slot)
+            out[slot] = y.tolist()
+
+        threads = [threading.Thread(target=go, args=(s,)) for s in (0, 3, 5)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(10)
+        assert out == {s: [s + 10 * s, -s + 10 * s] for s in (0, 3, 5)}
+    finally:
+        batcher.close()
+
+
+def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
+    batcher = _adder(4, fail_on=7)
+    try:
+        for bad in (None, -1, 4, 10_000):
+            with pytest.raises(ValueError, match="slot"):
+                batcher.step((torch.zeros(2),), slot=bad)
+        with pytest.raises(RuntimeError, match="forward failed"):
+            batcher.step((torch.full((2,), 7.0),), slot=1)
+        (y,) = batcher.step((torch.ones(2),), slot=1, write_pos=2)  # the loop goes on
+        assert y.tolist() == [3.0, 3.0]
+    finally:
+        batcher.close()
+    with pytest.raises(BatcherClosed):
+        batcher.step((torch.zeros(2),), slot=0)
