@@ -155,9 +155,11 @@ class StepBatcher:
 
     def warm(self) -> None:
         """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
+        import torch
+
         for size in self.sizes:
             bucket = self._bucket(size)
-            with on_stream(self.stream):
+            with torch.inference_mode(), on_stream(self.stream):
                 bucket.graph.ensure_captured()
 
     def close(self) -> None:
