@@ -324,10 +324,10 @@ class StaticDecoder:
             self._host_length = int(self._cache.get_seq_length())
         return self._host_length
 
-    def advance(self) -> None:
-        """One batched step wrote a token at :meth:`write_position`."""
-        self._host_length = self.write_position() + 1
-        self._pending += 1
+    def advance(self, tokens: int = 1) -> None:
+        """A batched step (or prefill) wrote ``tokens`` tokens from :meth:`write_position` on."""
+        self._host_length = self.write_position() + tokens
+        self._pending += tokens
 
     @property
     def length(self) -> int:

@@ -426,8 +426,15 @@ class StreamingThinker:
         input_ids = torch.tensor([ids], dtype=torch.long)
         positions = self._positions(input_ids, grid_t, lengths) + ctx.next_pos  # (3, n)
         try:
-            with on_stream(loaded.stream("thinker")):
-                logits, src = self._forward(input_ids, positions, mm_kwargs)
+            if self.rows is not None and self.rows.prefill is not None:
+                # with the prefills of the other sessions starting now, in one forward pass
+                decoder = self._decoder()
+                logits, src = self.rows.prefill.prefill(input_ids[0], positions, mm_kwargs, self.rows.slot,
+                                                        decoder.write_position())
+                decoder.advance(len(ids))
+            else:
+                with on_stream(loaded.stream("thinker")):
+                    logits, src = self._forward(input_ids, positions, mm_kwargs)
         except BaseException:
             # the KV cache may hold part of this forward in some layers: start over next turn
             ctx.free()

@@ -47,7 +47,7 @@ class RowInput:
 StepFactory = Callable[[int, Any, tuple[Any, ...]], Callable[[], tuple[Any, ...]]]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Request:
     inputs: tuple[Any, ...]
     slot: int | None

@@ -20,6 +20,7 @@ from typing import Any
 from ..code_predictor import CodePredictorSpec, frame_step
 from ..loader import LoadedOmni
 from .batcher import Activity, RowInput, StepBatcher
+from .prefill import PrefillBatcher
 from .slots import SlotPool, SlotsFull
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Rows:
     batcher: StepBatcher
     pool: SlotPool | None = None
     slot: int | None = None
+    prefill: PrefillBatcher | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class OmniBatching:
     """
 
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
-                 graphs: bool, talker_do_sample: bool, gather_s: float = 0.002) -> None:
+                 graphs: bool, talker_do_sample: bool, gather_s: float = 0.002,
+                 prefill_gather_s: float = 0.005) -> None:
         self.loaded = loaded
         self.slots = int(slots)
         device, dtype = loaded.device, loaded.dtype
@@ -127,6 +130,15 @@ class OmniBatching:
             "thinker", thinker_step(loaded, self.thinker_pool), [RowInput((1,), "long"), RowInput((3,), "long")],
             slotted=True, scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), **common)
+        accept = int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1))
+        try:  # transformers >= 5.2x selects hidden states by index
+            from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
+
+            select: Any = [0] if loaded.arch == "qwen2_5_omni" else [0, accept]
+        except ImportError:
+            select = True
+        self.prefill = PrefillBatcher(loaded, self.thinker_pool, hidden_select=select, accept_layer=accept,
+                                      gather_s=prefill_gather_s)
         talking = Activity()
         self.talker = StepBatcher(
             "talker", talker_step(loaded, self.talker_pool), talker_inputs(loaded), slotted=True,
@@ -158,7 +170,7 @@ class OmniBatching:
             self.thinker_pool.release(thinker_slot)
             raise
         return SessionRows(
-            thinker=Rows(self.thinker, self.thinker_pool, thinker_slot),
+            thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill),
             talker=Rows(self.talker, self.talker_pool, talker_slot),
             code_frames=Rows(self.code_frames) if self.code_frames is not None else None,
         )
@@ -175,9 +187,10 @@ class OmniBatching:
         return {
             "slots": self.slots, "in_use": self.thinker_pool.in_use,
             "kv_bytes_per_session": self.thinker_pool.bytes_per_slot + self.talker_pool.bytes_per_slot,
-            **{b.name: b.stats() for b in self.batchers},
+            **{b.name: b.stats() for b in self.batchers}, "thinker prefill": self.prefill.stats(),
         }
 
     def close(self) -> None:
+        self.prefill.close()
         for batcher in self.batchers:
             batcher.close()
