@@ -152,7 +152,9 @@ class OmniBatching:
                 "code predictor", make,
                 [RowInput((width,), str(loaded.talker.codec_head.weight.dtype).removeprefix("torch.")),
                  RowInput((1,), "long"), RowInput((max(1, spec.groups - 1), spec.top_k), "float32")],
-                slotted=False, stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"),
+                # its own stream: a batch step waits for its stream, not for the talker's batches
+                slotted=False, stream=loaded.stream("code predictor"),
+                graph_streams=loaded.graph_streams("code predictor"),
                 activity=talking, **common)
         log.info("omni batching: %d session slots; KV per session: thinker %.1f MiB (%d tokens), "
                  "talker %.1f MiB (%d tokens)", self.slots, self.thinker_pool.bytes_per_slot / 2**20,
