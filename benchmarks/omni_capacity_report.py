@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Render ``omni_capacity.py`` raw results as docs/benchmarks/omni-capacity.{json,md,png}.
+
+    python benchmarks/omni_capacity_report.py raw.json --commit SHA --gpu 'NVIDIA H200' --out docs/benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+#: before cross-session batching (every session stepping alone), measured on the same H200 with
+#: the same prompt and 64-token replies: sessions → (TTFA p50 ms, chunk RTF of the median session)
+BASELINE = {
+    "Qwen3-Omni-30B-A3B-Instruct": {1: (437, 0.38), 2: (555, 0.68), 4: (1302, 1.35), 8: (3363, 2.69)},
+    "Qwen2.5-Omni-7B": {1: (556, 0.50), 2: (812, 0.90), 4: (1393, 1.82), 8: (2834, 3.59), 16: (8266, 7.18)},
+}
+BASELINE_AUDIO_PER_S = {"Qwen3-Omni-30B-A3B-Instruct": 2.6, "Qwen2.5-Omni-7B": 1.25}
+
+
+def _f(value, digits=0):
+    if value is None:
+        return "—"
+    return f"{value:.{digits}f}"
+
+
+def table(model: dict) -> list[str]:
+    lines = ["| sessions | TTFA p50 / p95 / max (ms) | first token p50 (ms) | chunk RTF p50 / p95 / max | "
+             "audio s per wall s | sessions with underruns | rows per step: thinker / talker / code pred. | "
+             "ms per step: thinker / talker / code pred. | GPU peak (GB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in model["runs"]:
+        t, c, b = r["ttfa_ms"], r["chunk_rtf"], r["batches"]
+        names = ["thinker", "talker", "code predictor"]
+        rows = " / ".join(_f(b[n]["mean_rows"], 1) if n in b else "—" for n in names)
+        ms = " / ".join(_f(b[n]["ms_per_step"], 1) if n in b else "—" for n in names)
+        lines.append(f"| {r['sessions']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
+                     f"{_f(r['first_token_ms_p50'])} | {_f(c['p50'], 2)} / {_f(c['p95'], 2)} / {_f(c['max'], 2)} | "
+                     f"{_f(r['audio_s_per_wall_s'], 1)} | {r['underrun_sessions']} of {r['sessions']} | {rows} | {ms} | "
+                     f"{_f(r['gpu_mem_peak_gb'], 1)} |")
+    return lines
+
+
+def plot(models: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for m in models:
+        if not m.get("runs"):
+            continue
+        n = [r["sessions"] for r in m["runs"]]
+        ax1.plot(n, [r["audio_s_per_wall_s"] for r in m["runs"]], "o-", label=f"{m['name']} batched")
+        ax2.plot(n, [r["ttfa_ms"]["p50"] for r in m["runs"]], "o-", label=f"{m['name']} batched")
+        base = BASELINE.get(m["name"], {})
+        if base:
+            ax1.axhline(BASELINE_AUDIO_PER_S[m["name"]], ls="--", lw=1, color=ax1.lines[-1].get_color(),
+                        label=f"{m['name']} alone (before)")
+            ax2.plot(list(base), [v[0] for v in base.values()], "x--", color=ax2.lines[-1].get_color(),
+                     label=f"{m['name']} alone (before)")
+    ax1.plot([1, 64], [1, 64], ":", color="grey", label="N sessions in real time")
+    ax1.set(xlabel="concurrent sessions", ylabel="audio seconds per wall second", title="Throughput")
+    ax2.set(xlabel="concurrent sessions", ylabel="ms", title="Time to first audio, p50", yscale="log")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("raw", type=Path)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    ap.add_argument("--sections", type=Path, default=Path(__file__).with_name("omni_capacity_sections.md"))
+    args = ap.parse_args(argv)
+    raw = json.loads(args.raw.read_text())
+    models = raw["models"]
+    md = ["# Omni engine: live sessions on one GPU (cross-session batching)", "",
+          f"Machine: {args.gpu}, host with 16 cores. Commit `{args.commit[:12]}`. "
+          f"Generated {time.strftime('%Y-%m-%d')} by `benchmarks/omni_capacity_report.py`.", "",
+          "N sessions are opened, then N replies start together: the shared prompt of the GPU report "
+          "(about 120 tokens with 2 s of speech), replies forced to 64 thinker tokens, random bf16 weights "
+          "at real size. Chunk RTF: wall time between two audio chunks over the first one's duration "
+          "(per session its median, p95 and worst, then over sessions). An underrun: a chunk ready after "
+          "the listener, who started at the first audio, would have needed it.", ""]
+    for m in models:
+        md += [f"## {m['name']}", ""]
+        if "runs" not in m:
+            md += [f"No result (exit {m.get('exit')}).", ""]
+            continue
+        kv = m.get("batching", {}).get("kv_bytes_per_session")
+        md += [f"{m['slots']} session slots; KV per session {_f(kv / 2**20 if kv else None, 0)} MiB "
+               f"(thinker context {m.get('cache_tokens', 1024)} tokens); model built and every bucket graph "
+               f"captured in {_f(m.get('build_s'), 0)} s; GPU memory after load {_f(m.get('gpu_mem_after_load_gb'), 1)} GB; "
+               f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}.", ""]
+        md += table(m) + [""]
+        check = m.get("check_alone")
+        if check:
+            md += [f"Greedy 12-token reply, batched vs a session stepping alone: thinker tokens equal: "
+                   f"{check.get('tokens_equal')}, talker codes equal: {check.get('codes_equal')} "
+                   "(bf16 random weights give near-flat talker logits, so a different GEMM shape flips ties; "
+                   "the CPU tests check exact equality in float32).", ""]
+        base = BASELINE.get(m["name"])
+        if base:
+            md += ["Before (each session alone): " + ", ".join(
+                f"N={n}: TTFA {t} ms, RTF {r}" for n, (t, r) in base.items())
+                + f"; about {BASELINE_AUDIO_PER_S[m['name']]} audio s per wall s at any N.", ""]
+    if args.sections.exists():
+        md += [args.sections.read_text().strip(), ""]
+    md += ["## Reproduce", "", "```sh",
+           "mkdir -p .omni_cfg .whl && cp -r ../shared/model_configs/Qwen2.5-Omni-7B ../shared/model_configs/Qwen3-Omni-30B-A3B-Instruct .omni_cfg/",
+           "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
+           "--platform manylinux2014_x86_64 -d .whl transformers==5.24.0 'regex>=2025.10.22'",
+           "# on the GPU machine (carry .whl and .omni_cfg):",
+           "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 1 8 16 32 48 64 --check-alone "
+           "--timeouts 330 250 --out cap.json",
+           "# here again:",
+           "python benchmarks/omni_capacity_report.py cap.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)'",
+           "```", ""]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "omni-capacity.md").write_text("\n".join(md))
+    heads = []
+    for m in models:
+        runs = {r["sessions"]: r for r in m.get("runs", [])}
+        if runs:
+            top = max(runs)
+            heads.append(f"{m['name']}: TTFA p50 {_f(runs[min(runs)]['ttfa_ms']['p50'])} ms alone, "
+                         f"{_f(max(r['audio_s_per_wall_s'] for r in runs.values()), 1)} audio s per wall s at best "
+                         f"(before: {BASELINE_AUDIO_PER_S.get(m['name'])}), chunk RTF p50 "
+                         f"{_f(runs[top]['chunk_rtf']['p50'], 2)} at N={top}")
+    doc = {"schema": "realtime-omni-bench/1", "name": "omni-capacity", "benchmark": "omni-capacity",
+           "title": "Omni engine: live sessions on one H200 (cross-session batching, random weights)",
+           "headline": "; ".join(heads), "date": time.strftime("%Y-%m-%d"),
+           "git": {"commit": args.commit[:12], "dirty": False},
+           "machine": {"cpu": f"{args.gpu} host", "usable_cores": 16, "cores": 16, "ram_gib": 128, "gpu": args.gpu},
+           "command": "python3 benchmarks/omni_capacity.py --config <Qwen3-Omni-30B-A3B config> --config "
+                      "<Qwen2.5-Omni-7B config> --sessions 1 8 16 32 48 64 --check-alone --out cap.json",
+           "baseline": {k: {str(n): v for n, v in b.items()} for k, b in BASELINE.items()}, "models": models}
+    (args.out / "omni-capacity.json").write_text(json.dumps(doc, indent=1, default=float))
+    plot(models, args.out / "omni-capacity.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
