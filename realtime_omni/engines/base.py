@@ -19,6 +19,10 @@ import numpy as np
 Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo"]
 
 
+class ModelAtCapacity(RuntimeError):
+    """``open_session`` refused: the model serves as many sessions as it can keep in real time."""
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What ``GET /v1/models`` lists and ``session.created`` reports as capabilities."""

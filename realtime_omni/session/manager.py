@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import logging
 
+from ..engines.base import ModelAtCapacity
 from ..engines.registry import ModelRegistry
 from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
@@ -72,7 +73,10 @@ class SessionManager:
         if model is None:
             known = ", ".join(m.id for m in self.registry.infos())
             raise UnknownModelError(f"unknown model {model_name!r}; available: {known}")
-        model_session = model.open_session()
+        try:
+            model_session = model.open_session()
+        except ModelAtCapacity as exc:  # admission control: refused, never slowed down
+            raise SessionLimitError(f"model {model.info.id!r} is at its capacity: {exc}") from exc
         core = RealtimeSession(
             model.info, session_id=snapshot["id"] if snapshot else None,
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,

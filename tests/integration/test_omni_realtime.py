@@ -97,3 +97,46 @@ async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
                 done = event.response
         assert done is not None and done.status == "cancelled"
         assert late == []
+
+
+async def test_a_session_beyond_the_models_slots_is_refused_with_a_code(tmp_path):
+    """Admission control over /v1/realtime: with one slot, a second client gets
+    ``session_limit_reached`` (close 1013) while the first one's session goes on."""
+    await asyncio.to_thread(_refused_beyond_slots, tmp_path)
+
+
+def _refused_beyond_slots(tmp_path) -> None:
+    import json
+    import time
+
+    import torch
+    from websockets.sync.client import connect
+
+    torch.set_num_threads(1)
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    model = OmniModel(tmp_path, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
+                      talker_max_new_tokens=16, model_id="tiny", max_sessions=1, **CHUNKS["qwen3_omni_moe"])
+    registry = ModelRegistry()
+    registry.add(model)
+    model.load()
+    try:
+        with ServerThread(registry) as srv:
+            url = f"{srv.ws}/v1/realtime?model=tiny"
+            with connect(url) as first:
+                assert json.loads(first.recv(timeout=30))["type"] == "session.created"
+                with connect(url) as second:
+                    error = json.loads(second.recv(timeout=30))
+                    assert error["type"] == "error"
+                    assert error["error"]["code"] == "session_limit_reached"
+                    assert "capacity" in error["error"]["message"]
+                first.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "hi"}}))
+                assert json.loads(first.recv(timeout=30))["type"] == "session.updated"
+            # the slot comes back when the first client leaves
+            for _ in range(100):
+                if model.batching.stats()["in_use"] == 0:
+                    break
+                time.sleep(0.05)
+            with connect(url) as third:
+                assert json.loads(third.recv(timeout=30))["type"] == "session.created"
+    finally:
+        registry.close()

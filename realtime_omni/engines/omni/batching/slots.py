@@ -15,8 +15,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ...base import ModelAtCapacity
 
-class SlotsFull(RuntimeError):
+
+class SlotsFull(ModelAtCapacity):
     """Every slot of a stage is taken: the engine is at its real-time capacity."""
 
 
