@@ -24,15 +24,15 @@ from realtime_omni.engines.omni.batching import (  # noqa: E402
     StepBatcher,
 )
 
-from .test_omni import ARCHS, CHUNKS, request, run_turn, save_checkpoint, user_audio  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from .test_omni import (  # noqa: E402, F401 - _one_thread: the module's autouse fixture
+    ARCHS,
+    CHUNKS,
+    _one_thread,
+    request,
+    run_turn,
+    save_checkpoint,
+    user_audio,
+)
 
 
 @pytest.fixture(scope="module", params=ARCHS)

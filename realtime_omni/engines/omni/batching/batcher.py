@@ -65,6 +65,41 @@ class _Bucket:
     graph: StepGraph
 
 
+class Mailbox:
+    """Requests from session threads to one loop thread: submit and wait (with a deadline),
+    and on close every waiting request fails with :class:`BatcherClosed`."""
+
+    name = "batcher"
+    step_timeout_s = 60.0
+
+    def __init__(self) -> None:
+        self._queue: list[Any] = []
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def _submit(self, req: Any) -> Any:
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed(f"{self.name} batcher is closed")
+            self._queue.append(req)
+            self._cond.notify_all()
+        if not req.done.wait(self.step_timeout_s):
+            raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    def _close_mailbox(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cond.notify_all()
+        for req in pending:
+            req.error = BatcherClosed(f"{self.name} batcher is closed")
+            req.done.set()
+
+
 class Activity:
     """How many sessions are in the middle of a reply on a stage (the batch to wait for)."""
 
@@ -87,7 +122,7 @@ class Activity:
         return self._n
 
 
-class StepBatcher:
+class StepBatcher(Mailbox):
     def __init__(
         self,
         name: str,
@@ -120,10 +155,8 @@ class StepBatcher:
         self.sizes = sorted({b for b in buckets if b < self.capacity} | {self.capacity})
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
+        super().__init__()
         self._buckets: dict[int, _Bucket] = {}
-        self._queue: list[_Request] = []
-        self._cond = threading.Condition()
-        self._closed = False
         self._bucket_lock = threading.Lock()
         # statistics (read by benchmarks and metrics)
         self.steps = 0
@@ -140,18 +173,7 @@ class StepBatcher:
         this row's outputs (views into a copy the batcher made for this step)."""
         if self.slotted and (slot is None or not 0 <= slot < self.capacity):
             raise ValueError(f"{self.name}: a slotted step needs a slot in 0..{self.capacity - 1}")
-        req = _Request(tuple(inputs), slot, int(write_pos))
-        with self._cond:
-            if self._closed:
-                raise BatcherClosed(f"{self.name} batcher is closed")
-            self._queue.append(req)
-            self._cond.notify_all()
-        if not req.done.wait(self.step_timeout_s):
-            raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
-        if req.error is not None:
-            raise req.error
-        assert req.result is not None
-        return req.result
+        return self._submit(_Request(tuple(inputs), slot, int(write_pos)))
 
     def warm(self) -> None:
         """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
@@ -163,13 +185,7 @@ class StepBatcher:
                 bucket.graph.ensure_captured()
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            pending, self._queue = self._queue, []
-            self._cond.notify_all()
-        for req in pending:
-            req.error = BatcherClosed(f"{self.name} batcher is closed")
-            req.done.set()
+        self._close_mailbox()
         self._thread.join(timeout=5)
         for bucket in self._buckets.values():
             bucket.graph.release()

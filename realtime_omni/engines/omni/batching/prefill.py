@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import on_stream
+from .batcher import Mailbox
 from .slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,9 @@ class SlotRowsCache:
         return len(self.pool.keys)
 
 
-class PrefillBatcher:
+class PrefillBatcher(Mailbox):
+    name = "thinker prefill"
+
     def __init__(self, loaded: Any, pool: SlotPool, *, hidden_select: Any, accept_layer: int,
                  gather_s: float = 0.01, token_budget: int = 8192, step_timeout_s: float = 120.0) -> None:
         self.loaded = loaded
@@ -71,9 +74,7 @@ class PrefillBatcher:
         self.gather_s = gather_s
         self.token_budget = token_budget
         self.step_timeout_s = step_timeout_s
-        self._queue: list[PrefillRequest] = []
-        self._cond = threading.Condition()
-        self._closed = False
+        super().__init__()
         self.batches = 0
         self.rows = 0
         self.busy_s = 0.0
@@ -86,27 +87,10 @@ class PrefillBatcher:
         n = int(ids.numel())
         if start + n > self.pool.length:
             raise ValueError(f"the prefill needs {start + n} tokens of a {self.pool.length}-token slot")
-        req = PrefillRequest(ids.reshape(-1), positions, mm, slot, start)
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("the prefill batcher is closed")
-            self._queue.append(req)
-            self._cond.notify_all()
-        if not req.done.wait(self.step_timeout_s):
-            raise TimeoutError(f"no batched prefill within {self.step_timeout_s:.0f} s")
-        if req.error is not None:
-            raise req.error
-        assert req.result is not None
-        return req.result
+        return self._submit(PrefillRequest(ids.reshape(-1), positions, mm, slot, start))
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            pending, self._queue = self._queue, []
-            self._cond.notify_all()
-        for req in pending:
-            req.error = RuntimeError("the prefill batcher is closed")
-            req.done.set()
+        self._close_mailbox()
         self._thread.join(timeout=5)
 
     def stats(self) -> dict[str, Any]:
