@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .graphs import StaticDecoder, StepGraph, on_stream, same_device
+from .graphs import StepGraph, on_stream, same_device
 from .loader import LoadedOmni
 
 if TYPE_CHECKING:
@@ -43,13 +43,11 @@ class CodeFrames:
         import torch
 
         talker = loaded.talker
-        cp = talker.code_predictor
         device = loaded.device
         spec = CodePredictorSpec.of(loaded)
         self.groups = groups = spec.groups
         self.generator = generator if generator is not None and same_device(generator.device, device) else None
         self.top_k = top_k = spec.top_k
-        temperature = spec.temperature
         self.device = device
         #: the model's batched frames (shared by all sessions), or None: this session's own graph
         self.rows = rows
