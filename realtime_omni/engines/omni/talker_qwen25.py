@@ -7,8 +7,7 @@ from typing import Any
 from .context import TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni, samples_per_code
-from .sampling import TokenSampler
-from .talker_stream import TalkerSettings, TalkerStream
+from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
 
 
 class Qwen25Stream(TalkerStream):
@@ -21,17 +20,7 @@ class Qwen25Stream(TalkerStream):
         cfg = loaded.config.talker_config
         self.vecs: list[Any] = []
         self.frame_samples = samples_per_code(loaded)
-        eos = [int(cfg.tts_codec_pad_token_id), int(cfg.tts_codec_end_token_id)]
-        self.eos = set() if self.settings.ignore_eos else set(eos)
-        suppress = [int(cfg.tts_codec_start_token_id)] + (eos if self.settings.ignore_eos else [])
-        # ids token2wav cannot embed (>= num_embeds + 1: mask/bos/...), EOS excepted; a trained
-        # talker never samples them, a random one does
-        t2w = getattr(loaded.config, "token2wav_config", None)
-        if t2w is not None:
-            first_bad = int(t2w.dit_config.num_embeds) + 1
-            suppress += [i for i in range(first_bad, int(cfg.vocab_size)) if i not in self.eos]
-        self.sampler = TokenSampler(do_sample=self.settings.do_sample, suppress=suppress,
-                                    generator=self.generator, **self.sample_kw)
+        self.eos = set(self.sampling.eos)
         embed_tokens = loaded.thinker.get_input_embeddings()
         ids = torch.tensor([int(cfg.tts_text_end_token_id), int(cfg.tts_text_pad_token_id)], device=self.device)
         with torch.inference_mode():
@@ -41,6 +30,20 @@ class Qwen25Stream(TalkerStream):
         self.history = None
         self.pos = 0
         self.last_code = None
+
+    @classmethod
+    def code_sampling(cls, loaded: LoadedOmni, settings: TalkerSettings) -> CodeSampling:
+        cfg = loaded.config.talker_config
+        eos = [int(cfg.tts_codec_pad_token_id), int(cfg.tts_codec_end_token_id)]
+        kept_eos = set() if settings.ignore_eos else set(eos)
+        suppress = [int(cfg.tts_codec_start_token_id)] + (eos if settings.ignore_eos else [])
+        # ids token2wav cannot embed (>= num_embeds + 1: mask/bos/...), EOS excepted; a trained
+        # talker never samples them, a random one does
+        t2w = getattr(loaded.config, "token2wav_config", None)
+        if t2w is not None:
+            first_bad = int(t2w.dit_config.num_embeds) + 1
+            suppress += [i for i in range(first_bad, int(cfg.vocab_size)) if i not in kept_eos]
+        return CodeSampling.make(loaded, settings, suppress, kept_eos)
 
     def _add_token(self, hidden: TokenHidden) -> None:
         if hidden.vec is not None and not hidden.eos:

@@ -8,8 +8,7 @@ from ..base import ThinkerOutput
 from .context import TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni
-from .sampling import TokenSampler
-from .talker_stream import TalkerSettings, TalkerStream
+from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
 
 
 class Qwen3Stream(TalkerStream):
@@ -22,13 +21,7 @@ class Qwen3Stream(TalkerStream):
         tcfg = cfg.talker_config
         talker = loaded.talker
         self.groups = int(tcfg.num_code_groups)
-        vocab = int(tcfg.text_config.vocab_size)
         self.codec_eos = int(tcfg.codec_eos_token_id)
-        suppress = [i for i in range(max(0, vocab - 1024), vocab) if i != self.codec_eos]
-        if self.settings.ignore_eos:
-            suppress.append(self.codec_eos)
-        self.sampler = TokenSampler(do_sample=self.settings.do_sample, suppress=suppress,
-                                    generator=self.generator, **self.sample_kw)
         self.embed_tokens = loaded.thinker.get_input_embeddings()
         special = torch.tensor([int(cfg.tts_bos_token_id), int(cfg.tts_eos_token_id), int(cfg.tts_pad_token_id)],
                                device=self.device)
@@ -43,6 +36,16 @@ class Qwen3Stream(TalkerStream):
         self.frame_embed = None
         self.hidden = None
         self.pos = 0
+
+    @classmethod
+    def code_sampling(cls, loaded: LoadedOmni, settings: TalkerSettings) -> CodeSampling:
+        tcfg = loaded.config.talker_config
+        vocab = int(tcfg.text_config.vocab_size)
+        eos = int(tcfg.codec_eos_token_id)
+        suppress = [i for i in range(max(0, vocab - 1024), vocab) if i != eos]
+        if settings.ignore_eos:
+            suppress.append(eos)
+        return CodeSampling.make(loaded, settings, suppress, set() if settings.ignore_eos else {eos})
 
     def _groups(self) -> int:
         return self.groups

@@ -47,6 +47,36 @@ _DEFAULTS = {
 }
 
 
+@dataclass(frozen=True)
+class CodeSampling:
+    """How an architecture's talker picks codebook-0 codes: the per-session :class:`TokenSampler`
+    and the batched talker's in-graph sampling are both built from this."""
+
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    repetition_penalty: float | None
+    suppress: tuple[int, ...]
+    eos: frozenset[int]  # codes that end the reply (empty when EOS is ignored)
+
+    @classmethod
+    def make(cls, loaded: LoadedOmni, settings: TalkerSettings, suppress: list[int], eos: set[int]) -> CodeSampling:
+        kw = dict(_DEFAULTS[loaded.arch])
+        for key in ("temperature", "top_k", "top_p", "repetition_penalty"):
+            value = getattr(settings, key)
+            if value is not None:
+                kw[key] = value
+        return cls(do_sample=bool(settings.do_sample), suppress=tuple(sorted(set(suppress))), eos=frozenset(eos), **kw)
+
+    def sampler(self, generator: Any) -> Any:
+        from .sampling import TokenSampler
+
+        return TokenSampler(do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k,
+                            top_p=self.top_p, repetition_penalty=self.repetition_penalty,
+                            suppress=list(self.suppress), generator=generator)
+
+
 @dataclass
 class CodeChunk:
     """``TalkerOutput.codes`` of the omni engine: a run of codec frames of one reply."""
@@ -95,13 +125,9 @@ class TalkerStream:
         self.text_in = ""
         self.text_out = 0
         self.frame_sec = samples_per_code(loaded) / 24_000.0
-        defaults = dict(_DEFAULTS[loaded.arch])
-        for key in ("temperature", "top_k", "top_p", "repetition_penalty"):
-            value = getattr(settings, key)
-            if value is not None:
-                defaults[key] = value
-        self.sample_kw = defaults
         self.generator = generator
+        self.sampling = self.code_sampling(loaded, settings)
+        self.sampler = self.sampling.sampler(generator)
 
     # feeding ----------------------------------------------------------------------------------
 
@@ -258,6 +284,9 @@ class TalkerStream:
         self.done = True
 
     # architecture hooks -------------------------------------------------------------------------
+
+    @classmethod
+    def code_sampling(cls, loaded: LoadedOmni, settings: TalkerSettings) -> CodeSampling: ...
 
     def _can_prefill(self) -> bool: ...
 
