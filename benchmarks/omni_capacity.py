@@ -124,8 +124,9 @@ def run_n(model, req, n: int) -> dict:
 
 
 def check_alone(model, req) -> dict:
-    """Greedy short reply: a batched session next to a session that steps alone (per-session
-    graphs). bf16 random weights give near-flat logits, so a difference is reported, not failed."""
+    """A short reply in a batched session and in a session that steps alone (per-session graphs):
+    the thinker's greedy tokens must agree. (The batched talker samples in its graph, with the
+    model's setting, so its codes are not compared here; the CPU tests compare them greedily.)"""
     short = type(req)(req.instructions, req.messages, 12, req.voice, True)
     sampling = model.talker_settings.do_sample
     model.talker_settings.do_sample = False
@@ -137,7 +138,7 @@ def check_alone(model, req) -> dict:
     finally:
         model.batching = batching
         model.talker_settings.do_sample = sampling
-    return {"tokens_equal": batched["tokens"] == alone["tokens"], "codes_equal": batched["codes"] == alone["codes"],
+    return {"tokens_equal": batched["tokens"] == alone["tokens"],
             "ttfa_ms": {"batched": batched["ttfa_ms"], "alone": alone["ttfa_ms"]}}
 
 

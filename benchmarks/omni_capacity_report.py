@@ -102,10 +102,9 @@ def main(argv=None) -> int:
         md += table(m) + [""]
         check = m.get("check_alone")
         if check:
-            md += [f"Greedy 12-token reply, batched vs a session stepping alone: thinker tokens equal: "
-                   f"{check.get('tokens_equal')}, talker codes equal: {check.get('codes_equal')} "
-                   "(bf16 random weights give near-flat talker logits, so a different GEMM shape flips ties; "
-                   "the CPU tests check exact equality in float32).", ""]
+            md += [f"12-token reply, batched vs a session stepping alone: greedy thinker tokens equal: "
+                   f"{check.get('tokens_equal')} (the CPU tests check tokens, codes and audio for exact "
+                   "equality in float32).", ""]
         base = BASELINE.get(m["name"])
         if base:
             md += ["Before (each session alone): " + ", ".join(

@@ -229,3 +229,56 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
         batcher.close()
     with pytest.raises(BatcherClosed):
         batcher.step((torch.zeros(2),), slot=0)
+
+
+def test_in_graph_code_picking_matches_the_sampler():
+    """Greedy: the batched pick equals TokenSampler (penalty over seen codes, suppressed ids);
+    sampled: every draw stays inside the top-k of the penalized scores."""
+    from realtime_omni.engines.omni.batching.talker_frames import pick_codes
+    from realtime_omni.engines.omni.talker_stream import CodeSampling
+
+    gen = torch.Generator().manual_seed(0)
+    vocab, rows = 64, 16
+    logits = torch.randn((rows, vocab), generator=gen) * 3
+    histories = [torch.randint(0, vocab, (1, 5), generator=gen) for _ in range(rows)]
+    seen = torch.zeros((rows, vocab), dtype=torch.bool)
+    for r, h in enumerate(histories):
+        seen[r, h[0]] = True
+    suppress_ids = [3, 7, 60]
+    suppress = torch.zeros(vocab, dtype=torch.bool)
+    suppress[suppress_ids] = True
+    greedy = CodeSampling(do_sample=False, temperature=0.9, top_k=8, top_p=0.8, repetition_penalty=1.3,
+                          suppress=tuple(suppress_ids), eos=frozenset())
+    picked = pick_codes(logits, seen, suppress, torch.zeros((rows, 8)), greedy)
+    sampler = greedy.sampler(None)
+    assert picked.tolist() == [sampler(logits[r : r + 1], histories[r]) for r in range(rows)]
+    sampled = CodeSampling(**{**greedy.__dict__, "do_sample": True})
+    penalized = torch.where(seen, torch.where(logits < 0, logits * 1.3, logits / 1.3), logits).masked_fill(suppress, -1e9)
+    top = penalized.topk(8, dim=-1).indices
+    for _ in range(20):
+        draw = pick_codes(logits, seen, suppress, torch.rand((rows, 8), generator=gen), sampled)
+        assert all(int(draw[r]) in top[r].tolist() for r in range(rows))
+        assert not suppress[draw].any()
+
+
+def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
+    """Sampling in the batch draws from each session's own generator: same seed, same reply;
+    another seed, another reply."""
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    model = OmniModel(tmp_path, device="cpu", dtype="float32", talker_do_sample=True, seed=0,
+                      talker_max_new_tokens=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"])
+    model.load()
+    try:
+        runs = []
+        for seed in (0, 0, 1):
+            model.seed = seed
+            session = model.open_session()
+            try:
+                _, chunks, _, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=6))
+            finally:
+                session.close()
+            runs.append([c.codes.codes.tolist() for c in chunks if c.codes is not None])
+        assert runs[0] and runs[0] == runs[1]
+        assert runs[2] != runs[0]
+    finally:
+        model.close()

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .graphs import StepGraph, on_stream, same_device
 from .loader import LoadedOmni
-
-if TYPE_CHECKING:
-    from .batching.stages import Rows
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ class CodeFrames:
     """
 
     def __init__(self, loaded: LoadedOmni, *, do_sample: bool = True, cuda_graphs: bool = True,
-                 generator: Any = None, rows: Rows | None = None) -> None:
+                 generator: Any = None) -> None:
         import torch
 
         talker = loaded.talker
@@ -49,12 +46,7 @@ class CodeFrames:
         self.generator = generator if generator is not None and same_device(generator.device, device) else None
         self.top_k = top_k = spec.top_k
         self.device = device
-        #: the model's batched frames (shared by all sessions), or None: this session's own graph
-        self.rows = rows
         self.stream = loaded.stream("talker")
-        if rows is not None:
-            self.graph = None
-            return
         width = int(loaded.config.talker_config.text_config.hidden_size)
         dtype = talker.codec_head.weight.dtype
         self.hidden = torch.zeros((1, width), dtype=dtype, device=device)
@@ -66,8 +58,6 @@ class CodeFrames:
 
     def __call__(self, hidden, c0: int) -> tuple[list[int], Any]:
         """Codebooks 1..G-1 of the frame whose codebook 0 is ``c0``; and the frame's embedding."""
-        if self.rows is not None:
-            return self._batched(hidden, c0)
         with on_stream(self.stream):
             self.hidden.copy_(hidden.reshape(self.hidden.shape))
             self.c0.fill_(c0)
@@ -76,18 +66,8 @@ class CodeFrames:
             embed = embed[0].clone()
         return codes[0].tolist(), embed
 
-    def _batched(self, hidden, c0: int) -> tuple[list[int], Any]:
-        import torch
-
-        with on_stream(self.stream):
-            noise = torch.empty((max(1, self.groups - 1), self.top_k), dtype=torch.float32, device=self.device)
-            noise.uniform_(generator=self.generator)
-        codes, embed = self.rows.batcher.step((hidden.reshape(-1), torch.tensor([c0]), noise))
-        return codes.tolist(), embed
-
     def release(self) -> None:
-        if self.graph is not None:
-            self.graph.release()
+        self.graph.release()
 
 
 def frame_step(loaded: LoadedOmni, do_sample: bool):

@@ -180,7 +180,7 @@ class OmniModel(VoiceModel):
             self.batching = OmniBatching(
                 self.loaded, slots=self.max_sessions, thinker_tokens=max(64, self.thinker_settings.cache_tokens),
                 talker_tokens=self.talker_settings.cache_tokens, graphs=self.cuda_graphs,
-                talker_do_sample=self.talker_settings.do_sample, gather_s=self.batch_gather_s)
+                talker_settings=self.talker_settings, gather_s=self.batch_gather_s)
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,

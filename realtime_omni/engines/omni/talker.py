@@ -90,10 +90,10 @@ class OmniTalker:
         rows = self.rows
         if self.decoder is None:
             self.decoder = self.kind.new_decoder(self.loaded, self.settings, rows.talker if rows else None)
-        if self.frames is None and self.loaded.arch != "qwen2_5_omni":
+        if self.frames is None and self.loaded.arch != "qwen2_5_omni" and rows is None:
+            # (batched, the talker's frame step runs the code predictor itself)
             self.frames = CodeFrames(self.loaded, do_sample=self.settings.do_sample,
-                                     cuda_graphs=self.settings.cuda_graphs, generator=self.generator,
-                                     rows=rows.code_frames if rows else None)
+                                     cuda_graphs=self.settings.cuda_graphs, generator=self.generator)
         return self.decoder, self.frames
 
     def prepare(self) -> None:

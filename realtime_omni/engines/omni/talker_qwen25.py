@@ -124,6 +124,22 @@ class Qwen25Stream(TalkerStream):
 
         self.logits = self._step_with(fill)
 
+    def _seen_codes(self) -> list[int]:
+        return sorted(set(self.history[0].tolist()))
+
+    def _part_after_frame(self) -> Any:
+        return self._reply_part(self.steps + 1)
+
+    def _append_frame(self, values: list[int]) -> bool:
+        import torch
+
+        code = values[0]
+        if code in self.eos:
+            return True
+        self.last_code = code
+        self.frames.append(torch.tensor(code, dtype=torch.long))
+        return False
+
     def _take_frame(self) -> bool:
         import torch
 

@@ -166,6 +166,24 @@ class Qwen3Stream(TalkerStream):
 
         self.hidden, self.logits = self._step_with(fill)
 
+    def _frame_hidden(self) -> Any:
+        return self.hidden
+
+    def _seen_codes(self) -> list[int]:
+        return list(self.codes_hist)
+
+    def _part_after_frame(self) -> Any:
+        return self._trailing(self.steps)
+
+    def _append_frame(self, values: list[int]) -> bool:
+        import torch
+
+        if values[0] in self.sampling.eos:
+            return True
+        self.codes_hist.append(values[0])
+        self.frames.append(torch.tensor(values, dtype=torch.long))
+        return False
+
     def _take_frame(self) -> bool:
         import torch
 

@@ -155,24 +155,34 @@ class TalkerStream:
     def _run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
         if final:
             self.ended = True
+        fused = self.rows is not None
         while not self.done:
             if cancelled.is_set():
                 return
-            if self.logits is None:
-                if not self.prefilled:
-                    if not self._can_prefill():
-                        if self.ended:
-                            self.done = True  # nothing to speak
-                        break
-                    self._prefill()
-                    self.prefilled = True
-                    continue
-                if not self._input_ready():
+            if not self.prefilled:
+                if not self._can_prefill():
+                    if self.ended:
+                        self.done = True  # nothing to speak
                     break
-                self._forward_next()
+                self._prefill()
+                self.prefilled = True
+                if fused:  # the batched talker takes the frames from here, from the slot's state
+                    self.rows.state.load(self.rows.slot, self.logits, self._frame_hidden(), self._seen_codes())
                 continue
-            stop = self._take_frame()
-            self.logits = None
+            if fused:
+                # one batched step takes this frame and runs the talker on the next step's input
+                part = self._part_after_frame()
+                if part is None:
+                    break
+                stop = self._fused_frame(part)
+            else:
+                if self.logits is None:
+                    if not self._input_ready():
+                        break
+                    self._forward_next()
+                    continue
+                stop = self._take_frame()
+                self.logits = None
             if stop:
                 self.done = True
                 break
@@ -236,27 +246,25 @@ class TalkerStream:
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
-        if self.rows is not None:
-            return self._batched_step(fill)
         with self._own_caches(), on_stream(self.loaded.stream("talker")):
             fill(*self.decoder.inputs)
             out = self.decoder.graph()
             return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
-    def _batched_step(self, fill: Callable[..., None]) -> Any:
-        """The same step in the model's batched talker: ``fill`` writes this row's inputs into
-        tensors shaped like the session's own step inputs."""
+    def _fused_frame(self, part) -> bool:
+        """This frame through the batched talker (see ``batching.talker_frames``); True on EOS."""
         import torch
 
+        fused = self.rows.state
         with self._own_caches():
             decoder = self.decoder
-            with on_stream(self.loaded.stream("talker")):
-                row = tuple(torch.zeros_like(t) for t in decoder.inputs)
-                fill(*row)
-            out = self.rows.batcher.step(row, slot=self.rows.slot, write_pos=decoder.write_position())
+            pos = self.pos
+            self.pos += 1
+            row = (part, torch.full((3,), pos, dtype=torch.long), *fused.noise(self.generator))
+            c0, codes = self.rows.batcher.step(row, slot=self.rows.slot, write_pos=decoder.write_position())
             decoder.advance()
-            out = tuple(o[None] for o in out)
-            return out[0] if len(out) == 1 else out
+            values = torch.cat([c0.view(1), codes.view(-1)]).tolist()  # the frame's one host sync
+        return self._append_frame(values)
 
     @contextlib.contextmanager
     def _own_caches(self) -> Iterator[None]:
@@ -298,6 +306,22 @@ class TalkerStream:
 
     def _take_frame(self) -> bool:
         """Sample the pending frame; append it to ``frames``; True on the codec EOS."""
+        ...
+
+    def _frame_hidden(self) -> Any:
+        """The hidden state the next frame starts from (Qwen3's code predictor), or None."""
+        return None
+
+    def _seen_codes(self) -> list[int]:
+        """Codes the repetition penalty covers when the first frame is taken."""
+        ...
+
+    def _part_after_frame(self) -> Any:
+        """The reply part of the talker step that follows the next frame, or None (not yet known)."""
+        ...
+
+    def _append_frame(self, values: list[int]) -> bool:
+        """Append a frame the batched talker took (codebook 0 first); True on the codec EOS."""
         ...
 
     @staticmethod

@@ -1,9 +1,8 @@
 """The batched steps of each omni stage, and the slots a session holds in them.
 
 * thinker: one reply token per row → next-token logits and the talker's vector for that token;
-* talker: one codec frame per row → (Qwen3: the hidden state and) the codebook-0 logits;
-* Qwen3 code predictor: a frame's residual codebooks per row, sampled inside the step (compact
-  rows: its cache is rebuilt every frame, so no session state lives in it).
+* talker: a whole codec frame per row (codebook 0 sampled in the step, Qwen3's residual codebooks,
+  the next talker step), see :mod:`.talker_frames`.
 
 Each step is the same sub-module calls as the per-session path (``language_model``,
 ``talker.model``, ``code_predictor.model``), run over ``bucket`` rows with the stage's
@@ -17,10 +16,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..code_predictor import CodePredictorSpec, frame_step
 from ..loader import LoadedOmni
-from .batcher import Activity, RowInput, StepBatcher
+from ..talker_qwen3 import Qwen3Stream
+from ..talker_qwen25 import Qwen25Stream
+from ..talker_stream import TalkerSettings
+from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher
+from .talker_frames import FusedTalker
 from .slots import SlotPool, SlotsFull
 
 log = logging.getLogger(__name__)
@@ -34,13 +36,14 @@ class Rows:
     pool: SlotPool | None = None
     slot: int | None = None
     prefill: PrefillBatcher | None = None
+    #: the stage's per-slot state a session hands its prefill results to (the fused talker)
+    state: Any = None
 
 
 @dataclass(frozen=True)
 class SessionRows:
     thinker: Rows
     talker: Rows
-    code_frames: Rows | None
 
 
 def _positions(pos: Any) -> Any:
@@ -72,42 +75,6 @@ def thinker_step(loaded: LoadedOmni, pool: SlotPool):
     return make
 
 
-def talker_step(loaded: LoadedOmni, pool: SlotPool):
-    talker = loaded.talker
-    qwen25 = loaded.arch == "qwen2_5_omni"
-
-    def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
-        cache = pool.rows(bucket, write_pos)
-
-        def step():
-            if qwen25:
-                code, part, pos = inputs  # (bucket, 1), (bucket, W), (bucket, 3)
-                x = talker.model.embed_tokens(code) + part[:, None, :]
-                x = talker.thinker_to_talker_proj(x.to(talker.thinker_to_talker_proj.weight.dtype))
-            else:
-                x, pos = inputs  # (bucket, H), (bucket, 3)
-                x = x[:, None, :]
-            out = talker.model(inputs_embeds=x, position_ids=_positions(pos), attention_mask=cache.mask(),
-                               use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
-            hidden = out.last_hidden_state[:, -1:, :]  # (bucket, 1, H)
-            logits = talker.codec_head(hidden[:, -1, :]).float()
-            return (logits,) if qwen25 else (hidden, logits)
-
-        return step
-
-    return make
-
-
-def talker_inputs(loaded: LoadedOmni) -> list[RowInput]:
-    dtype = str(loaded.talker.codec_head.weight.dtype).removeprefix("torch.")
-    if loaded.arch == "qwen2_5_omni":
-        width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
-        embed_dtype = str(loaded.talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
-        return [RowInput((1,), "long"), RowInput((width,), embed_dtype), RowInput((3,), "long")]
-    width = int(loaded.config.talker_config.text_config.hidden_size)
-    return [RowInput((width,), dtype), RowInput((3,), "long")]
-
-
 class OmniBatching:
     """Slot pools and step batchers of one loaded model, shared by all its sessions.
 
@@ -116,7 +83,7 @@ class OmniBatching:
     """
 
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
-                 graphs: bool, talker_do_sample: bool, gather_s: float = 0.002,
+                 graphs: bool, talker_settings: TalkerSettings, gather_s: float = 0.002,
                  prefill_gather_s: float = 0.005) -> None:
         self.loaded = loaded
         self.slots = int(slots)
@@ -139,30 +106,17 @@ class OmniBatching:
             select = True
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, hidden_select=select, accept_layer=accept,
                                       gather_s=prefill_gather_s)
-        talking = Activity()
-        self.talker = StepBatcher(
-            "talker", talker_step(loaded, self.talker_pool), talker_inputs(loaded), slotted=True,
-            scratch=self.talker_pool.length, stream=loaded.stream("talker"),
-            graph_streams=loaded.graph_streams("talker"), activity=talking, **common)
-        self.code_frames: StepBatcher | None = None
-        if loaded.arch != "qwen2_5_omni":
-            make, spec = frame_step(loaded, talker_do_sample), CodePredictorSpec.of(loaded)
-            width = int(loaded.config.talker_config.text_config.hidden_size)
-            self.code_frames = StepBatcher(
-                "code predictor", make,
-                [RowInput((width,), str(loaded.talker.codec_head.weight.dtype).removeprefix("torch.")),
-                 RowInput((1,), "long"), RowInput((max(1, spec.groups - 1), spec.top_k), "float32")],
-                # its own stream: a batch step waits for its stream, not for the talker's batches
-                slotted=False, stream=loaded.stream("code predictor"),
-                graph_streams=loaded.graph_streams("code predictor"),
-                activity=talking, **common)
+        kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
+        self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
+                                         graphs=graphs, gather_s=gather_s)
+        self.talker = self.talker_frames.batcher
         log.info("omni batching: %d session slots; KV per session: thinker %.1f MiB (%d tokens), "
                  "talker %.1f MiB (%d tokens)", self.slots, self.thinker_pool.bytes_per_slot / 2**20,
                  thinker_tokens, self.talker_pool.bytes_per_slot / 2**20, talker_tokens)
 
     @property
     def batchers(self) -> list[StepBatcher]:
-        return [b for b in (self.thinker, self.talker, self.code_frames) if b is not None]
+        return [self.thinker, self.talker]
 
     def open(self) -> SessionRows:
         thinker_slot = self.thinker_pool.allocate()
@@ -173,8 +127,7 @@ class OmniBatching:
             raise
         return SessionRows(
             thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill),
-            talker=Rows(self.talker, self.talker_pool, talker_slot),
-            code_frames=Rows(self.code_frames) if self.code_frames is not None else None,
+            talker=Rows(self.talker, self.talker_pool, talker_slot, state=self.talker_frames),
         )
 
     def release(self, rows: SessionRows) -> None:

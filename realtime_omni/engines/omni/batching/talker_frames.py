@@ -1,0 +1,158 @@
+"""The talker's whole frame, for every session at once, inside one batched step.
+
+A frame used to be three hand-offs per session: sample codebook 0 in the session's thread
+(penalty, suppressed ids, warpers, a host sync), run the code predictor (Qwen3), then step the
+talker. With dozens of sessions their threads took turns on the GIL and reached the batch at
+different times, so batches stayed small. Here the step does it all on the device:
+
+    c0     = sample(the slot's pending logits; repetition penalty over the codes it has seen)
+    codes  = code predictor frame (hidden, c0)                      (Qwen3; Qwen2.5 has one codebook)
+    x      = embed(frame) + the reply part of the next step
+    logits = talker(x)  → kept in the slot for the next frame
+
+and the session only reads back ``c0`` (and the residual codes) once per frame. The slot's state
+(pending logits, hidden state, seen codes) lives in per-slot device buffers; a session loads it
+after its own prefill (:meth:`FusedTalker.load`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..code_predictor import CodePredictorSpec, frame_step, sample_top_k_top_p
+from ..loader import LoadedOmni
+from ..talker_stream import CodeSampling
+from .batcher import RowInput, StepBatcher
+from .slots import SlotPool
+
+
+def pick_codes(logits, seen, suppress, noise, rule: CodeSampling):
+    """Codebook-0 codes of ``B`` rows, in the reference order: repetition penalty over the seen
+    codes → suppressed ids → (sampling) temperature, top-k, top-p and a draw driven by ``noise``;
+    greedy: argmax. Graph-safe (no host sync)."""
+    import torch
+
+    scores = logits
+    if rule.repetition_penalty is not None and rule.repetition_penalty != 1.0:
+        p = float(rule.repetition_penalty)
+        scores = torch.where(seen, torch.where(scores < 0, scores * p, scores / p), scores)
+    scores = scores.masked_fill(suppress, -float("inf"))
+    if not rule.do_sample:
+        return torch.argmax(scores, dim=-1)
+    top_k = int(rule.top_k or scores.shape[-1])
+    top_p = float(rule.top_p if rule.top_p is not None else 1.0)
+    return sample_top_k_top_p(scores, noise, float(rule.temperature or 1.0), top_k, top_p)[:, 0]
+
+
+class FusedTalker:
+    """Per-slot frame state of the talker and its batched frame step (see the module doc)."""
+
+    def __init__(self, loaded: LoadedOmni, pool: SlotPool, rule: CodeSampling, *, graphs: bool,
+                 gather_s: float, activity: Any = None) -> None:
+        import torch
+
+        self.loaded = loaded
+        self.pool = pool
+        self.rule = rule
+        talker = loaded.talker
+        self.qwen3 = loaded.arch != "qwen2_5_omni"
+        device, slots = loaded.device, pool.slots
+        vocab = int(talker.codec_head.weight.shape[0])
+        width = int(talker.codec_head.weight.shape[1])
+        dtype = talker.codec_head.weight.dtype
+        self.k = int(rule.top_k or vocab) if rule.do_sample else 1
+        self.logits = torch.zeros((slots, vocab), dtype=torch.float32, device=device)
+        self.hidden = torch.zeros((slots, width), dtype=dtype, device=device)
+        self.seen = torch.zeros((slots, vocab), dtype=torch.bool, device=device)
+        self.suppress = torch.zeros((vocab,), dtype=torch.bool, device=device)
+        ids = [i for i in rule.suppress if i < vocab]
+        if ids:
+            self.suppress[torch.tensor(ids, device=device)] = True
+        inputs: list[RowInput]
+        if self.qwen3:
+            self.spec = CodePredictorSpec.of(loaded)
+            self.cp_k = self.spec.top_k
+            inputs = [RowInput((width,), str(dtype).removeprefix("torch.")), RowInput((3,), "long"),
+                      RowInput((self.k,), "float32"), RowInput((max(1, self.spec.groups - 1), self.cp_k), "float32")]
+        else:
+            part_width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
+            part_dtype = str(talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
+            inputs = [RowInput((part_width,), part_dtype), RowInput((3,), "long"), RowInput((self.k,), "float32")]
+        self.batcher = StepBatcher(
+            "talker", self._make, inputs, capacity=slots, device=device, slotted=True, scratch=pool.length,
+            stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"), graphs=graphs,
+            gather_s=gather_s, activity=activity)
+
+    # -- what a session calls ----------------------------------------------------------------------
+
+    def load(self, slot: int, logits: Any, hidden: Any, seen: list[int]) -> None:
+        """After the session's own prefill: its pending logits (and hidden state), and the codes
+        the repetition penalty starts from."""
+        import torch
+
+        from ..graphs import on_stream
+
+        with on_stream(self.loaded.stream("talker")):
+            self.logits[slot].copy_(logits.reshape(-1))
+            if hidden is not None:
+                self.hidden[slot].copy_(hidden.reshape(-1))
+            self.seen[slot].zero_()
+            ids = [i for i in seen if 0 <= i < self.seen.shape[1]]
+            if ids:
+                self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
+
+    def noise(self, generator: Any) -> tuple[Any, ...]:
+        """This frame's uniform draws (c0, and Qwen3's residual codebooks)."""
+        import torch
+
+        device = self.loaded.device
+        if not self.rule.do_sample:
+            zero = torch.zeros((self.k,), dtype=torch.float32)
+            return (zero, torch.zeros((max(1, self.spec.groups - 1), self.cp_k))) if self.qwen3 else (zero,)
+        n = self.k + (max(1, self.spec.groups - 1) * self.cp_k if self.qwen3 else 0)
+        flat = torch.rand((n,), dtype=torch.float32, device=device, generator=generator)
+        if not self.qwen3:
+            return (flat,)
+        return flat[: self.k], flat[self.k :].view(-1, self.cp_k)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def _make(self, bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+        import torch
+
+        loaded, talker = self.loaded, self.loaded.talker
+        cache = self.pool.rows(bucket, write_pos)
+        rows = torch.arange(bucket, device=loaded.device)
+        logits_s, hidden_s, seen_s = self.logits[:bucket], self.hidden[:bucket], self.seen[:bucket]
+        part, pos, noise = inputs[0], inputs[1], inputs[2]
+        frame = None
+        if self.qwen3:
+            hid = torch.zeros_like(hidden_s)
+            c0_in = torch.zeros((bucket, 1), dtype=torch.long, device=loaded.device)
+            frame = frame_step(loaded, self.rule.do_sample)(bucket, None, (hid, c0_in, inputs[3]))
+
+        def step():
+            active = write_pos < self.pool.length  # rows without work this step keep their state
+            c0 = pick_codes(logits_s, seen_s, self.suppress, noise, self.rule)
+            seen_s[rows, c0] = seen_s[rows, c0] | active
+            if frame is not None:
+                hid.copy_(hidden_s)
+                c0_in.copy_(c0[:, None])
+                codes, embed = frame()
+                x = (embed + part.to(embed.dtype))[:, None, :]
+            else:
+                codes = c0[:, None]
+                x = talker.model.embed_tokens(c0[:, None]) + part[:, None, :]
+                x = talker.thinker_to_talker_proj(x.to(talker.thinker_to_talker_proj.weight.dtype))
+            out = talker.model(inputs_embeds=x, position_ids=pos.t().unsqueeze(-1), attention_mask=cache.mask(),
+                               use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
+            hidden = out.last_hidden_state[:, -1, :]
+            logits = talker.codec_head(hidden).float()
+            logits_s.copy_(torch.where(active[:, None], logits, logits_s))
+            hidden_s.copy_(torch.where(active[:, None], hidden.to(hidden_s.dtype), hidden_s))
+            return c0, codes
+
+        return step
