@@ -240,9 +240,15 @@ class TalkerStream:
         if n + 2 > decoder.max_len:
             raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
-        with self._own_caches(), on_stream(self.loaded.stream("talker")):
-            decoder.crop(0)
-            return self.forward(self.loaded, decoder, inputs, positions)
+        with self._own_caches():
+            with on_stream(self.loaded.stream("talker")):
+                decoder.crop(0)
+                if self.rows is None:
+                    return self.forward(self.loaded, decoder, inputs, positions)
+            # with the other sessions' talker prefills starting now, in one forward pass
+            hidden, logits = self.rows.prefill.prefill(inputs[0], positions, {}, self.rows.slot, 0)
+            decoder.advance(n)
+            return logits if self.loaded.arch == "qwen2_5_omni" else (hidden, logits)
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""

@@ -1,10 +1,11 @@
-"""Thinker prefills of several sessions in one forward pass.
+"""Prefills of several sessions in one forward pass (the thinker's and the talker's).
 
 When many replies start together, prefilling one session after another makes the last one wait
-for all the others (the prompt's audio tower and every thinker layer, eagerly, per session). The
+for all the others (the prompt's audio tower and every layer, eagerly, per session). A
 :class:`PrefillBatcher` takes the prefills pending at that moment (up to a token budget), pads
-them to one length, merges their audio / image inputs, and runs them as one batch: each row writes
-its tokens into its own slot at its own offset, and attends to its own slot only.
+them to one length and runs them as one batch: each row writes its tokens into its own slot at
+its own offset, and attends to its own slot only. :func:`thinker_rows` also merges the sessions'
+audio clips and images; :func:`talker_rows` takes input embeddings.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,13 +29,13 @@ MERGEABLE = {"input_features", "feature_attention_mask", "pixel_values", "image_
 
 @dataclass(eq=False)
 class PrefillRequest:
-    ids: Any  # (n,) long, cpu
+    inputs: Any  # thinker: (n,) token ids; talker: (n, H) input embeddings
     positions: Any  # (3, n) long rotary positions
     mm: dict[str, Any]
     slot: int
     start: int  # the slot's current length: where the first token goes
     done: threading.Event = field(default_factory=threading.Event)
-    result: tuple[Any, Any] | None = None  # (last-token logits (1, V), talker vectors (n, H))
+    result: tuple[Any, ...] | None = None  # what the stage's row forward returns for this row
     error: BaseException | None = None
 
 
@@ -62,15 +64,28 @@ class SlotRowsCache:
         return len(self.pool.keys)
 
 
-class PrefillBatcher(Mailbox):
-    name = "thinker prefill"
+@dataclass
+class Padded:
+    """The rows of one batched prefill, padded to the longest (``lengths`` are the real ones)."""
 
-    def __init__(self, loaded: Any, pool: SlotPool, *, hidden_select: Any, accept_layer: int,
+    lengths: list[int]
+    positions: Any  # (3, B, T) on the device
+    mask: Any  # (B, 1, T, slot length + 1) bool on the device
+    cache: SlotRowsCache
+
+
+#: ``forward(requests, padded)`` → one result tuple per request
+RowsForward = Callable[[list[PrefillRequest], Padded], list[tuple[Any, ...]]]
+
+
+class PrefillBatcher(Mailbox):
+    def __init__(self, loaded: Any, pool: SlotPool, forward: RowsForward, *, stage: str,
                  gather_s: float = 0.01, token_budget: int = 8192, step_timeout_s: float = 120.0) -> None:
         self.loaded = loaded
         self.pool = pool
-        self.hidden_select = hidden_select
-        self.accept_layer = accept_layer
+        self.forward = forward
+        self.stage = stage
+        self.name = f"{stage} prefill"
         self.gather_s = gather_s
         self.token_budget = token_budget
         self.step_timeout_s = step_timeout_s
@@ -81,13 +96,14 @@ class PrefillBatcher(Mailbox):
         self._thread = threading.Thread(target=self._loop, name="batch-prefill", daemon=True)
         self._thread.start()
 
-    def prefill(self, ids: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, Any]:
+    def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
+        """Prefill ``inputs`` (token ids, or embeddings ``(n, H)``) into ``slot`` from ``start``."""
         if set(mm) - MERGEABLE:
             raise ValueError(f"cannot batch prefill inputs {sorted(set(mm) - MERGEABLE)}")
-        n = int(ids.numel())
+        n = int(positions.shape[-1])
         if start + n > self.pool.length:
             raise ValueError(f"the prefill needs {start + n} tokens of a {self.pool.length}-token slot")
-        return self._submit(PrefillRequest(ids.reshape(-1), positions, mm, slot, start))
+        return self._submit(PrefillRequest(inputs, positions, mm, slot, start))
 
     def close(self) -> None:
         self._close_mailbox()
@@ -113,7 +129,7 @@ class PrefillBatcher(Mailbox):
                 take, tokens = [], 0
                 seen: set[int] = set()
                 for req in self._queue:
-                    n = int(req.ids.numel())
+                    n = int(req.positions.shape[-1])
                     if take and (tokens + n > self.token_budget or req.slot in seen):
                         continue
                     take.append(req)
@@ -128,12 +144,12 @@ class PrefillBatcher(Mailbox):
 
         started = time.perf_counter()
         try:
-            with torch.inference_mode(), on_stream(self.loaded.stream("thinker")):
-                results = self._forward(take)
+            with torch.inference_mode(), on_stream(self.loaded.stream(self.stage)):
+                results = self.forward(take, self._pad(take))
             for req, res in zip(take, results, strict=True):
                 req.result = res
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
-            log.exception("omni: batched prefill failed")
+            log.exception("omni: batched %s failed", self.name)
             for req in take:
                 req.error = exc
         finally:
@@ -143,44 +159,78 @@ class PrefillBatcher(Mailbox):
             for req in take:
                 req.done.set()
 
-    def _forward(self, take: list[PrefillRequest]) -> list[tuple[Any, Any]]:
+    def _pad(self, take: list[PrefillRequest]) -> Padded:
         import torch
 
-        loaded, pool = self.loaded, self.pool
-        device = loaded.device
-        lengths = [int(r.ids.numel()) for r in take]
+        pool, device = self.pool, self.loaded.device
+        lengths = [int(r.positions.shape[-1]) for r in take]
         batch, width = len(take), max(lengths)
-        ids = torch.full((batch, width), int(loaded.tokens.im_end), dtype=torch.long)
         positions = torch.zeros((3, batch, width), dtype=torch.long)
         write = torch.full((batch, width), pool.length, dtype=torch.long)  # padding → scratch
         visible = torch.zeros((batch, width), dtype=torch.long)  # last column each query may see
         for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
-            ids[b, :n] = req.ids
             positions[:, b, :n] = req.positions
             positions[:, b, n:] = req.positions[:, -1:] + 1
             write[b, :n] = torch.arange(req.start, req.start + n)
             visible[b] = torch.arange(req.start, req.start + width)
         columns = torch.arange(pool.length + 1)
         mask = (columns[None, None, :] <= visible[:, :, None]) & (columns[None, None, :] < pool.length)
-        mm = _merge([r.mm for r in take])
         cache = SlotRowsCache(pool, torch.tensor([r.slot for r in take], device=device), write.to(device))
-        ids_d = ids.to(device)
+        return Padded(lengths, positions.to(device), mask[:, None].to(device), cache)
+
+
+def thinker_rows(loaded: Any, hidden_select: Any, accept_layer: int) -> RowsForward:
+    """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row."""
+
+    def forward(take: list[PrefillRequest], padded: Padded) -> list[tuple[Any, ...]]:
+        import torch
+
+        device, lengths = loaded.device, padded.lengths
+        ids = torch.full((len(take), max(lengths)), int(loaded.tokens.im_end), dtype=torch.long)
+        for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
+            ids[b, :n] = req.inputs.reshape(-1)
+        ids = ids.to(device)
         out = loaded.thinker.model(
-            input_ids=ids_d, position_ids=positions.to(device), attention_mask=mask[:, None].to(device),
-            use_cache=True, output_hidden_states=self.hidden_select, return_dict=True,
-            **{loaded.cache_kwarg: cache}, **mm)
+            input_ids=ids, position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
+            output_hidden_states=hidden_select, return_dict=True, **{loaded.cache_kwarg: padded.cache},
+            **_merge([r.mm for r in take]))
         hidden, last = out.hidden_states, out.last_hidden_state
-        multimodal = ids_d == loaded.tokens.audio
+        multimodal = ids == loaded.tokens.audio
         if loaded.tokens.image is not None:
-            multimodal |= ids_d == loaded.tokens.image
+            multimodal |= ids == loaded.tokens.image
         embed = hidden[0]
         if loaded.arch == "qwen2_5_omni":
             src = last + torch.where(multimodal[..., None], torch.zeros_like(embed), embed)
         else:
-            src = torch.where(multimodal[..., None], hidden[self.accept_layer], embed)
+            src = torch.where(multimodal[..., None], hidden[accept_layer], embed)
         ends = torch.tensor([n - 1 for n in lengths], device=device)
-        logits = loaded.thinker.lm_head(last[torch.arange(batch, device=device), ends]).float()
+        logits = loaded.thinker.lm_head(last[torch.arange(len(take), device=device), ends]).float()
         return [(logits[b : b + 1].clone(), src[b, :n].clone()) for b, n in enumerate(lengths)]
+
+    return forward
+
+
+def talker_rows(loaded: Any) -> RowsForward:
+    """Talker prefill rows (input embeddings) → (last hidden state (1, 1, H), logits (1, V))."""
+
+    def forward(take: list[PrefillRequest], padded: Padded) -> list[tuple[Any, ...]]:
+        import torch
+
+        talker, device, lengths = loaded.talker, loaded.device, padded.lengths
+        first = take[0].inputs
+        x = torch.zeros((len(take), max(lengths), first.shape[-1]), dtype=first.dtype, device=device)
+        for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
+            x[b, :n] = req.inputs.reshape(n, -1)
+        if loaded.arch == "qwen2_5_omni":
+            x = talker.thinker_to_talker_proj(x.to(talker.thinker_to_talker_proj.weight.dtype))
+        out = talker.model(inputs_embeds=x, position_ids=padded.positions, attention_mask=padded.mask,
+                           use_cache=True, return_dict=True, **{loaded.cache_kwarg: padded.cache})
+        ends = torch.tensor([n - 1 for n in lengths], device=device)
+        hidden = out.last_hidden_state[torch.arange(len(take), device=device), ends]  # (B, H)
+        logits = talker.codec_head(hidden).float()
+        return [(hidden[b].view(1, 1, -1).clone(), logits[b : b + 1].clone()) for b in range(len(take))]
+
+    return forward
 
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
 from ..talker_stream import TalkerSettings
 from .batcher import RowInput, StepBatcher
-from .prefill import PrefillBatcher
+from .prefill import PrefillBatcher, talker_rows, thinker_rows
 from .talker_frames import FusedTalker
 from .slots import SlotPool, SlotsFull
 
@@ -104,8 +104,10 @@ class OmniBatching:
             select: Any = [0] if loaded.arch == "qwen2_5_omni" else [0, accept]
         except ImportError:
             select = True
-        self.prefill = PrefillBatcher(loaded, self.thinker_pool, hidden_select=select, accept_layer=accept,
-                                      gather_s=prefill_gather_s)
+        self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, select, accept),
+                                      stage="thinker", gather_s=prefill_gather_s)
+        self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",
+                                             gather_s=prefill_gather_s)
         kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
@@ -127,7 +129,7 @@ class OmniBatching:
             raise
         return SessionRows(
             thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill),
-            talker=Rows(self.talker, self.talker_pool, talker_slot, state=self.talker_frames),
+            talker=Rows(self.talker, self.talker_pool, talker_slot, self.talker_prefill, state=self.talker_frames),
         )
 
     def release(self, rows: SessionRows) -> None:
@@ -143,9 +145,11 @@ class OmniBatching:
             "slots": self.slots, "in_use": self.thinker_pool.in_use,
             "kv_bytes_per_session": self.thinker_pool.bytes_per_slot + self.talker_pool.bytes_per_slot,
             **{b.name: b.stats() for b in self.batchers}, "thinker prefill": self.prefill.stats(),
+            "talker prefill": self.talker_prefill.stats(),
         }
 
     def close(self) -> None:
         self.prefill.close()
+        self.talker_prefill.close()
         for batcher in self.batchers:
             batcher.close()
