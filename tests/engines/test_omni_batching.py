@@ -282,3 +282,37 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
         assert runs[2] != runs[0]
     finally:
         model.close()
+
+
+def test_codec_windows_of_several_sessions_decode_together(pair):
+    """Same-shape windows from several sessions go through the codec in one pass and each gets
+    what it would get alone (Qwen2.5: DiT + BigVGAN with the speaker per window; Qwen3: code2wav)."""
+    codec = pair["batched"].codec
+    assert codec.batcher is not None
+    high = codec.max_code + 1
+    shape = (24,) if codec.arch == "qwen2_5_omni" else (6, codec.groups)
+    gen = torch.Generator().manual_seed(3)
+    windows = [torch.randint(0, high, shape, generator=gen) for _ in range(3)]
+    alone = [codec.render(w, 0, None, 5 + i) for i, w in enumerate(windows)]
+    before = codec.batcher.stats()
+    codec.batcher.gather_s = 0.3  # make sure the three meet
+    barrier = threading.Barrier(3)
+    out: dict[int, np.ndarray] = {}
+
+    def go(i: int) -> None:
+        barrier.wait()
+        out[i] = codec.render(windows[i], 0, None, 5 + i)
+
+    try:
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+    finally:
+        codec.batcher.gather_s = 0.003
+    after = codec.batcher.stats()
+    assert after["rows"] - before["rows"] == 3 and after["steps"] - before["steps"] == 1
+    for i in range(3):
+        assert out[i].shape == alone[i].shape
+        np.testing.assert_allclose(out[i], alone[i], atol=2e-5)

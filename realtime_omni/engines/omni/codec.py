@@ -62,7 +62,7 @@ class CodecSettings:
 class OmniCodec:
     """Shared (per model) decoder; per-reply state lives in :class:`CodecStream`."""
 
-    def __init__(self, loaded: LoadedOmni, settings: CodecSettings) -> None:
+    def __init__(self, loaded: LoadedOmni, settings: CodecSettings, batch_windows: bool = False) -> None:
         self.loaded = loaded
         self.settings = settings
         self.arch = loaded.arch
@@ -70,6 +70,12 @@ class OmniCodec:
         self._speaker_cache: dict[tuple, Any] = {}
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
                                    name=f"{loaded.arch} codec window", **loaded.graph_streams("codec"))
+        #: windows of all sessions decoded together (``batching``), or each on its own
+        self.batcher: Any = None
+        if batch_windows:
+            from .batching.codec_windows import CodecBatcher
+
+            self.batcher = CodecBatcher(self.windows, loaded.stream("codec"))
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config
             self.repeats = int(dit.repeats)
@@ -120,10 +126,18 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        with on_stream(self.loaded.stream("codec")):
-            wav = self.windows.run(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,),
-                                   capture=steady)
+        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady)
         return wav.detach().reshape(-1).float().cpu().numpy()
+
+    def _window(self, key, fn, inputs: tuple, steady: bool):
+        if self.batcher is not None and not _probing():
+            return self.batcher.run(key, fn, inputs, steady)
+        with on_stream(self.loaded.stream("codec")):
+            return self.windows.run(key, fn, inputs, capture=steady)
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
 
     def noise(self, first: int, last: int, seed: int):
         """The fixed ODE start noise of mel frames [first, last) (same for every window)."""
@@ -175,8 +189,7 @@ class OmniCodec:
             return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
-        with on_stream(self.loaded.stream("codec")):
-            wav = self.windows.run((key, codes.shape[1]), window, (codes, noise), capture=steady)
+        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------
@@ -272,14 +285,16 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     cfg = guidance_scale >= 1e-5
     if speaker_encoding is None:
         speaker_encoding = encode_speaker(dit, reference_mel, cfg)
-    cond = conditioning.unsqueeze(1).repeat(1, duration, 1)
+    batch = codes.shape[0]  # windows of several sessions with one speaker decode together
+    cond = conditioning.expand(batch, -1).unsqueeze(1).repeat(1, duration, 1)
     code_embed = dit.text_embed(codes, drop_code=False)
     if cfg:
         code_embed = torch.cat([code_embed, dit.text_embed(codes, drop_code=True)], dim=0)
         speaker = torch.cat([cond, torch.zeros_like(cond)], dim=0)
     else:
         speaker = cond
-    spk_seq = speaker_encoding.unsqueeze(1).repeat(1, duration, 1)
+    # the encoding has a row per guidance branch ([reference, silence]): one per window of each
+    spk_seq = speaker_encoding.repeat_interleave(batch, dim=0).unsqueeze(1).repeat(1, duration, 1)
     static = (spk_seq, code_embed, speaker)
 
     def ode_function(time_step, hidden_states):
@@ -344,7 +359,7 @@ def vocode(vocoder, mel):
         x = vocoder.ups[i][0](x)
         x = sum(vocoder.resblocks[i * blocks + b](x) for b in range(blocks)) / blocks
     x = vocoder.conv_post(vocoder.activation_post(x))
-    return torch.clamp(x, min=-1.0, max=1.0).squeeze()
+    return torch.clamp(x, min=-1.0, max=1.0).squeeze(1)  # (windows, samples)
 
 
 def encode_speaker(dit, reference_mel, cfg: bool = True):
@@ -375,6 +390,13 @@ def _dit_forward(dit, hidden_states, time_step, static, cfg: bool):
         hidden = block(hidden, time_embedding, position_embeddings=position_embeddings, block_diff=block_diff)
     hidden = dit.norm_out(hidden, time_embedding)
     return dit.proj_out(hidden)
+
+
+def _probing() -> bool:
+    """While the model warms up, windows are captured one by one (never batched)."""
+    from . import graphs
+
+    return bool(getattr(graphs._probing, "on", False))
 
 
 def to_int16(wav: np.ndarray) -> np.ndarray:

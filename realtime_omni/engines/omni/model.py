@@ -184,7 +184,7 @@ class OmniModel(VoiceModel):
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
-        ))
+        ), batch_windows=self.batching is not None)
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         if self.loaded is None:
@@ -253,6 +253,8 @@ class OmniModel(VoiceModel):
         if self.batching is not None:
             self.batching.close()
             self.batching = None
+        if self.codec is not None:
+            self.codec.close()
         self.loaded = None
         self.codec = None
         try:

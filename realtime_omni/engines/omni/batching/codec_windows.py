@@ -1,0 +1,105 @@
+"""Codec windows of many sessions decoded together.
+
+Each session's codec stream renders windows of codes (left context + new chunk). In steady
+streaming most sessions render windows of the same shape (and, for Qwen2.5, the same speaker), so
+the :class:`CodecBatcher` gathers the windows pending at the same moment, groups them by shape
+key, and decodes each group as one batch. A group of one takes the single-window path (a CUDA
+graph when its shape was captured at load); larger groups run eagerly in one pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..graphs import ShapeGraphs, on_stream
+from .batcher import Mailbox
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class WindowRequest:
+    key: Hashable
+    fn: Callable[..., Any]
+    inputs: tuple[Any, ...]  # each with a leading batch axis of 1
+    steady: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+
+class CodecBatcher(Mailbox):
+    name = "codec"
+
+    def __init__(self, windows: ShapeGraphs, stream: Any, *, gather_s: float = 0.003,
+                 step_timeout_s: float = 60.0) -> None:
+        super().__init__()
+        self.windows = windows
+        self.stream = stream
+        self.gather_s = gather_s
+        self.step_timeout_s = step_timeout_s
+        self.batches = 0
+        self.rows = 0
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name="batch-codec", daemon=True)
+        self._thread.start()
+
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool) -> Any:
+        """``fn(*inputs)`` for this window, decoded with the other sessions' windows of the same
+        key; returns this window's output (batch axis of 1)."""
+        return self._submit(WindowRequest(key, fn, tuple(inputs), steady))
+
+    def close(self) -> None:
+        self._close_mailbox()
+        self._thread.join(timeout=5)
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.batches, "rows": self.rows, "busy_s": self.busy_s,
+                "mean_rows": self.rows / self.batches if self.batches else 0.0}
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait(0.5)
+                if self._closed:
+                    return
+                deadline = time.monotonic() + self.gather_s
+                while not self._closed and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                take, self._queue = self._queue, []
+            groups: dict[Hashable, list[WindowRequest]] = {}
+            for req in take:
+                groups.setdefault(req.key, []).append(req)
+            for group in groups.values():
+                self._run(group)
+
+    def _run(self, group: list[WindowRequest]) -> None:
+        import torch
+
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode(), on_stream(self.stream):
+                first = group[0]
+                if len(group) == 1:
+                    first.result = self.windows.run(first.key, first.fn, first.inputs, capture=first.steady)
+                else:
+                    inputs = tuple(torch.cat(parts, dim=0) for parts in zip(*(r.inputs for r in group), strict=True))
+                    out = first.fn(*inputs)
+                    for b, req in enumerate(group):
+                        req.result = out[b : b + 1].clone()
+        except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
+            log.exception("omni: batched codec windows failed")
+            for req in group:
+                req.error = exc
+        finally:
+            self.batches += 1
+            self.rows += len(group)
+            self.busy_s += time.perf_counter() - started
+            for req in group:
+                req.done.set()
