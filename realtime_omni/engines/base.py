@@ -35,6 +35,9 @@ class ModelInfo:
     #: True when the thinker consumes the user's audio itself (omni); False when it needs text
     #: (cascade), in which case every audio turn is transcribed before the response starts.
     hears_audio: bool = False
+    #: sessions the model serves at once (None: no limit of its own); one more is refused with
+    #: :class:`ModelAtCapacity` rather than slowing the others below real time
+    max_sessions: int | None = None
 
 
 @dataclass

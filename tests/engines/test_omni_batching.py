@@ -316,3 +316,24 @@ def test_codec_windows_of_several_sessions_decode_together(pair):
     for i in range(3):
         assert out[i].shape == alone[i].shape
         np.testing.assert_allclose(out[i], alone[i], atol=2e-5)
+
+
+def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, monkeypatch):
+    """The server's default: the model in a worker process. Its slot count travels with the
+    model's info, so the server refuses the extra session at once, before any call."""
+    from realtime_omni.engines.base import ModelAtCapacity
+    from realtime_omni.engines.worker import IsolatedModel
+
+    save_checkpoint("qwen2_5_omni", tmp_path)
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "1")
+    model = IsolatedModel(f"omni:{tmp_path}")
+    model.load()
+    try:
+        assert model.info.max_sessions == 1
+        first = model.open_session()
+        with pytest.raises(ModelAtCapacity, match="1 session slots"):
+            model.open_session()
+        first.close()
+        model.open_session().close()  # the slot came back
+    finally:
+        model.close()

@@ -145,7 +145,8 @@ class OmniModel(VoiceModel):
         if vision is not None:
             caps.add("image_in")
         name = model_id or ("omni" if self.path is None else self.path.name or "omni")
-        self.info = ModelInfo(id=name, capabilities=frozenset(caps), output_rate=24_000, hears_audio=True)
+        self.info = ModelInfo(id=name, capabilities=frozenset(caps), output_rate=24_000, hears_audio=True,
+                              max_sessions=self.max_sessions or None)
         self.vad: Any = None  # set by load() when silero is installed
         self._sessions: set[OmniSession] = set()
         self._lock = threading.Lock()

@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream, VoiceModel
+from ..base import (
+    ModelAtCapacity,
+    ModelInfo,
+    ModelSession,
+    TalkerOutput,
+    ThinkerOutput,
+    ThinkRequest,
+    VADStream,
+    VoiceModel,
+)
 from . import protocol as p
 from .channel import CRASHED, ChannelDead
 from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
@@ -77,6 +86,8 @@ class IsolatedModel(VoiceModel):
         self.strip_unheard_audio = strip_unheard_audio
         self._supervisor = Supervisor(name, builder, shutdown_grace_s=shutdown_grace_s)
         self._keys = itertools.count(1)
+        self._open: set[int] = set()  # keys of the sessions open here (admission control)
+        self._open_lock = threading.Lock()
         self._posts: queue.SimpleQueue[tuple[IsolatedSession, tuple[Any, ...]] | None] | None = None
         self._post_lock = threading.Lock()
 
@@ -100,7 +111,12 @@ class IsolatedModel(VoiceModel):
         """Never blocks (called on the event loop): the worker opens the session asynchronously,
         and again on its own at the session's first call if it has been restarted since."""
         cls = IsolatedVADSession if self.traits.has_vad else IsolatedSession
-        session = cls(self, next(self._keys))
+        limit = self.info.max_sessions
+        with self._open_lock:
+            if limit is not None and len(self._open) >= limit:
+                raise ModelAtCapacity(f"all {limit} session slots of model {self.name!r} are in use")
+            session = cls(self, next(self._keys))
+            self._open.add(session.key)
         self._post(session, (p.OPEN, session.key))
         return session
 
@@ -307,6 +323,8 @@ class IsolatedSession(ModelSession):
         if self.closed:
             return
         self.closed = True
+        with self._owner._open_lock:
+            self._owner._open.discard(self.key)
         try:
             # never wait for a restarting worker: a new one holds no state for this session
             self._owner._call(self.key, "close", (), wait_s=0.0)
