@@ -53,9 +53,15 @@ def underruns(run: dict) -> tuple[int, float]:
 
 
 def batch_stats(model) -> dict:
+    """steps / rows / busy seconds of every batched loop (decode steps, prefills, codec)."""
     if model.batching is None:
         return {}
-    return {b.name: b.stats() for b in model.batching.batchers}
+    out = {b.name: b.stats() for b in model.batching.batchers}
+    out["thinker prefill"] = model.batching.prefill.stats()
+    out["talker prefill"] = model.batching.talker_prefill.stats()
+    if model.codec.batcher is not None:
+        out["codec"] = model.codec.batcher.stats()
+    return out
 
 
 def stats_delta(before: dict, after: dict) -> dict:
@@ -67,7 +73,7 @@ def stats_delta(before: dict, after: dict) -> dict:
         busy = a["busy_s"] - b["busy_s"]
         out[name] = {"steps": steps, "mean_rows": rows / steps if steps else 0.0,
                      "ms_per_step": 1000 * busy / steps if steps else None, "busy_s": busy,
-                     "step_ms_by_bucket": a["step_ms"]}
+                     "step_ms_by_bucket": a.get("step_ms", {})}
     return out
 
 
@@ -105,6 +111,7 @@ def run_n(model, req, n: int) -> dict:
     rtf_p95 = [r["chunk_rtf_p95"] for r in runs if r["chunk_rtf_p95"] is not None]
     rtf_max = [r["chunk_rtf_max"] for r in runs if r["chunk_rtf_max"] is not None]
     under = [underruns(r) for r in runs]
+    decode = [1000 * c["decode_s"] for r in runs for c in r["chunks"]]
     audio = sum(r["audio_s"] for r in runs)
     return {
         "sessions": n, "errors": errors, "completed": len(runs), "wall_s": wall,
@@ -117,6 +124,7 @@ def run_n(model, req, n: int) -> dict:
         "underrun_sessions": sum(1 for c, _ in under if c),
         "underruns": sum(c for c, _ in under),
         "underrun_gap_ms_max": max((g for _, g in under), default=0.0),
+        "decode_ms": {"p50": _pct(decode, 50), "p95": _pct(decode, 95)},
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,

@@ -28,17 +28,21 @@ def _f(value, digits=0):
 
 def table(model: dict) -> list[str]:
     lines = ["| sessions | TTFA p50 / p95 / max (ms) | first token p50 (ms) | chunk RTF p50 / p95 / max | "
-             "audio s per wall s | sessions with underruns | rows per step: thinker / talker / code pred. | "
-             "ms per step: thinker / talker / code pred. | GPU peak (GB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "audio s per wall s | sessions with underruns | rows per step: thinker / talker / codec | "
+             "ms per step: thinker / talker / codec | prefill batches: thinker / talker | GPU peak (GB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in model["runs"]:
         t, c, b = r["ttfa_ms"], r["chunk_rtf"], r["batches"]
-        names = ["thinker", "talker", "code predictor"]
+        # earlier runs batched the code predictor on its own; now it is inside the talker's step
+        names = ["thinker", "talker", "codec" if "codec" in b else "code predictor"]
         rows = " / ".join(_f(b[n]["mean_rows"], 1) if n in b else "—" for n in names)
         ms = " / ".join(_f(b[n]["ms_per_step"], 1) if n in b else "—" for n in names)
+        prefills = " / ".join(f"{b[n]['steps']} × {_f(b[n]['mean_rows'], 1)}" if n in b else "—"
+                              for n in ("thinker prefill", "talker prefill"))
         lines.append(f"| {r['sessions']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
                      f"{_f(r['first_token_ms_p50'])} | {_f(c['p50'], 2)} / {_f(c['p95'], 2)} / {_f(c['max'], 2)} | "
                      f"{_f(r['audio_s_per_wall_s'], 1)} | {r['underrun_sessions']} of {r['sessions']} | {rows} | {ms} | "
+                     f"{prefills} | "
                      f"{_f(r['gpu_mem_peak_gb'], 1)} |")
     return lines
 

@@ -110,7 +110,7 @@ class PrefillBatcher(Mailbox):
         self._thread.join(timeout=5)
 
     def stats(self) -> dict[str, Any]:
-        return {"batches": self.batches, "rows": self.rows, "busy_s": self.busy_s,
+        return {"steps": self.batches, "rows": self.rows, "busy_s": self.busy_s,
                 "mean_rows": self.rows / self.batches if self.batches else 0.0}
 
     def _loop(self) -> None:
