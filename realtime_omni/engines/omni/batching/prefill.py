@@ -169,8 +169,9 @@ class PrefillBatcher(Mailbox):
         write = torch.full((batch, width), pool.length, dtype=torch.long)  # padding → scratch
         visible = torch.zeros((batch, width), dtype=torch.long)  # last column each query may see
         for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
-            positions[:, b, :n] = req.positions
-            positions[:, b, n:] = req.positions[:, -1:] + 1
+            rope = req.positions.to("cpu")  # (the talker's come from the device)
+            positions[:, b, :n] = rope
+            positions[:, b, n:] = rope[:, -1:] + 1
             write[b, :n] = torch.arange(req.start, req.start + n)
             visible[b] = torch.arange(req.start, req.start + width)
         columns = torch.arange(pool.length + 1)
