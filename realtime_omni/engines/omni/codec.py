@@ -98,27 +98,28 @@ class OmniCodec:
         return max(0, n_codes * self.samples_per_code - self.lost) if n_codes else 0
 
     def render(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
-               noise=None, steady: bool = False) -> np.ndarray:
+               noise=None, steady: bool = False, first: bool = False) -> np.ndarray:
         """Waveform (float32, 24 kHz) of ``codes`` rendered as one window whose first code has
         index ``start`` in the reply (Qwen2.5 uses it to pick the noise of those mel frames;
         ``noise`` overrides that noise, shape (mel frames, mel bins)).
 
         ``steady``: a window shape that recurs (a reply's running windows), worth a CUDA graph;
         a reply's last window has a length of its own and runs eagerly (a capture costs about
-        three eager runs, more than that window's head start on playback)."""
+        three eager runs, more than that window's head start on playback). ``first``: the reply's
+        first window (decoded before the other sessions' later windows)."""
         import torch
 
         with torch.inference_mode():
             if self.arch == "qwen2_5_omni":
                 seed = self.settings.seed if seed is None else seed
-                return self._render_q25(codes, start, speaker, seed, noise, steady)
-            return self._render_q3(codes, steady)
+                return self._render_q25(codes, start, speaker, seed, noise, steady, first)
+            return self._render_q3(codes, steady, first)
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
         return self.render(codes, 0, speaker, seed)
 
-    def _render_q3(self, codes, steady: bool = False) -> np.ndarray:
+    def _render_q3(self, codes, steady: bool = False, first: bool = False) -> np.ndarray:
         import torch
 
         c2w = self.loaded.model.code2wav
@@ -126,12 +127,12 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady)
+        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady, first)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
-    def _window(self, key, fn, inputs: tuple, steady: bool):
+    def _window(self, key, fn, inputs: tuple, steady: bool, first: bool = False):
         if self.batcher is not None and not _probing():
-            return self.batcher.run(key, fn, inputs, steady)
+            return self.batcher.run(key, fn, inputs, steady, urgent=first)
         with on_stream(self.loaded.stream("codec")):
             return self.windows.run(key, fn, inputs, capture=steady)
 
@@ -157,7 +158,7 @@ class OmniCodec:
         return self.loaded.speakers[name]
 
     def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
-                    steady: bool = False) -> np.ndarray:
+                    steady: bool = False, first: bool = False) -> np.ndarray:
         import torch
 
         t2w = self.loaded.model.token2wav
@@ -189,7 +190,7 @@ class OmniCodec:
             return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
-        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady)
+        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady, first)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ class CodecStream:
         allc = torch.cat(self.codes, dim=0)
         if len(self.codes) > 1:
             self.codes = [allc]
-        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final)
+        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, first=self.emitted == 0)
         base = c0 * U
         new = wav[self.emitted - base : target - base].copy()
         if self.tail is not None and len(self.tail) and len(new):

@@ -28,6 +28,7 @@ class WindowRequest:
     fn: Callable[..., Any]
     inputs: tuple[Any, ...]  # each with a leading batch axis of 1
     steady: bool
+    urgent: bool = False  # the first window of a reply: its listener is waiting for any audio
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -49,10 +50,11 @@ class CodecBatcher(Mailbox):
         self._thread = threading.Thread(target=self._loop, name="batch-codec", daemon=True)
         self._thread.start()
 
-    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool) -> Any:
+    def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
+            urgent: bool = False) -> Any:
         """``fn(*inputs)`` for this window, decoded with the other sessions' windows of the same
-        key; returns this window's output (batch axis of 1)."""
-        return self._submit(WindowRequest(key, fn, tuple(inputs), steady))
+        key; returns this window's output (batch axis of 1). ``urgent`` groups go first."""
+        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, urgent))
 
     def close(self) -> None:
         self._close_mailbox()
@@ -76,7 +78,9 @@ class CodecBatcher(Mailbox):
             groups: dict[Hashable, list[WindowRequest]] = {}
             for req in take:
                 groups.setdefault(req.key, []).append(req)
-            for group in groups.values():
+            # first windows of replies first: their listeners hear nothing yet, the others are
+            # still playing earlier chunks
+            for group in sorted(groups.values(), key=lambda g: not any(r.urgent for r in g)):
                 self._run(group)
 
     def _run(self, group: list[WindowRequest]) -> None:
