@@ -82,7 +82,12 @@ async def client_secrets(request: Request) -> JSONResponse:
 
 
 async def metrics_endpoint(request: Request) -> Response:
-    body, content_type = metrics.render(request.app.state.manager)
+    manager = request.app.state.manager
+    try:  # engine counters come from the model workers: off the loop, with a deadline
+        stats = await asyncio.wait_for(asyncio.to_thread(manager.registry.stats), 2.0)
+    except (TimeoutError, asyncio.TimeoutError):
+        stats = {}
+    body, content_type = metrics.render(manager, stats)
     return Response(body, media_type=content_type)
 
 

@@ -171,5 +171,10 @@ class VoiceModel(abc.ABC):
     @abc.abstractmethod
     def open_session(self) -> ModelSession: ...
 
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Engine counters for ``/metrics``: ``{"slots": {...}, "<stage>": {"steps", "rows",
+        "busy_s"}}``; empty for engines without shared stages. Called off the event loop."""
+        return {}
+
     def close(self) -> None:
         """Release weights."""

@@ -92,6 +92,10 @@ class ModelRegistry:
         """Models whose worker is down or restarting (in-process models are always ready)."""
         return [m.info.id for m in self.models.values() if not getattr(m, "ready", True)]
 
+    def stats(self) -> dict[str, dict[str, dict[str, float]]]:
+        """Every model's engine counters (blocking: a worker round trip; call off the loop)."""
+        return {m.info.id: m.stats() for m in self.models.values()}
+
     def infos(self) -> list[ModelInfo]:
         return [m.info for m in self.models.values()]
 

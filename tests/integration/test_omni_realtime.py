@@ -109,6 +109,8 @@ def _refused_beyond_slots(tmp_path) -> None:
     import json
     import time
 
+    import httpx
+
     import torch
     from websockets.sync.client import connect
 
@@ -131,6 +133,11 @@ def _refused_beyond_slots(tmp_path) -> None:
                     assert "capacity" in error["error"]["message"]
                 first.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "hi"}}))
                 assert json.loads(first.recv(timeout=30))["type"] == "session.updated"
+                # the operator sees the slots and the batched stages in /metrics
+                text = httpx.get(f"{srv.http}/metrics", timeout=10).text
+                assert 'realtime_omni_engine_slots{model="tiny"} 1.0' in text
+                assert 'realtime_omni_engine_slots_in_use{model="tiny"} 1.0' in text
+                assert 'realtime_omni_engine_steps_total{model="tiny",stage="thinker"}' in text
             # the slot comes back when the first client leaves
             for _ in range(100):
                 if model.batching.stats()["in_use"] == 0:

@@ -229,6 +229,20 @@ class OmniModel(VoiceModel):
         progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
         return found
 
+    def stats(self) -> dict[str, dict[str, float]]:
+        batching, codec = self.batching, self.codec
+        if batching is None:
+            return {}
+        out: dict[str, dict[str, float]] = {"slots": {"total": batching.slots, "in_use": batching.thinker_pool.in_use}}
+        loops = {b.name: b for b in batching.batchers}
+        loops.update({"thinker prefill": batching.prefill, "talker prefill": batching.talker_prefill})
+        if codec is not None and codec.batcher is not None:
+            loops["codec"] = codec.batcher
+        for name, loop in loops.items():
+            st = loop.stats()
+            out[name] = {"steps": st["steps"], "rows": st["rows"], "busy_s": st["busy_s"]}
+        return out
+
     def open_session(self) -> OmniSession:
         if self.loaded is None:
             raise RuntimeError("OmniModel.load() has not run")

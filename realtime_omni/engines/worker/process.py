@@ -295,6 +295,8 @@ class WorkerHost:
             elif reset:
                 vad.reset()
             return vad.probabilities(pcm)
+        if method == "stats" and key == p.NO_SESSION:
+            return self.model.stats()
         if method == "close":
             return self._close(key)
         if method == "confirm":

@@ -120,6 +120,13 @@ class IsolatedModel(VoiceModel):
         self._post(session, (p.OPEN, session.key))
         return session
 
+    def stats(self) -> dict[str, dict[str, float]]:
+        """The worker's engine counters; empty while it is down or restarting."""
+        try:
+            return self._call(p.NO_SESSION, "stats", (), wait_s=0.0)
+        except WorkerError:
+            return {}
+
     def close(self) -> None:
         self._supervisor.close()
         if self._posts is not None:
