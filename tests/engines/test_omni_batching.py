@@ -338,3 +338,27 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
         model.open_session().close()  # the slot came back
     finally:
         model.close()
+
+
+def test_long_prefills_run_in_chunks_and_give_the_same_reply(pair):
+    """A text prefill longer than the chunk size runs in several batches (the other sessions'
+    steps can run between them) and the reply is exactly the one of a session alone."""
+    batched, alone = pair["batched"], pair["alone"]
+    expected = _alone(alone, 2, cut=False)
+    prefills = (batched.batching.prefill, batched.batching.talker_prefill)
+    before = [p.stats()["steps"] for p in prefills]
+    for p in prefills:
+        p.chunk_tokens = 5
+    try:
+        session = batched.open_session()
+        try:
+            got = _conversation(session, 2, cut=False)
+        finally:
+            session.close()
+    finally:
+        for p in prefills:
+            p.chunk_tokens = 512
+    _same(got, expected)
+    # two turns, each prefill in several chunks (the first thinker prefill carries audio: whole)
+    assert prefills[0].stats()["steps"] - before[0] >= 3
+    assert prefills[1].stats()["steps"] - before[1] >= 4

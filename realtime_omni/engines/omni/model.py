@@ -194,6 +194,8 @@ class OmniModel(VoiceModel):
         self._setup_codec()
         progress(f"{self.loaded.arch} ready on {self.loaded.device} ({self.loaded.dtype}); "
                  f"speakers: {', '.join(self.loaded.speakers)}")
+        if self.batching is not None:
+            progress(self.batching.describe())
         self.vad = _optional_vad(progress)
         if self.vad is not None:
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})

@@ -37,6 +37,24 @@ class PrefillRequest:
     done: threading.Event = field(default_factory=threading.Event)
     result: tuple[Any, ...] | None = None  # what the stage's row forward returns for this row
     error: BaseException | None = None
+    offset: int = 0  # tokens prefilled so far (a long text prefill runs in chunks)
+    parts: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return int(self.positions.shape[-1])
+
+
+@dataclass
+class _Piece:
+    """The part of a request that one batch prefills (all of it, or its next chunk)."""
+
+    request: PrefillRequest
+    inputs: Any
+    positions: Any
+    mm: dict[str, Any]
+    slot: int
+    start: int
 
 
 class SlotRowsCache:
@@ -74,16 +92,26 @@ class Padded:
     cache: SlotRowsCache
 
 
-#: ``forward(requests, padded)`` → one result tuple per request
-RowsForward = Callable[[list[PrefillRequest], Padded], list[tuple[Any, ...]]]
+#: ``forward(pieces, padded)`` → one result tuple per piece
+RowsForward = Callable[[list[_Piece], Padded], list[tuple[Any, ...]]]
+#: the results of a request's chunks → its result
+Merge = Callable[[list[tuple[Any, ...]]], tuple[Any, ...]]
 
 
 class PrefillBatcher(Mailbox):
+    """``token_budget`` bounds one batch (so the other sessions' decode steps, queued behind it on
+    the stage's stream, wait at most one batch); a text prefill longer than ``chunk_tokens`` runs in
+    chunks, one per batch. Prefills with audio or images run whole (their clips must meet their
+    placeholders in one forward)."""
+
     def __init__(self, loaded: Any, pool: SlotPool, forward: RowsForward, *, stage: str,
-                 gather_s: float = 0.01, token_budget: int = 8192, step_timeout_s: float = 120.0) -> None:
+                 merge: Merge = lambda parts: parts[-1], gather_s: float = 0.01, token_budget: int = 4096,
+                 chunk_tokens: int = 512, step_timeout_s: float = 120.0) -> None:
         self.loaded = loaded
         self.pool = pool
         self.forward = forward
+        self.merge = merge
+        self.chunk_tokens = chunk_tokens
         self.stage = stage
         self.name = f"{stage} prefill"
         self.gather_s = gather_s
@@ -129,41 +157,57 @@ class PrefillBatcher(Mailbox):
                 take, tokens = [], 0
                 seen: set[int] = set()
                 for req in self._queue:
-                    n = int(req.positions.shape[-1])
+                    piece = self._piece(req)
+                    n = int(piece.positions.shape[-1])
                     if take and (tokens + n > self.token_budget or req.slot in seen):
                         continue
-                    take.append(req)
+                    take.append(piece)
                     seen.add(req.slot)
                     tokens += n
-                chosen = {id(r) for r in take}
-                self._queue = [r for r in self._queue if id(r) not in chosen]
             self._run(take)
 
-    def _run(self, take: list[PrefillRequest]) -> None:
+    def _piece(self, req: PrefillRequest) -> _Piece:
+        lo = req.offset
+        hi = req.length if req.mm else min(req.length, lo + self.chunk_tokens)
+        if lo == 0 and hi == req.length:
+            return _Piece(req, req.inputs, req.positions, req.mm, req.slot, req.start)
+        return _Piece(req, req.inputs[lo:hi], req.positions[:, lo:hi], req.mm, req.slot, req.start + lo)
+
+    def _run(self, take: list[_Piece]) -> None:
         import torch
 
         started = time.perf_counter()
+        finished: list[PrefillRequest] = []
         try:
             with torch.inference_mode(), on_stream(self.loaded.stream(self.stage)):
                 results = self.forward(take, self._pad(take))
-            for req, res in zip(take, results, strict=True):
-                req.result = res
+            for piece, res in zip(take, results, strict=True):
+                req = piece.request
+                req.parts.append(res)
+                req.offset += int(piece.positions.shape[-1])
+                if req.offset >= req.length:
+                    req.result = self.merge(req.parts)
+                    finished.append(req)
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni: batched %s failed", self.name)
-            for req in take:
-                req.error = exc
+            for piece in take:
+                piece.request.error = exc
+                finished.append(piece.request)
         finally:
             self.batches += 1
             self.rows += len(take)
             self.busy_s += time.perf_counter() - started
-            for req in take:
+            with self._cond:  # the others' next chunks stay queued
+                gone = {id(r) for r in finished}
+                self._queue = [r for r in self._queue if id(r) not in gone]
+            for req in finished:
                 req.done.set()
 
-    def _pad(self, take: list[PrefillRequest]) -> Padded:
+    def _pad(self, take: list[_Piece]) -> Padded:
         import torch
 
         pool, device = self.pool, self.loaded.device
-        lengths = [int(r.positions.shape[-1]) for r in take]
+        lengths = [int(r.positions.shape[-1]) for r in take]  # (pieces)
         batch, width = len(take), max(lengths)
         positions = torch.zeros((3, batch, width), dtype=torch.long)
         write = torch.full((batch, width), pool.length, dtype=torch.long)  # padding → scratch
@@ -183,7 +227,7 @@ class PrefillBatcher(Mailbox):
 def thinker_rows(loaded: Any, hidden_select: Any, accept_layer: int) -> RowsForward:
     """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row."""
 
-    def forward(take: list[PrefillRequest], padded: Padded) -> list[tuple[Any, ...]]:
+    def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch
 
         device, lengths = loaded.device, padded.lengths
@@ -211,10 +255,17 @@ def thinker_rows(loaded: Any, hidden_select: Any, accept_layer: int) -> RowsForw
     return forward
 
 
+def thinker_merge(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A chunked thinker prefill: the last chunk's logits, every chunk's talker vectors."""
+    import torch
+
+    return parts[-1][0], torch.cat([p[1] for p in parts], dim=0)
+
+
 def talker_rows(loaded: Any) -> RowsForward:
     """Talker prefill rows (input embeddings) → (last hidden state (1, 1, H), logits (1, V))."""
 
-    def forward(take: list[PrefillRequest], padded: Padded) -> list[tuple[Any, ...]]:
+    def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch
 
         talker, device, lengths = loaded.talker, loaded.device, padded.lengths

@@ -21,7 +21,7 @@ from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
 from ..talker_stream import TalkerSettings
 from .batcher import RowInput, StepBatcher
-from .prefill import PrefillBatcher, talker_rows, thinker_rows
+from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
 from .talker_frames import FusedTalker
 from .slots import SlotPool, SlotsFull
 
@@ -105,16 +105,21 @@ class OmniBatching:
         except ImportError:
             select = True
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, select, accept),
-                                      stage="thinker", gather_s=prefill_gather_s)
+                                      stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s)
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",
                                              gather_s=prefill_gather_s)
         kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
         self.talker = self.talker_frames.batcher
-        log.info("omni batching: %d session slots; KV per session: thinker %.1f MiB (%d tokens), "
-                 "talker %.1f MiB (%d tokens)", self.slots, self.thinker_pool.bytes_per_slot / 2**20,
-                 thinker_tokens, self.talker_pool.bytes_per_slot / 2**20, talker_tokens)
+        log.info("omni batching: %s", self.describe())
+
+    def describe(self) -> str:
+        """What the start-up log says: slots, and the KV memory each session holds."""
+        per = self.thinker_pool.bytes_per_slot + self.talker_pool.bytes_per_slot
+        return (f"{self.slots} session slots (REALTIME_OMNI_OMNI_MAX_SESSIONS); KV cache per session "
+                f"{per / 2**20:.1f} MiB (thinker {self.thinker_pool.length} tokens, talker "
+                f"{self.talker_pool.length} tokens), {self.slots * per / 2**30:.2f} GiB in all")
 
     @property
     def batchers(self) -> list[StepBatcher]:
