@@ -180,7 +180,7 @@ def test_settings_reach_the_batching(tmp_path, monkeypatch):
 
 
 def _adder(capacity: int, fail_on: int | None = None) -> StepBatcher:
-    """A slotted toy stage: each row's output is its input plus its write position."""
+    """A toy stage: each row's output is its input plus its write position."""
 
     def make(bucket, write_pos, inputs):
         (x,) = inputs
@@ -192,7 +192,7 @@ def _adder(capacity: int, fail_on: int | None = None) -> StepBatcher:
 
         return step
 
-    return StepBatcher("toy", make, [RowInput((2,), "float32")], capacity=capacity, device="cpu", slotted=True,
+    return StepBatcher("toy", make, [RowInput((2,), "float32")], capacity=capacity, device="cpu",
                        scratch=99, graphs=False, gather_s=0.0)
 
 

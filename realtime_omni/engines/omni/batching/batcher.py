@@ -7,9 +7,9 @@ the middle of a reply (``gather_s``), writes the rows into the static inputs of 
 batch bucket that holds them, replays that bucket's CUDA graph (eager off CUDA) and hands each
 session its own row of the outputs.
 
-Rows are either slots (the stage keeps per-session KV in a :class:`~.slots.SlotPool`, row =
-slot, rows without work write to the scratch column) or compact (the step needs no per-session
-state: requests take rows ``0..n-1`` in arrival order).
+Rows are slots: the stage keeps per-session state (KV in a :class:`~.slots.SlotPool`) in row
+``slot``, and a row without work in a step writes to the scratch column. The queues need no
+bound of their own: a session waits for its step, so it has at most one request pending.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ class Activity:
 
 
 class StepBatcher(Mailbox):
+    """One stage's step loop: ``make`` builds the step of each batch bucket (``capacity`` rows at
+    most, one per session slot); ``scratch`` is the cache column rows without work write to."""
+
     def __init__(
         self,
         name: str,
@@ -131,7 +134,6 @@ class StepBatcher(Mailbox):
         *,
         capacity: int,
         device: Any,
-        slotted: bool,
         scratch: int = 0,
         stream: Any = None,
         graph_streams: dict[str, Any] | None = None,
@@ -146,7 +148,6 @@ class StepBatcher(Mailbox):
         self.row_inputs = tuple(row_inputs)
         self.capacity = int(capacity)
         self.device = device
-        self.slotted = slotted
         self.scratch = int(scratch)
         self.stream = stream
         self.graph_streams = graph_streams or {}
@@ -168,11 +169,11 @@ class StepBatcher(Mailbox):
 
     # -- what sessions call -------------------------------------------------------------------
 
-    def step(self, inputs: tuple[Any, ...], slot: int | None = None, write_pos: int = 0) -> tuple[Any, ...]:
+    def step(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> tuple[Any, ...]:
         """Run one step for one row; blocks until the batch that carries it has run. Returns
         this row's outputs (views into a copy the batcher made for this step)."""
-        if self.slotted and (slot is None or not 0 <= slot < self.capacity):
-            raise ValueError(f"{self.name}: a slotted step needs a slot in 0..{self.capacity - 1}")
+        if slot is None or not 0 <= slot < self.capacity:
+            raise ValueError(f"{self.name}: a step needs a slot in 0..{self.capacity - 1}")
         return self._submit(_Request(tuple(inputs), slot, int(write_pos)))
 
     def warm(self) -> None:
@@ -217,15 +218,14 @@ class StepBatcher(Mailbox):
             if take:
                 self._run(take)
 
-    def _take(self, queue: list[_Request]) -> tuple[list[_Request], list[_Request]]:
-        if self.slotted:
-            seen: set[int] = set()
-            take, rest = [], []
-            for req in queue:  # one step per slot per batch (a session never has two pending)
-                (rest if req.slot in seen else take).append(req)
-                seen.add(req.slot)
-            return take, rest
-        return queue[: self.capacity], queue[self.capacity :]
+    @staticmethod
+    def _take(queue: list[_Request]) -> tuple[list[_Request], list[_Request]]:
+        seen: set[int | None] = set()
+        take, rest = [], []
+        for req in queue:  # one step per slot per batch (a session never has two pending)
+            (rest if req.slot in seen else take).append(req)
+            seen.add(req.slot)
+        return take, rest
 
     def _bucket(self, size: int) -> _Bucket:
         with self._bucket_lock:
@@ -250,7 +250,7 @@ class StepBatcher(Mailbox):
         started = time.perf_counter()
         size = 0
         try:
-            rows = [req.slot for req in take] if self.slotted else list(range(len(take)))
+            rows = [req.slot for req in take]
             need = max(rows) + 1
             size = next(s for s in self.sizes if s >= need)
             bucket = self._bucket(size)

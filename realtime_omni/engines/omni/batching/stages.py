@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Rows:
-    """What one stage gives a session: its batcher, and (slotted stages) its pool and slot."""
+    """What one stage gives a session: its batcher, and its pool and slot."""
 
     batcher: StepBatcher
     pool: SlotPool | None = None
@@ -95,7 +95,7 @@ class OmniBatching:
         common = dict(capacity=self.slots, device=device, graphs=graphs, gather_s=gather_s)
         self.thinker = StepBatcher(
             "thinker", thinker_step(loaded, self.thinker_pool), [RowInput((1,), "long"), RowInput((3,), "long")],
-            slotted=True, scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
+            scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), **common)
         accept = int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1))
         try:  # transformers >= 5.2x selects hidden states by index

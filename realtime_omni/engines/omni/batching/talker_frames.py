@@ -79,7 +79,7 @@ class FusedTalker:
             part_dtype = str(talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
             inputs = [RowInput((part_width,), part_dtype), RowInput((3,), "long"), RowInput((self.k,), "float32")]
         self.batcher = StepBatcher(
-            "talker", self._make, inputs, capacity=slots, device=device, slotted=True, scratch=pool.length,
+            "talker", self._make, inputs, capacity=slots, device=device, scratch=pool.length,
             stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"), graphs=graphs,
             gather_s=gather_s, activity=activity)
 
