@@ -132,7 +132,10 @@ class ResponsePipeline:
                 return
             put(_DONE)
 
-        loop.run_in_executor(self.executor, produce)
+        # A thread of its own, not one of the shared pool: a producer blocks while its consumer is
+        # behind, and consumers need pool threads (decode): with more live replies than pool
+        # threads, pooled producers starved the consumers and every reply stalled.
+        threading.Thread(target=produce, name="stage-producer", daemon=True).start()
         try:
             while True:
                 value = await asyncio.wait_for(bridge.get(), self.settings.step_timeout_s)

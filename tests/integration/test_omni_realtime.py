@@ -99,6 +99,51 @@ async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
         assert late == []
 
 
+async def test_concurrent_clients_share_the_batched_stages(omni_server):
+    """Six clients over /v1/realtime with turns at the same time: each gets its whole reply, and
+    their steps ran in shared batches (the engine's counters at /metrics)."""
+    import httpx
+
+    srv, model_id = omni_server
+
+    def counter(text: str, name: str, stage: str) -> float:
+        prefix = f'{name}{{model="{model_id}",stage="{stage}"}} '
+        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+    async def scrape() -> str:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{srv.http}/metrics", timeout=10)).text
+
+    before = await scrape()
+
+    async def one(i: int) -> tuple[str, float]:
+        client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+        async with client.realtime.connect(model=model_id) as conn:
+            await conn.recv()  # session.created
+            await conn.session.update(session={"type": "realtime", "max_output_tokens": 8,
+                                               "audio": {"input": {"turn_detection": None}}})
+            await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_text", "text": f"hello {i}"}]})
+            await conn.response.create()
+            audio = 0
+            while True:
+                event = await asyncio.wait_for(conn.recv(), 120)
+                if event.type == "response.output_audio.delta":
+                    audio += len(base64.b64decode(event.delta)) / 2 / 24_000
+                if event.type == "response.done":
+                    return event.response.status, audio
+
+    results = await asyncio.gather(*(one(i) for i in range(6)))
+    assert all(status in ("completed", "incomplete") and audio > 0 for status, audio in results), results
+    after = await scrape()
+    for stage in ("thinker", "talker"):
+        steps = counter(after, "realtime_omni_engine_steps_total", stage) - counter(
+            before, "realtime_omni_engine_steps_total", stage)
+        rows = counter(after, "realtime_omni_engine_rows_total", stage) - counter(
+            before, "realtime_omni_engine_rows_total", stage)
+        assert steps > 0 and rows / steps > 1.0, (stage, steps, rows)
+
+
 async def test_a_session_beyond_the_models_slots_is_refused_with_a_code(tmp_path):
     """Admission control over /v1/realtime: with one slot, a second client gets
     ``session_limit_reached`` (close 1013) while the first one's session goes on."""
