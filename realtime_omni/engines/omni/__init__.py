@@ -26,6 +26,8 @@ Where things are:
   ``code_predictor.py``): how the reference ``generate``'s talker is reproduced step by step.
 * ``codec.py``: chunked decoding with left context.
 * ``graphs.py``: static KV caches, CUDA graphs and per-stage CUDA streams (the GPU fast path).
+* ``batching/``: what the sessions of one model share: per-stage KV slots, one batched step loop
+  per stage (thinker; the talker's whole frame), batched prefills and codec windows, admission.
 """
 
 from .loader import detect_architecture, load_omni, read_config
