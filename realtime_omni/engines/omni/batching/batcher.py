@@ -66,8 +66,9 @@ class _Bucket:
 
 
 class Mailbox:
-    """Requests from session threads to one loop thread: submit and wait (with a deadline),
-    and on close every waiting request fails with :class:`BatcherClosed`."""
+    """Requests from session threads to one loop thread: submit and wait (with a deadline); the
+    loop waits for work, lets requests that arrive together meet, and counts what it ran. On
+    close every waiting request fails with :class:`BatcherClosed`."""
 
     name = "batcher"
     step_timeout_s = 60.0
@@ -76,6 +77,13 @@ class Mailbox:
         self._queue: list[Any] = []
         self._cond = threading.Condition()
         self._closed = False
+        self.steps = 0
+        self.rows = 0
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name=f"batch-{self.name}", daemon=True)
+
+    def _start(self) -> None:
+        self._thread.start()
 
     def _submit(self, req: Any) -> Any:
         with self._cond:
@@ -90,7 +98,31 @@ class Mailbox:
         assert req.result is not None
         return req.result
 
-    def _close_mailbox(self) -> None:
+    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
+        """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
+        until ``enough(queued)``). False once closed."""
+        while not self._queue and not self._closed:
+            self._cond.wait(0.5)
+        deadline = time.monotonic() + gather_s
+        while not self._closed and not enough(len(self._queue)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        return not self._closed
+
+    def _count(self, rows: int, started: float) -> float:
+        elapsed = time.perf_counter() - started
+        self.steps += 1
+        self.rows += rows
+        self.busy_s += elapsed
+        return elapsed
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
+                "mean_rows": self.rows / self.steps if self.steps else 0.0}
+
+    def close(self) -> None:
         with self._cond:
             self._closed = True
             pending, self._queue = self._queue, []
@@ -98,6 +130,11 @@ class Mailbox:
         for req in pending:
             req.error = BatcherClosed(f"{self.name} batcher is closed")
             req.done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
 
 
 class Activity:
@@ -159,13 +196,8 @@ class StepBatcher(Mailbox):
         super().__init__()
         self._buckets: dict[int, _Bucket] = {}
         self._bucket_lock = threading.Lock()
-        # statistics (read by benchmarks and metrics)
-        self.steps = 0
-        self.rows = 0
-        self.busy_s = 0.0
         self.step_ms: dict[int, float] = {}  # bucket -> moving average of a step's wall time
-        self._thread = threading.Thread(target=self._loop, name=f"batch-{name}", daemon=True)
-        self._thread.start()
+        self._start()
 
     # -- what sessions call -------------------------------------------------------------------
 
@@ -186,16 +218,13 @@ class StepBatcher(Mailbox):
                 bucket.graph.ensure_captured()
 
     def close(self) -> None:
-        self._close_mailbox()
-        self._thread.join(timeout=5)
+        super().close()
         for bucket in self._buckets.values():
             bucket.graph.release()
         self._buckets.clear()
 
     def stats(self) -> dict[str, Any]:
-        return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
-                "mean_rows": self.rows / self.steps if self.steps else 0.0,
-                "step_ms": dict(sorted(self.step_ms.items())),
+        return {**super().stats(), "step_ms": dict(sorted(self.step_ms.items())),
                 "graphs": sum(1 for b in self._buckets.values() if b.graph.captured)}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -203,17 +232,9 @@ class StepBatcher(Mailbox):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait(0.5)
-                if self._closed:
-                    return
                 # the sessions mid-reply will submit soon: give them a moment to join this step
-                deadline = time.monotonic() + self.gather_s
-                while len(self._queue) < self.activity.count and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
+                if not self._gathered(self.gather_s, lambda n: n >= self.activity.count):
+                    return
                 take, self._queue = self._take(self._queue)
             if take:
                 self._run(take)
@@ -272,10 +293,7 @@ class StepBatcher(Mailbox):
             for req in take:
                 req.error = exc
         finally:
-            elapsed = time.perf_counter() - started
-            self.steps += 1
-            self.rows += len(take)
-            self.busy_s += elapsed
+            elapsed = self._count(len(take), started)
             for req in take:
                 req.done.set()
         if size:

@@ -44,11 +44,7 @@ class CodecBatcher(Mailbox):
         self.stream = stream
         self.gather_s = gather_s
         self.step_timeout_s = step_timeout_s
-        self.batches = 0
-        self.rows = 0
-        self.busy_s = 0.0
-        self._thread = threading.Thread(target=self._loop, name="batch-codec", daemon=True)
-        self._thread.start()
+        self._start()
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
             urgent: bool = False) -> Any:
@@ -56,24 +52,11 @@ class CodecBatcher(Mailbox):
         key; returns this window's output (batch axis of 1). ``urgent`` groups go first."""
         return self._submit(WindowRequest(key, fn, tuple(inputs), steady, urgent))
 
-    def close(self) -> None:
-        self._close_mailbox()
-        self._thread.join(timeout=5)
-
-    def stats(self) -> dict[str, Any]:
-        return {"steps": self.batches, "rows": self.rows, "busy_s": self.busy_s,
-                "mean_rows": self.rows / self.batches if self.batches else 0.0}
-
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait(0.5)
-                if self._closed:
+                if not self._gathered(self.gather_s):
                     return
-                deadline = time.monotonic() + self.gather_s
-                while not self._closed and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
                 take, self._queue = self._queue, []
             groups: dict[Hashable, list[WindowRequest]] = {}
             for req in take:
@@ -102,8 +85,6 @@ class CodecBatcher(Mailbox):
             for req in group:
                 req.error = exc
         finally:
-            self.batches += 1
-            self.rows += len(group)
-            self.busy_s += time.perf_counter() - started
+            self._count(len(group), started)
             for req in group:
                 req.done.set()

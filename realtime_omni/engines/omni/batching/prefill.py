@@ -118,11 +118,7 @@ class PrefillBatcher(Mailbox):
         self.token_budget = token_budget
         self.step_timeout_s = step_timeout_s
         super().__init__()
-        self.batches = 0
-        self.rows = 0
-        self.busy_s = 0.0
-        self._thread = threading.Thread(target=self._loop, name="batch-prefill", daemon=True)
-        self._thread.start()
+        self._start()
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
         """Prefill ``inputs`` (token ids, or embeddings ``(n, H)``) into ``slot`` from ``start``."""
@@ -133,27 +129,11 @@ class PrefillBatcher(Mailbox):
             raise ValueError(f"the prefill needs {start + n} tokens of a {self.pool.length}-token slot")
         return self._submit(PrefillRequest(inputs, positions, mm, slot, start))
 
-    def close(self) -> None:
-        self._close_mailbox()
-        self._thread.join(timeout=5)
-
-    def stats(self) -> dict[str, Any]:
-        return {"steps": self.batches, "rows": self.rows, "busy_s": self.busy_s,
-                "mean_rows": self.rows / self.batches if self.batches else 0.0}
-
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait(0.5)
-                if self._closed:
+                if not self._gathered(self.gather_s):  # let prefills that start together meet
                     return
-                deadline = time.monotonic() + self.gather_s  # let prefills that start together meet
-                while not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
                 take, tokens = [], 0
                 seen: set[int] = set()
                 for req in self._queue:
@@ -194,9 +174,7 @@ class PrefillBatcher(Mailbox):
                 piece.request.error = exc
                 finished.append(piece.request)
         finally:
-            self.batches += 1
-            self.rows += len(take)
-            self.busy_s += time.perf_counter() - started
+            self._count(len(take), started)
             with self._cond:  # the others' next chunks stay queued
                 gone = {id(r) for r in finished}
                 self._queue = [r for r in self._queue if id(r) not in gone]
