@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
@@ -38,12 +38,27 @@ class _EngineCollector:
         yield from (slots, used, steps, rows, busy)
 
 
+class _SessionCollector:
+    """Live sessions (a gauge) and what happened since start (counters)."""
+
+    def __init__(self, manager: "SessionManager") -> None:
+        self.manager = manager
+
+    def collect(self):
+        manager = self.manager
+        active = GaugeMetricFamily("realtime_omni_sessions_active", "Live sessions")
+        active.add_metric([], len(manager.sessions))
+        opened = CounterMetricFamily("realtime_omni_sessions_opened", "Sessions opened since start")
+        opened.add_metric([], manager.total_opened)
+        adopted = CounterMetricFamily("realtime_omni_speculations_adopted", "Replies prepared during a pause and used")
+        adopted.add_metric([], manager.speculations_adopted
+                           + sum(r.speculations_adopted for r in manager.sessions.values()))
+        yield from (active, opened, adopted)
+
+
 def render(manager: "SessionManager", engine_stats: dict | None = None) -> tuple[bytes, str]:
     registry = CollectorRegistry()
+    registry.register(_SessionCollector(manager))
     if engine_stats:
         registry.register(_EngineCollector(engine_stats))
-    Gauge("realtime_omni_sessions_active", "Live sessions", registry=registry).set(len(manager.sessions))
-    Gauge("realtime_omni_sessions_opened_total", "Sessions opened since start", registry=registry).set(manager.total_opened)
-    Gauge("realtime_omni_speculations_adopted_total", "Replies prepared during a pause and used", registry=registry).set(
-        manager.speculations_adopted + sum(r.speculations_adopted for r in manager.sessions.values()))
     return generate_latest(registry), CONTENT_TYPE_LATEST
