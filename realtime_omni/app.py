@@ -19,6 +19,7 @@ from . import __version__, metrics
 from .config import ServerSettings
 from .engines.registry import ModelRegistry
 from .pipeline import PipelineSettings
+from .protocol import strict_json
 from .security import AuthError, Guard
 from .session.manager import SessionManager
 from .session.runner import RunnerLimits
@@ -68,7 +69,8 @@ async def client_secrets(request: Request) -> JSONResponse:
     except AuthError as exc:
         return JSONResponse(exc.body(), status_code=exc.status)
     try:
-        body = await request.json() if await request.body() else {}
+        raw = await request.body()
+        body = strict_json.loads(raw) if raw else {}
         session = dict(body.get("session") or {})
         ttl = (body.get("expires_after") or {}).get("seconds")
         ttl = float(ttl) if ttl is not None else None

@@ -8,14 +8,13 @@ are rewritten to GA shapes first, so beta clients keep working.
 
 from __future__ import annotations
 
-import json
 import typing
 from typing import Any
 
 import pydantic
 from openai.types.realtime import RealtimeClientEvent
 
-from . import errors
+from . import errors, strict_json
 from .errors import ProtocolError
 
 MAX_EVENT_BYTES = 15 * 1024 * 1024
@@ -139,7 +138,7 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
             errors.EVENT_TOO_LARGE, f"event of {len(raw)} bytes exceeds the {max_bytes}-byte limit"
         )
     try:
-        data = json.loads(raw)
+        data = strict_json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(errors.INVALID_JSON, f"event is not valid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -182,6 +182,10 @@ async def test_bad_input_gets_errors_and_the_session_goes_on(server):
                     return
 
         await expect_error(lambda: conn.send_raw("{this is not json"), "invalid_json")
+        await expect_error(lambda: conn.send_raw('{"type": "session.update", "session": ' + "[" * 100_000
+                                                 + "]" * 100_000 + "}"), "invalid_json")
+        await expect_error(lambda: conn.send_raw('{"type": "response.create", "response": {"temperature": NaN}}'),
+                           "invalid_json")
         await expect_error(lambda: conn.send_raw(json.dumps({"type": "no.such.event"})), "unknown_event_type")
         await expect_error(lambda: conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "audio": 12})), "invalid_event")
         await expect_error(lambda: conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "audio": "%%%notbase64"})), "invalid_base64")

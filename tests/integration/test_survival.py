@@ -268,6 +268,11 @@ async def test_origin_allow_list(guarded):
 async def test_client_secret_is_single_use_and_carries_settings(guarded):
     async with httpx.AsyncClient(base_url=guarded.http) as http:
         assert (await http.post("/v1/realtime/client_secrets", json={})).status_code == 401
+        # hostile bodies: a clear 400 with a code, never a 500
+        for body in ("[" * 100_000 + "]" * 100_000, '{"expires_after": {"seconds": NaN}}'):
+            bad = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                                  content=body)
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
         reply = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
                                 json={"session": {"type": "realtime", "instructions": "From the secret."}})
         assert reply.status_code == 200

@@ -38,6 +38,12 @@ def test_beta_session_shape_is_rewritten_to_ga():
     [
         ("{not json", errors.INVALID_JSON, None),
         ("[1, 2]", errors.INVALID_JSON, None),
+        # hostile JSON: nesting deep enough to exhaust Python's recursion, and just past the bound
+        ('{"type": "session.update", "session": ' + "[" * 100_000 + "]" * 100_000 + "}", errors.INVALID_JSON, None),
+        ('{"type": "session.update", "session": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}", errors.INVALID_JSON, None),
+        ('{"type": "conversation.item.truncate", "item_id": "x", "content_index": 0, "audio_end_ms": NaN}',
+         errors.INVALID_JSON, None),
+        ('{"type": "response.create", "response": {"max_output_tokens": Infinity}}', errors.INVALID_JSON, None),
         (json.dumps({"type": "no.such.event", "event_id": "e1"}), errors.UNKNOWN_EVENT, "type"),
         (json.dumps({"event_id": "e2"}), errors.INVALID_EVENT, "type"),
         (json.dumps({"type": "input_audio_buffer.append", "audio": 5}), errors.INVALID_EVENT, "audio"),

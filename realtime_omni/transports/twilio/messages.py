@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from ...protocol import strict_json
+
 #: one 20 ms frame of 8 kHz μ-law
 FRAME_BYTES = 160
 FRAME_MS = 20
@@ -51,7 +53,7 @@ def parse(raw: str | bytes) -> dict[str, Any]:
     if len(raw) > MAX_MESSAGE_CHARS:
         raise TwilioMessageError(f"frame of {len(raw)} characters is over the {MAX_MESSAGE_CHARS} limit")
     try:
-        message = json.loads(raw)
+        message = strict_json.loads(raw)
     except ValueError:
         raise TwilioMessageError("frame is not JSON") from None
     if not isinstance(message, dict) or not isinstance(message.get("event"), str):
