@@ -21,6 +21,7 @@ from .engines.registry import ModelRegistry
 from .pipeline import PipelineSettings
 from .protocol import strict_json
 from .security import AuthError, Guard
+from .transports.bodies import BodyTooLarge, read_body
 from .session.manager import SessionManager
 from .session.runner import RunnerLimits
 from .session.store import open_store
@@ -60,25 +61,37 @@ async def list_models(request: Request) -> JSONResponse:
     return JSONResponse({"object": "list", "data": data})
 
 
+#: a client-secret request carries session settings: instructions, tools, a few kilobytes
+MAX_SECRET_REQUEST_BYTES = 1024 * 1024
+
+
+def _invalid(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"type": "invalid_request_error", "code": code, "message": message}},
+                        status_code=status)
+
+
 async def client_secrets(request: Request) -> JSONResponse:
     """Mint a short-lived, single-use secret so a browser never sees the API key."""
     guard: Guard = request.app.state.guard
     try:
-        guard.check_api_key(request.headers)
+        owner = guard.check_api_key(request.headers)
         guard.check_origin(request.headers)
     except AuthError as exc:
         return JSONResponse(exc.body(), status_code=exc.status)
     try:
-        raw = await request.body()
+        raw = await read_body(request, MAX_SECRET_REQUEST_BYTES)
         body = strict_json.loads(raw) if raw else {}
         session = dict(body.get("session") or {})
         ttl = (body.get("expires_after") or {}).get("seconds")
         ttl = float(ttl) if ttl is not None else None
+    except BodyTooLarge as exc:
+        return _invalid(413, "request_too_large", str(exc))
     except (ValueError, AttributeError, TypeError):
-        return JSONResponse({"error": {"type": "invalid_request_error", "code": "invalid_json",
-                                       "message": "body must be a JSON object"}}, status_code=400)
+        return _invalid(400, "invalid_json", "body must be a JSON object")
+    if ttl is not None and not 10 <= ttl <= 7200:
+        return _invalid(400, "invalid_value", "expires_after.seconds must be between 10 and 7200")
     session.pop("type", None)
-    secret = guard.issue_secret(session, ttl)
+    secret = guard.issue_secret(session, ttl, owner)
     return JSONResponse({"value": secret.value, "expires_at": int(secret.expires_at),
                          "session": {"type": "realtime", **session}})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 import time
@@ -28,6 +29,13 @@ class ClientSecret:
     value: str
     expires_at: float
     session: dict[str, Any]
+    #: digest of the API key that minted it: what the secret opens belongs to that key
+    owner: str | None = None
+
+
+def key_digest(key: str) -> str:
+    """What is stored of a key to tell owners apart (never the key itself)."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 @dataclass
@@ -60,33 +68,47 @@ class Guard:
         if origin not in self.allowed_origins and "*" not in self.allowed_origins:
             raise AuthError("origin_not_allowed", f"origin {origin!r} is not allowed", status=403)
 
-    def check_api_key(self, headers: Headers) -> None:
-        """Endpoints that only a server-side holder of the API key may call (client secrets)."""
+    def _is_key(self, key: str | None) -> bool:
+        # compared as bytes: str comparison raises on non-ASCII input (a 500, not a 401)
+        return key is not None and any(
+            hmac.compare_digest(key.encode("utf-8", "surrogatepass"), k.encode()) for k in self.api_keys)
+
+    def check_api_key(self, headers: Headers) -> str | None:
+        """Endpoints that only a server-side holder of the API key may call (client secrets, the
+        calls list). Returns the key's digest (None when keys are off): what it may see is its own."""
         if not self.enabled:
-            return
+            return None
         key = self.presented_key(headers)
-        if key is None or not any(hmac.compare_digest(key, k) for k in self.api_keys):
+        if not self._is_key(key):
             raise AuthError("invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
+        return key_digest(key)
 
     def admit(self, headers: Headers, subprotocols: list[str] | None = None) -> dict[str, Any] | None:
         """Admit a session opener. Returns the session settings bound to a client secret, if one
         was used (it is consumed: one session per secret)."""
+        return self.admit_owned(headers, subprotocols)[0]
+
+    def admit_owned(self, headers: Headers, subprotocols: list[str] | None = None
+                    ) -> tuple[dict[str, Any] | None, str | None]:
+        """:meth:`admit`, and the digest of the key the opener acts for (the secret's minter)."""
         self.check_origin(headers)
         key = self.presented_key(headers, subprotocols)
         if key is not None and key.startswith("ek_"):
             secret = self._secrets.pop(key, None)
             if secret is None or secret.expires_at < time.time():
                 raise AuthError("invalid_client_secret", "the client secret is unknown, used or expired")
-            return secret.session
-        if self.enabled and (key is None or not any(hmac.compare_digest(key, k) for k in self.api_keys)):
+            return secret.session, secret.owner
+        if self.enabled and not self._is_key(key):
             raise AuthError("invalid_api_key", "a valid API key or client secret is required")
-        return None
+        return None, key_digest(key) if self.enabled and key is not None else None
 
-    def issue_secret(self, session: dict[str, Any], ttl_s: float | None = None) -> ClientSecret:
+    def issue_secret(self, session: dict[str, Any], ttl_s: float | None = None,
+                     owner: str | None = None) -> ClientSecret:
         now = time.time()
         for value in [v for v, s in self._secrets.items() if s.expires_at < now]:
             del self._secrets[value]  # bounded: expired secrets are swept on each issue
         ttl = min(ttl_s or self.secret_ttl_s, 7200.0)
-        secret = ClientSecret(value="ek_" + secrets.token_urlsafe(24), expires_at=now + ttl, session=session)
+        secret = ClientSecret(value="ek_" + secrets.token_urlsafe(24), expires_at=now + ttl, session=session,
+                              owner=owner)
         self._secrets[secret.value] = secret
         return secret

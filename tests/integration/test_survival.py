@@ -331,3 +331,71 @@ async def test_concurrent_session_cap(registry):
         fourth = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo")
         assert (await recv(fourth))["type"] == "session.created"
         await second.close(), await fourth.close()
+
+
+async def _raw_http(base: str, head: str, body: bytes = b"", timeout: float = 10.0) -> tuple[int, bytes]:
+    """One request written by hand (headers httpx refuses to send: a lying length, raw bytes)."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(head.encode("latin-1") + b"\r\n\r\n" + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout)
+        rest = await asyncio.wait_for(reader.read(65536), timeout)
+        return int(status_line.split()[1]), rest
+    finally:
+        writer.close()
+
+
+async def test_calls_are_listed_and_hung_up_only_by_their_key(guarded):
+    async with httpx.AsyncClient(base_url=guarded.http) as http:
+        for method, path in (("GET", "/v1/realtime/calls"), ("GET", "/v1/realtime/calls/rtc_x"),
+                             ("DELETE", "/v1/realtime/calls/rtc_x"), ("POST", "/v1/realtime/calls/rtc_x/hangup")):
+            reply = await http.request(method, path)
+            assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key", (method, path)
+        listed = await http.get("/v1/realtime/calls", headers={"Authorization": "Bearer sk-test"})
+        assert listed.status_code == 200 and listed.json()["object"] == "list"
+        missing = await http.delete("/v1/realtime/calls/rtc_x", headers={"Authorization": "Bearer sk-test"})
+        assert missing.status_code == 404
+
+
+async def test_oversized_bodies_are_refused_before_they_are_read(guarded):
+    # 512 MiB announced, nothing sent: the answer comes at once, the server reads nothing
+    status, body = await _raw_http(guarded.http, "POST /v1/realtime/calls?model=echo HTTP/1.1\r\nHost: x\r\n"
+                                   "Authorization: Bearer sk-test\r\nContent-Type: application/sdp\r\n"
+                                   f"Content-Length: {512 * 2**20}")
+    assert status == 413 and b"offer_too_large" in body
+    status, body = await _raw_http(guarded.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
+                                   "Authorization: Bearer sk-test\r\nContent-Type: application/json\r\n"
+                                   f"Content-Length: {2**31}")
+    assert status == 413 and b"request_too_large" in body
+    # without a length (chunked), reading stops at the limit
+    async with httpx.AsyncClient(base_url=guarded.http) as http:
+        async def chunks():
+            for _ in range(64):
+                yield b"v=0\r\n" * 2000
+
+        reply = await http.post("/v1/realtime/calls?model=echo", content=chunks(),
+                                headers={"Authorization": "Bearer sk-test", "Content-Type": "application/sdp"})
+        assert reply.status_code == 413
+
+
+async def test_a_non_ascii_authorization_header_is_a_401_not_a_500(guarded):
+    for path in ("/v1/realtime/client_secrets", "/v1/realtime/calls"):
+        method = "POST" if "secrets" in path else "GET"
+        status, body = await _raw_http(guarded.http, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                                       "Authorization: Bearer sk-t\xe9st\xff")
+        assert status == 401 and b"invalid_api_key" in body, (path, status, body[:200])
+
+
+async def test_client_secret_lifetimes_are_range_checked(guarded):
+    async with httpx.AsyncClient(base_url=guarded.http) as http:
+        for seconds in (0, -5, 9, 7201, 1e30):
+            reply = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                                    json={"expires_after": {"anchor": "created_at", "seconds": seconds}})
+            assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_value", seconds
+        ok = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                             json={"expires_after": {"anchor": "created_at", "seconds": 10}})
+        assert ok.status_code == 200

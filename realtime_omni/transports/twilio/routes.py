@@ -20,6 +20,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..bodies import BodyTooLarge, read_body
 from . import messages as tw
 from .call import TwilioCall
 
@@ -49,6 +50,10 @@ def public_base(request: Request) -> tuple[str, str]:
     return scheme, host.strip()
 
 
+#: Twilio's webhook form is a few kilobytes
+MAX_WEBHOOK_BYTES = 64 * 1024
+
+
 async def twilio_voice(request: Request) -> Response:
     scheme, host = public_base(request)
     root = request.scope.get("root_path", "")
@@ -56,7 +61,11 @@ async def twilio_voice(request: Request) -> Response:
     if token:
         form: dict[str, str] = {}
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-            form = dict(parse_qsl((await request.body()).decode("utf-8", "replace"), keep_blank_values=True))
+            try:
+                body = await read_body(request, MAX_WEBHOOK_BYTES)
+            except BodyTooLarge as exc:
+                return PlainTextResponse(str(exc), status_code=413)
+            form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         url = f"{scheme}://{host}{root}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
         if not tw.valid_signature(token, request.headers.get("x-twilio-signature", ""), url, form):
             log.warning("twilio voice webhook: bad signature for %s", url)

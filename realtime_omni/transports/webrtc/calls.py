@@ -25,7 +25,9 @@ from starlette.routing import Route
 
 from ...protocol import parse_client_event
 from ...protocol.errors import ProtocolError
+from ...security import AuthError
 from ...session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
+from ..bodies import BodyTooLarge, read_body
 from .ice import local_addresses, parse_ice_servers
 from .peer import Peer, WebRTCOptions, new_call_id
 
@@ -157,15 +159,16 @@ async def create_call(request: Request) -> Response:
     manager: SessionManager = request.app.state.manager
     reg = registry(request.app)
     bound: dict[str, Any] | None = None
+    owner: str | None = None
     guard = getattr(request.app.state, "guard", None)
     if guard is not None:  # API key or single-use client secret (ek_...), and the Origin allow-list
         try:
-            bound = guard.admit(request.headers)
-        except Exception as exc:  # noqa: BLE001 - security.AuthError
-            status, code = getattr(exc, "status", 401), getattr(exc, "code", "unauthorized")
-            return error(status, code, getattr(exc, "message", str(exc)))
-    body = await request.body()
-    if len(body) > MAX_OFFER_BYTES:
+            bound, owner = guard.admit_owned(request.headers)
+        except AuthError as exc:
+            return error(exc.status, exc.code, exc.message)
+    try:  # the size is checked before the body is read, and while it is
+        body = await read_body(request, MAX_OFFER_BYTES)
+    except BodyTooLarge:
         return error(413, "offer_too_large", f"the offer exceeds {MAX_OFFER_BYTES} bytes")
     try:
         offer, session = _parse_body(request.headers.get("content-type", ""), body)
@@ -201,6 +204,7 @@ async def create_call(request: Request) -> Response:
     if update is not None:
         await runner.submit(update)  # first in the mailbox: before any audio or client event
     peer = Peer(new_call_id(), runner, reg.options, reg.forget)
+    peer.owner = owner  # the key it belongs to: only that key lists, inspects or hangs it up
     peer.resume_grace_s = manager.resume_grace_s
     peer.preface(preface)
     reg.add(peer)
@@ -218,10 +222,28 @@ async def create_call(request: Request) -> Response:
     )
 
 
+def _caller(request: Request) -> str | None | JSONResponse:
+    """The calling key's digest (None when keys are off), or the 401 to answer."""
+    guard = getattr(request.app.state, "guard", None)
+    if guard is None:
+        return None
+    try:
+        return guard.check_api_key(request.headers)
+    except AuthError as exc:
+        return error(exc.status, exc.code, exc.message)
+
+
+def _visible(peer: Peer, caller: str | None) -> bool:
+    return caller is None or peer.owner == caller
+
+
 def _call_or_404(request: Request) -> Peer | JSONResponse:
+    caller = _caller(request)
+    if isinstance(caller, JSONResponse):
+        return caller
     call_id = request.path_params["call_id"]
     peer = registry(request.app).calls.get(call_id)
-    if peer is None:
+    if peer is None or not _visible(peer, caller):  # another key's call is not there for this one
         return error(404, "call_not_found", f"no live call {call_id!r}", "call_id")
     return peer
 
@@ -242,8 +264,12 @@ async def get_call(request: Request) -> Response:
 
 
 async def list_calls(request: Request) -> Response:
+    caller = _caller(request)
+    if isinstance(caller, JSONResponse):
+        return caller
     reg = registry(request.app)
-    return JSONResponse({"object": "list", "data": [p.info() for p in reg.calls.values()], "total_opened": reg.total_opened})
+    mine = [p.info() for p in reg.calls.values() if _visible(p, caller)]
+    return JSONResponse({"object": "list", "data": mine, "total_opened": reg.total_opened})
 
 
 async def ice_config(request: Request) -> Response:

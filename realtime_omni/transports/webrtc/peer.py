@@ -68,6 +68,8 @@ class Peer:
         self.options = options
         #: a lost peer leaves its session resumable this long (a new offer with the token)
         self.resume_grace_s = 0.0
+        #: digest of the API key the call belongs to (None: keys are off)
+        self.owner: str | None = None
         runner.kick = lambda: self.hangup("superseded")  # a resume elsewhere takes the session over
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
