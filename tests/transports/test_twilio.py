@@ -170,6 +170,10 @@ def test_messages_parse_and_build():
     assert media["event"] == "media" and base64.b64decode(media["media"]["payload"]) == b"\xff" * 160
     assert tw.media_format_problem({"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}) is None
     assert tw.media_format_problem({"encoding": "audio/x-l16", "sampleRate": 16000}) is not None
+    # hostile values are a clear refusal (close 1003), never an exception (was: 1011 and a traceback)
+    for bad in ("fast", None, [8000], {"hz": 8000}, "NaN", True, 1e400):
+        assert "sample rate" in tw.media_format_problem({"encoding": "audio/x-mulaw", "sampleRate": bad})
+    assert "channels" in tw.media_format_problem({"encoding": "audio/x-mulaw", "channels": "two"})
 
 
 # ------------------------------------------------------------------------------ the voice webhook

@@ -93,11 +93,21 @@ def media_format_problem(fmt: dict[str, Any]) -> str | None:
     encoding = str(fmt.get("encoding", "audio/x-mulaw")).lower()
     if encoding not in ("audio/x-mulaw", "audio/mulaw", "audio/pcmu"):
         return f"encoding {encoding!r}"
-    if int(fmt.get("sampleRate", 8000) or 8000) != 8000:
-        return f"sample rate {fmt.get('sampleRate')}"
-    if int(fmt.get("channels", 1) or 1) != 1:
-        return f"{fmt.get('channels')} channels"
+    if _number(fmt.get("sampleRate", 8000)) != 8000:
+        return f"sample rate {fmt.get('sampleRate')!r}"
+    if _number(fmt.get("channels", 1)) != 1:
+        return f"channels {fmt.get('channels')!r}"
     return None
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number (or numeric string) as a float; None for anything else (never raises)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def parse_media(message: dict[str, Any]) -> tuple[str, bytes]:
