@@ -109,6 +109,32 @@ def _check_formats(session: dict[str, Any], event_id: str | None) -> None:
             ) from None
 
 
+#: numeric fields the published API bounds (its SDK types do not): (event type, path) → (low, high)
+_RANGES: dict[tuple[str, tuple[str, ...]], tuple[float, float]] = {
+    ("session.update", ("session", "max_output_tokens")): (1, 4096),
+    ("session.update", ("session", "audio", "output", "speed")): (0.25, 1.5),
+    ("response.create", ("response", "max_output_tokens")): (1, 4096),
+    ("conversation.item.truncate", ("audio_end_ms",)): (0, 24 * 3600 * 1000),
+    ("conversation.item.truncate", ("content_index",)): (0, 1024),
+}
+
+
+def _check_ranges(data: dict[str, Any], event_id: str | None) -> None:
+    """Out-of-range numbers get ``invalid_value`` naming the field (``"inf"`` stays allowed)."""
+    kind = data.get("type")
+    for (event, path), (low, high) in _RANGES.items():
+        if event != kind:
+            continue
+        value: Any = data
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue  # absent, "inf", or a type error the schema names
+        if not low <= value <= high:
+            raise ProtocolError(errors.INVALID_VALUE, f"{'.'.join(path)} must be between {low} and {high}, got {value}",
+                                param=".".join(path), event_id=event_id)
+
+
 def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     kind = data.get("type")
     if kind == "session.update" and isinstance(data.get("session"), dict):
@@ -151,8 +177,10 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
         raise ProtocolError(
             errors.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
         )
+    data = _normalize(data)
+    _check_ranges(data, event_id)
     try:
-        return _ADAPTERS[kind].validate_python(_normalize(data))
+        return _ADAPTERS[kind].validate_python(data)
     except pydantic.ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = _param_of(first)
