@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
 from .responses import Response
 from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
+
+log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
 
@@ -118,6 +121,8 @@ class RealtimeSession:
         self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio))
 
     def error(self, exc: ProtocolError) -> None:
+        # what a client was told is on the server's record too (message cut: clients choose it)
+        log.info("session %s: error %s (param %s): %.200s", self.id, exc.code, exc.param, exc.message)
         self._emit({"type": "error", "error": exc.to_error()})
 
     # ---------------------------------------------------------------- lifecycle

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -42,6 +43,10 @@ class SQLiteStore(SessionStore):
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            # conversations are private: the file (and the WAL and shm files SQLite gives the same
+            # mode) is the server user's alone, whatever the umask
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            os.chmod(self.path, 0o600)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         with self._lock:

@@ -313,3 +313,13 @@ def test_a_response_whose_input_the_model_cannot_take_ends_failed_once():
     assert d.events[-1]["response"]["status"] == "failed"
     new = d.send(type="response.create")  # the session goes on
     assert any(isinstance(a, act.StartResponse) for a in new)
+
+
+def test_errors_sent_to_a_client_are_logged_with_session_and_code(caplog):
+    import logging
+
+    d = Driver()
+    with caplog.at_level(logging.INFO, logger="realtime_omni.session.core"):
+        d.send(type="conversation.item.delete", item_id="item_missing")
+    assert [e["error"]["code"] for e in d.events if e["type"] == "error"] == ["item_not_found"]
+    assert any(d.s.id in r.getMessage() and "item_not_found" in r.getMessage() for r in caplog.records)

@@ -57,3 +57,18 @@ def test_redis_keys_expire(redis_url):
     time.sleep(1.5)
     assert store.load(token_hash("t2"), 60) is None
     store.close()
+
+
+def test_the_store_file_is_private(tmp_path):
+    """Stored conversations are readable by the server's user only (was 0644)."""
+    import os
+    import stat
+
+    from realtime_omni.session.store import SQLiteStore
+
+    path = tmp_path / "sessions.db"
+    store = SQLiteStore(path)
+    store.save("sess_1", "digest", {"items": ["hello"]})
+    for name in os.listdir(tmp_path):
+        mode = stat.S_IMODE(os.stat(tmp_path / name).st_mode)
+        assert mode & 0o077 == 0, (name, oct(mode))
