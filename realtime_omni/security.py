@@ -102,6 +102,11 @@ class Guard:
             raise AuthError("invalid_api_key", "a valid API key or client secret is required")
         return None, key_digest(key) if self.enabled and key is not None else None
 
+    def redeem_secret(self, value: str) -> bool:
+        """Use up a client secret presented outside a header (a telephony stream's token)."""
+        secret = self._secrets.pop(value, None) if isinstance(value, str) and value.startswith("ek_") else None
+        return secret is not None and secret.expires_at >= time.time()
+
     def issue_secret(self, session: dict[str, Any], ttl_s: float | None = None,
                      owner: str | None = None) -> ClientSecret:
         now = time.time()

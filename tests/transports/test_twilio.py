@@ -461,3 +461,49 @@ async def test_unknown_model_hangs_up_cleanly(server, calls):
     assert carrier._ws.close_code == 1008
     await carrier.close()
     assert server.manager.total_opened == opened and carrier.stream_sid not in calls.calls
+
+
+@on_session_loop
+async def test_authenticated_telephony_needs_the_webhooks_stream_token(registry, monkeypatch):
+    """With API keys and a Twilio token set, a stream opens a session only with the single-use
+    token that a Twilio-signed voice webhook put in its TwiML; anyone else is hung up (1008)."""
+    from tests.server import ServerThread
+
+    with ServerThread(registry, api_keys=["sk-test"]) as srv:
+        url = srv.ws + STREAM_PATH
+        async with httpx.AsyncClient(base_url=srv.http) as http:
+            # API keys without a Twilio token: the webhook cannot be authenticated, so it is refused
+            assert (await http.post(VOICE_PATH, data={"CallSid": "CA1"})).status_code == 403
+            monkeypatch.setenv("REALTIME_OMNI_TWILIO_AUTH_TOKEN", "secret-token")
+            form = {"CallSid": "CA1"}
+            path = f"{VOICE_PATH}?model=echo&stream_token=ek_forged"  # a token in the query is dropped
+            signature = tw.request_signature("secret-token", f"http://127.0.0.1:{srv.port}{path}", form)
+            twiml = await http.post(path, data=form, headers={"x-twilio-signature": signature})
+            assert twiml.status_code == 200, twiml.text
+        stream = ET.fromstring(twiml.text).find("./Connect/Stream")
+        params = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
+        token = params["stream_token"]
+        assert token.startswith("ek_") and token != "ek_forged" and params["model"] == "echo"
+
+        opened = srv.manager.total_opened
+        for bad in ({"model": "echo"}, {"model": "echo", "stream_token": "ek_forged"}):
+            intruder = SimulatedCarrier(url, custom_parameters=bad)
+            await intruder.connect(sender=False)
+            await asyncio.wait_for(intruder.closed.wait(), 10)
+            assert intruder._ws.close_code == 1008
+            await intruder.close()
+        assert srv.manager.total_opened == opened  # no session for them
+
+        carrier = SimulatedCarrier(url, custom_parameters=params)
+        await carrier.connect(sender=False)
+        deadline = time.monotonic() + 10
+        while srv.manager.total_opened == opened and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert srv.manager.total_opened == opened + 1
+        await carrier.close()
+        # the token is single-use: a replay is hung up
+        replay = SimulatedCarrier(url, custom_parameters=params)
+        await replay.connect(sender=False)
+        await asyncio.wait_for(replay.closed.wait(), 10)
+        assert replay._ws.close_code == 1008
+        await replay.close()

@@ -34,11 +34,21 @@ Listener = Callable[[dict[str, Any]], Any]
 SESSION_PARAMETERS = ("instructions", "voice", "model")
 
 
+#: the customParameter that carries the voice webhook's single-use stream token
+STREAM_TOKEN_PARAMETER = "stream_token"
+#: a stream must say ``start`` this soon after connecting
+START_TIMEOUT_S = 15.0
+
+
 class TwilioCall:
-    def __init__(self, websocket: WebSocket, manager: SessionManager, hook: Callable[["TwilioCall"], Any] | None = None) -> None:
+    def __init__(self, websocket: WebSocket, manager: SessionManager, hook: Callable[["TwilioCall"], Any] | None = None,
+                 redeem: Callable[[str], bool] | None = None) -> None:
         self.websocket = websocket
         self.manager = manager
         self._hook = hook
+        #: when telephony is authenticated: checks (and uses up) the stream token the voice
+        #: webhook put in the TwiML; no session opens without it
+        self._redeem = redeem
         self.info: tw.StartInfo | None = None
         self.runner: SessionRunner | None = None
         self.playback = CarrierPlayback()
@@ -79,7 +89,10 @@ class TwilioCall:
         reason = "client_disconnected"
         try:
             while True:
-                message = await self.websocket.receive()
+                if self.info is None:  # a socket that never says who it is does not linger
+                    message = await asyncio.wait_for(self.websocket.receive(), START_TIMEOUT_S)
+                else:
+                    message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     break
                 raw = message.get("text")
@@ -90,6 +103,9 @@ class TwilioCall:
                     break
         except WebSocketDisconnect:
             pass
+        except asyncio.TimeoutError:
+            log.info("twilio stream: no 'start' within %.0f s; closing", START_TIMEOUT_S)
+            self._close_code = 1008
         except Exception:  # noqa: BLE001 - one bad call must not take the server down
             log.exception("twilio call %s failed", self.call_sid)
             self._close_code = 1011
@@ -139,6 +155,11 @@ class TwilioCall:
             self._close_code = 1003
             return False
         params = info.custom_parameters
+        token = params.pop(STREAM_TOKEN_PARAMETER, None)  # never passed on to listeners
+        if self._redeem is not None and not (token and self._redeem(token)):
+            log.warning("twilio call %s: stream without a valid token; hanging up", info.call_sid)
+            self._close_code = 1008
+            return False
         try:
             runner = self.manager.open(params.get("model") or None)
         except (SessionLimitError, UnknownModelError) as exc:

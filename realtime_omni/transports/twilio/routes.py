@@ -20,9 +20,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ...security import Guard
 from ..bodies import BodyTooLarge, read_body
 from . import messages as tw
-from .call import TwilioCall
+from .call import STREAM_TOKEN_PARAMETER, TwilioCall
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ VOICE_PATH = "/v1/telephony/twilio/voice"
 STREAM_PATH = "/v1/telephony/twilio/stream"
 #: when set, webhook requests must carry a valid X-Twilio-Signature
 AUTH_TOKEN_ENV = "REALTIME_OMNI_TWILIO_AUTH_TOKEN"
+#: how long the stream token in a TwiML answer stays valid (Twilio connects within seconds)
+STREAM_TOKEN_TTL_S = 60.0
 MAX_PARAMETERS = 32
 MAX_PARAMETER_CHARS = 4096
 
@@ -58,6 +61,10 @@ async def twilio_voice(request: Request) -> Response:
     scheme, host = public_base(request)
     root = request.scope.get("root_path", "")
     token = os.environ.get(AUTH_TOKEN_ENV)
+    guard: Guard = request.app.state.guard
+    if guard.enabled and not token:
+        # Twilio cannot present an API key: its signature is what authenticates the webhook
+        return PlainTextResponse(f"telephony on a server with API keys needs {AUTH_TOKEN_ENV}", status_code=403)
     if token:
         form: dict[str, str] = {}
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
@@ -73,6 +80,9 @@ async def twilio_voice(request: Request) -> Response:
     parameters = {
         k: v for k, v in list(request.query_params.items())[:MAX_PARAMETERS] if v and len(k) + len(v) <= MAX_PARAMETER_CHARS
     }
+    parameters.pop(STREAM_TOKEN_PARAMETER, None)
+    if token:  # a signed request: its stream may open one session
+        parameters[STREAM_TOKEN_PARAMETER] = guard.issue_secret({}, STREAM_TOKEN_TTL_S).value
     ws_scheme = "wss" if scheme in ("https", "wss") else "ws"
     twiml = tw.connect_stream_twiml(f"{ws_scheme}://{host}{root}{STREAM_PATH}", parameters)
     return Response(twiml, media_type="application/xml")
@@ -80,7 +90,10 @@ async def twilio_voice(request: Request) -> Response:
 
 async def twilio_stream(websocket: WebSocket) -> None:
     hook = getattr(websocket.app.state, "twilio_call_hook", None)
-    await TwilioCall(websocket, websocket.app.state.manager, hook).run()
+    guard: Guard = websocket.app.state.guard
+    # authenticated telephony (a Twilio token, or API keys): the stream needs the webhook's token
+    redeem = guard.redeem_secret if (guard.enabled or os.environ.get(AUTH_TOKEN_ENV)) else None
+    await TwilioCall(websocket, websocket.app.state.manager, hook, redeem).run()
 
 
 def twilio_routes() -> list[BaseRoute]:
