@@ -65,8 +65,9 @@ class SessionManager:
         self.speculations_adopted = 0
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
-             last_seq: int = 0) -> SessionRunner:
-        """Create and start a session (call on the event loop)."""
+             last_seq: int = 0, owner: str | None = None) -> SessionRunner:
+        """Create and start a session (call on the event loop). ``owner``: digest of the API key
+        it belongs to (None when keys are off); only that key may resume it."""
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
         model = self.registry.get(model_name)
@@ -87,6 +88,7 @@ class SessionManager:
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
             on_close=self._forget, on_change=self._persist if self.store else None,
         )
+        runner.owner = owner if snapshot is None else snapshot.get("owner")
         if token is not None:
             runner.resume_token = token
             runner.journal = Journal(self.limits.journal_events, last_seq)
@@ -98,27 +100,34 @@ class SessionManager:
             self._persist(runner)
         return runner
 
-    async def resume(self, token: str, last_seq: int) -> tuple[SessionRunner, list[Outgoing], bool]:
+    async def resume(self, token: str, last_seq: int, owner: str | None = None
+                     ) -> tuple[SessionRunner, list[Outgoing], bool]:
         """Re-attach to a live (detached) session, or rebuild a stored one after a restart.
 
         Returns the runner, the events the client missed, and whether some were lost (gap).
         """
         runner = self._by_token.get(token)
         if runner is not None and not runner.closed.is_set():
-            if runner.detached_since is None:
-                # The old connection may be half-dead (the server has not seen the drop yet):
-                # the token holder takes over and the old connection is let go.
-                if runner.kick is not None:
-                    runner.kick()
-                try:
-                    await asyncio.wait_for(runner.detached.wait(), 5.0)
-                except asyncio.TimeoutError:
-                    raise ResumeError("this session is still connected elsewhere") from None
-            missed, gap = await runner.attach(last_seq)
+            if runner.owner != owner:  # another key's session: as if the token did not exist
+                raise ResumeError("unknown or expired resume token")
+            # one attachment at a time: concurrent resumes take over one after the other
+            async with runner.attach_lock:
+                if runner.detached_since is None:
+                    # The old connection may be half-dead (the server has not seen the drop
+                    # yet): the token holder takes over and the old connection is let go.
+                    if runner.kick is not None:
+                        runner.kick()
+                    try:
+                        await asyncio.wait_for(runner.detached.wait(), 5.0)
+                    except asyncio.TimeoutError:
+                        raise ResumeError("this session is still connected elsewhere") from None
+                missed, gap = await runner.attach(last_seq)
             return runner, missed, gap
         if self.store is not None:
             loop = asyncio.get_running_loop()
             snapshot = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token), self.persist_ttl_s)
+            if snapshot is not None and snapshot.get("owner") != owner:
+                raise ResumeError("unknown or expired resume token")
             if snapshot is not None and snapshot["id"] not in self.sessions:
                 stored_seq = int(snapshot.get("last_seq", 0))
                 # Number on from whatever the client saw last, so no number is ever reused.
@@ -133,6 +142,7 @@ class SessionManager:
             return
         snapshot = runner.core.snapshot()
         snapshot["last_seq"] = runner.journal.last_seq
+        snapshot["owner"] = runner.owner
         digest = token_hash(runner.resume_token)
         snapshot["token_digest"] = digest
         future = self.store_executor.submit(store.save, runner.core.id, digest, snapshot)

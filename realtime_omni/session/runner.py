@@ -79,6 +79,10 @@ class SessionRunner(SpeculativeTurns):
         self.last_client_event_id: str | None = None
         #: set by the attached transport: makes it let go of the session (a resume takes over)
         self.kick: Callable[[], None] | None = None
+        #: digest of the API key the session belongs to (None: keys are off); set by the manager
+        self.owner: str | None = None
+        #: resumes of this session attach one at a time
+        self.attach_lock = asyncio.Lock()
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
         self._spec: Speculation | None = None

@@ -37,7 +37,7 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     guard: Guard = websocket.app.state.guard
     subprotocols = websocket.scope.get("subprotocols") or []
     try:
-        bound_session = guard.admit(websocket.headers, subprotocols)
+        bound_session, owner = guard.admit_owned(websocket.headers, subprotocols)
     except AuthError as exc:
         await websocket.send_denial_response(JSONResponse(exc.body(), status_code=exc.status))
         return
@@ -51,9 +51,9 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     try:
         if token:
             last_seq = int(query.get("last_sequence_number") or websocket.headers.get("x-last-sequence-number") or 0)
-            runner, replay, gap = await manager.resume(token, last_seq)
+            runner, replay, gap = await manager.resume(token, last_seq, owner)
         else:
-            runner = manager.open(query.get("model"))
+            runner = manager.open(query.get("model"), owner=owner)
     except (SessionLimitError, UnknownModelError, ResumeError, ValueError) as exc:
         code = {SessionLimitError: "session_limit_reached", UnknownModelError: "model_not_found",
                 ResumeError: "resume_token_invalid"}.get(type(exc), "invalid_value")

@@ -399,3 +399,36 @@ async def test_client_secret_lifetimes_are_range_checked(guarded):
         ok = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
                              json={"expires_after": {"anchor": "created_at", "seconds": 10}})
         assert ok.status_code == 200
+
+
+async def test_a_session_resumes_only_for_its_own_key_and_on_one_socket(registry):
+    """Resume tokens do not cross API keys, and five sockets resuming one session at once end
+    with one attachment: each takes over from the one before (the others are let go)."""
+    with ServerThread(registry, api_keys=["sk-a", "sk-b"], resume_grace_s=5.0) as srv:
+        a = {"Authorization": "Bearer sk-a"}
+        ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo", additional_headers=a)
+        token = (await recv_type(ws, "session.created"))["session"]["resume_token"]
+        abort(ws)
+        url = f"{srv.ws}/v1/realtime?resume_token={token}&last_sequence_number=1"
+        other = await websockets.connect(url, additional_headers={"Authorization": "Bearer sk-b"})
+        event = await recv(other)
+        assert event["type"] == "error" and event["error"]["code"] == "resume_token_invalid"
+        await other.close()
+
+        sockets = await asyncio.gather(*(websockets.connect(url, additional_headers=a) for _ in range(5)))
+        await asyncio.sleep(3.0)  # takeovers settle
+        open_ = []
+        for s in sockets:
+            try:
+                while True:  # drain what each got; a socket that was let go ends closed
+                    await asyncio.wait_for(s.recv(), 0.2)
+            except asyncio.TimeoutError:
+                open_.append(s)
+            except websockets.ConnectionClosed:
+                pass
+        assert len(open_) == 1, f"{len(open_)} sockets still attached"
+        survivor = open_[0]
+        await survivor.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "x"}}))
+        assert (await recv_type(survivor, "session.updated"))["type"] == "session.updated"
+        for s in sockets:
+            await s.close()
