@@ -20,6 +20,10 @@ def _serve(args: argparse.Namespace) -> int:
         "resume_grace_s": args.resume_grace_s, "isolate_models": args.isolate_models,
     }.items() if v is not None}
     settings = ServerSettings(**overrides)
+    problem = _model_problem(settings.models)
+    if problem:  # one sentence, before the server starts, instead of a startup traceback
+        print(f"realtime-omni: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(
         create_app(settings),
@@ -34,6 +38,23 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_problem(names: list[str]) -> str | None:
+    """Why a ``--model`` cannot load (unknown name, missing omni checkpoint), or None."""
+    from .engines.registry import resolve_builder
+
+    for name in names:
+        try:
+            resolve_builder(name)
+            if name.startswith("omni:"):
+                from .engines.omni.loader import detect_architecture, read_config
+
+                path = name.removeprefix("omni:")
+                detect_architecture(read_config(path), where=path)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="realtime-omni", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the server")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
-    serve.add_argument("--model", action="append", help="model to load (repeatable; first is the default): embedded, echo")
+    serve.add_argument("--model", action="append",
+                       help="model to load (repeatable; the first is the default): embedded, echo, or "
+                            "omni:<checkpoint dir> (Qwen2.5-Omni / Qwen3-Omni)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--max-sessions", type=int)
     serve.add_argument("--output-lead-ms", type=float, help="send audio at most this far ahead of real time; -1: unpaced")
