@@ -54,6 +54,48 @@ QWEN25_SYSTEM_PROMPT = (
 
 
 # ---------------------------------------------------------------------------------------------
+# what the talker reads of the thinker
+
+
+@dataclass(frozen=True)
+class TalkerReads:
+    """Which thinker hidden states the talker needs per token, and how they combine (see the
+    module doc): the single-session forward and the batched prefill both use this."""
+
+    arch: str
+    accept_layer: int
+    audio: int
+    image: int | None
+    #: ``output_hidden_states``: indices (transformers >= 5.2x selects), or True (all of them)
+    select: Any
+
+    @classmethod
+    def of(cls, loaded: LoadedOmni) -> TalkerReads:
+        qwen25 = loaded.arch == "qwen2_5_omni"
+        accept = -1 if qwen25 else int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1))
+        try:
+            from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
+
+            select: Any = [0] if qwen25 else [0, accept]
+        except ImportError:
+            select = True
+        return cls(loaded.arch, accept, loaded.tokens.audio, loaded.tokens.image, select)
+
+    def vectors(self, ids, hidden_states, last):
+        """Per token ``(B, T, H)``: Qwen2.5 ``last + embedding`` (embedding 0 at audio/image
+        tokens); Qwen3 the embedding, or the layer-``accept_layer`` state at audio/image tokens."""
+        import torch
+
+        multimodal = ids == self.audio
+        if self.image is not None:
+            multimodal |= ids == self.image
+        embed = hidden_states[0]
+        if self.arch == "qwen2_5_omni":
+            return last + torch.where(multimodal[..., None], torch.zeros_like(embed), embed)
+        return torch.where(multimodal[..., None], hidden_states[self.accept_layer], embed)
+
+
+# ---------------------------------------------------------------------------------------------
 # the thinker
 
 
@@ -95,22 +137,12 @@ class StreamingThinker(ThinkerPrefill):
         self.last_prefill_tokens = 0
         self.last_prompt_tokens = 0
         tcfg = loaded.config.thinker_config
-        self._accept_layer = int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1)) \
-            if loaded.arch == "qwen3_omni_moe" else -1
+        self._talker_reads = TalkerReads.of(loaded)
         text_cfg = tcfg.get_text_config() if hasattr(tcfg, "get_text_config") else tcfg.text_config
         self._text_cfg = text_cfg
         self._cache_len = max(64, int(settings.cache_tokens))
         self._max_positions = min(int(getattr(text_cfg, "max_position_embeddings", 32768)), self._cache_len)
         self._sampler = self._make_sampler()
-        # only the hidden states the talker reads (transformers >= 5.2x selects by index; older
-        # versions take a flag and return them all)
-        wanted = [0] if loaded.arch == "qwen2_5_omni" else [0, self._accept_layer]
-        try:
-            from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
-
-            self._hidden_select: Any = wanted
-        except ImportError:
-            self._hidden_select = True
 
     # -- public ------------------------------------------------------------------------------
 
@@ -348,8 +380,6 @@ class StreamingThinker(ThinkerPrefill):
 
     def _forward(self, input_ids, positions, mm_kwargs, decoder: StaticDecoder | None = None):
         """One thinker forward over new tokens; returns last-token logits and talker vectors."""
-        import torch
-
         loaded = self.loaded
         if decoder is None:
             decoder = self._decoder()
@@ -359,24 +389,14 @@ class StreamingThinker(ThinkerPrefill):
             input_ids=ids,
             position_ids=positions.to(device).view(3, 1, -1),
             use_cache=True,
-            output_hidden_states=self._hidden_select,
+            output_hidden_states=self._talker_reads.select,
             return_dict=True,
             **{loaded.cache_kwarg: decoder.cache},
             **mm_kwargs,
         )
-        hidden = out.hidden_states
         last = out.last_hidden_state
         logits = loaded.thinker.lm_head(last[:, -1:, :])[:, -1, :].float()
-        ids = ids[0]
-        mm = (ids == loaded.tokens.audio)
-        if loaded.tokens.image is not None:
-            mm |= ids == loaded.tokens.image
-        embed = hidden[0][0]
-        if loaded.arch == "qwen2_5_omni":
-            src = last[0] + torch.where(mm[:, None], torch.zeros_like(embed), embed)
-        else:
-            src = torch.where(mm[:, None], hidden[self._accept_layer][0], embed)
-        return logits, src
+        return logits, self._talker_reads.vectors(ids, out.hidden_states, last)[0]
 
     def _append(self, ids: list[int], positions, src) -> None:
         ctx = self.ctx

@@ -202,8 +202,9 @@ class PrefillBatcher(Mailbox):
         return Padded(lengths, positions.to(device), mask[:, None].to(device), cache)
 
 
-def thinker_rows(loaded: Any, hidden_select: Any, accept_layer: int) -> RowsForward:
-    """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row."""
+def thinker_rows(loaded: Any, reads: Any) -> RowsForward:
+    """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row;
+    ``reads``: the :class:`~..thinker.TalkerReads` of the model."""
 
     def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch
@@ -215,17 +216,10 @@ def thinker_rows(loaded: Any, hidden_select: Any, accept_layer: int) -> RowsForw
         ids = ids.to(device)
         out = loaded.thinker.model(
             input_ids=ids, position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
-            output_hidden_states=hidden_select, return_dict=True, **{loaded.cache_kwarg: padded.cache},
+            output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: padded.cache},
             **_merge([r.mm for r in take]))
-        hidden, last = out.hidden_states, out.last_hidden_state
-        multimodal = ids == loaded.tokens.audio
-        if loaded.tokens.image is not None:
-            multimodal |= ids == loaded.tokens.image
-        embed = hidden[0]
-        if loaded.arch == "qwen2_5_omni":
-            src = last + torch.where(multimodal[..., None], torch.zeros_like(embed), embed)
-        else:
-            src = torch.where(multimodal[..., None], hidden[accept_layer], embed)
+        last = out.last_hidden_state
+        src = reads.vectors(ids, out.hidden_states, last)
         ends = torch.tensor([n - 1 for n in lengths], device=device)
         logits = loaded.thinker.lm_head(last[torch.arange(len(take), device=device), ends]).float()
         return [(logits[b : b + 1].clone(), src[b, :n].clone()) for b, n in enumerate(lengths)]

@@ -20,6 +20,7 @@ from ..loader import LoadedOmni
 from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
 from ..talker_stream import TalkerSettings
+from ..thinker import TalkerReads
 from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
 from .talker_frames import FusedTalker
@@ -66,7 +67,7 @@ def thinker_step(loaded: LoadedOmni, pool: SlotPool):
                      use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
             last = out.last_hidden_state[:, -1, :]
             logits = head(last).float()
-            # what the talker needs of a reply token (see thinker._forward)
+            # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
             src = last + embeds[:, 0, :] if qwen25 else embeds[:, 0, :]
             return logits, src
 
@@ -97,14 +98,7 @@ class OmniBatching:
             "thinker", thinker_step(loaded, self.thinker_pool), [RowInput((1,), "long"), RowInput((3,), "long")],
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), **common)
-        accept = int(getattr(loaded.config.talker_config, "accept_hidden_layer", -1))
-        try:  # transformers >= 5.2x selects hidden states by index
-            from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
-
-            select: Any = [0] if loaded.arch == "qwen2_5_omni" else [0, accept]
-        except ImportError:
-            select = True
-        self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, select, accept),
+        self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, TalkerReads.of(loaded)),
                                       stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s)
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",
                                              gather_s=prefill_gather_s)
