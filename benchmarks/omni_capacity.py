@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from omni_gpu import _pct, _sync, build_request, stream_once  # noqa: E402
+from omni_gpu import _pct, _sync, build_request, run_isolated, stream_once  # noqa: E402
 
 
 def underruns(run: dict) -> tuple[int, float]:
@@ -236,14 +235,7 @@ def main(argv=None) -> int:
         if args.check_alone:
             cmd.append("--check-alone")
         budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
-        try:
-            rc = subprocess.run(cmd, timeout=budget).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        res = json.loads(part.read_text()) if part.exists() else {"config": str(path)}
-        if rc != 0:
-            res["exit"] = rc
-        report["models"].append(res)
+        report["models"].append(run_isolated(cmd, part, path, budget))
         args.out.write_text(json.dumps(report, indent=1, default=float))
     return 0
 

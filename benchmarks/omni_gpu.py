@@ -397,6 +397,22 @@ def run_config(path: Path, args) -> dict:
     return result
 
 
+def run_isolated(cmd: list[str], part: Path, config: Path, budget: float | None) -> dict:
+    """One model's run in a process of its own (a CUDA fault or a time-out there leaves the other
+    models' numbers intact): what it wrote to ``part`` (partial results too), and its exit code
+    when it did not end cleanly."""
+    import subprocess
+
+    try:
+        rc: int | str = subprocess.run(cmd, timeout=budget).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    res = json.loads(part.read_text()) if part.exists() else {"config": str(config)}
+    if rc != 0:
+        res["exit"] = rc
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", action="append", required=True, type=Path, help="config.json (repeatable)")
@@ -448,7 +464,6 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps(res, indent=1, default=float))
         return 0
     # one process per model: a CUDA fault or a time-out in one leaves the others' numbers intact
-    import subprocess
 
     for i, path in enumerate(args.config):
         part = args.out.with_suffix(f".{i}.json")
@@ -466,14 +481,7 @@ def main(argv=None) -> int:
             cmd.append("--no-graphs")
         if args.check_graphs:
             cmd.append("--check-graphs")
-        budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
-        try:
-            rc = subprocess.run(cmd, timeout=budget).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-        res = json.loads(part.read_text()) if part.exists() else {"config": str(path)}
-        if rc != 0:
-            res["exit"] = rc
+        res = run_isolated(cmd, part, path, args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None)
         report["models"].append(res)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, default=float))
