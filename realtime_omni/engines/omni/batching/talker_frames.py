@@ -152,7 +152,8 @@ class FusedTalker:
             hidden = out.last_hidden_state[:, -1, :]
             logits = talker.codec_head(hidden).float()
             logits_s.copy_(torch.where(active[:, None], logits, logits_s))
-            hidden_s.copy_(torch.where(active[:, None], hidden.to(hidden_s.dtype), hidden_s))
+            if frame is not None:  # only Qwen3's code predictor starts from the hidden state
+                hidden_s.copy_(torch.where(active[:, None], hidden.to(hidden_s.dtype), hidden_s))
             return c0, codes
 
         return step
