@@ -19,6 +19,7 @@ from realtime_omni.engines.base import TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.batching import (  # noqa: E402
     BatcherClosed,
+    Lookahead,
     RowInput,
     SlotsFull,
     StepBatcher,
@@ -229,6 +230,52 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
         batcher.close()
     with pytest.raises(BatcherClosed):
         batcher.step((torch.zeros(2),), slot=0)
+
+
+def test_steps_queued_ahead_run_in_order_one_per_batch_and_withdrawn_ones_never_run():
+    ran: list[list[float]] = []
+
+    def make(bucket, write_pos, inputs):
+        (x,) = inputs
+
+        def step():
+            ran.append([float(v) for v, p in zip(x[:, 0], write_pos) if int(p) != 99])
+            if -1.0 in ran[-1]:
+                started.set()
+                gate.wait(5)
+            return (x + write_pos[:, None].to(x.dtype),)
+
+        return step
+
+    gate, started = threading.Event(), threading.Event()
+    batcher = StepBatcher("toy", make, [RowInput((1,), "float32")], capacity=4, device="cpu", scratch=99,
+                          graphs=False, gather_s=0.0)
+    try:
+        ahead = Lookahead(batcher, slot=1, depth=3)
+        other = Lookahead(batcher, slot=2, depth=3)
+        for k in range(3):
+            ahead.push((torch.tensor([float(k)]),), write_pos=10 + k, note=k)
+            other.push((torch.tensor([100.0 + k]),), write_pos=20 + k)
+        assert ahead.room == 0
+        outs = [ahead.pop() for _ in range(3)]
+        # each slot's steps in the order queued, one per batch, both slots in the same batches
+        assert [(float(y[0]), note) for (y,), note in outs] == [(10.0, 0), (12.0, 1), (14.0, 2)]
+        assert all(len(rows) <= 2 for rows in ran)
+        # withdrawn while the loop is busy: they never run, and the loop goes on for the others
+        blocker = threading.Thread(target=batcher.step, args=((torch.tensor([-1.0]),),), kwargs={"slot": 3})
+        blocker.start()
+        assert started.wait(5)
+        for k in range(3):
+            ahead.push((torch.tensor([50.0 + k]),), write_pos=30 + k)
+        ahead.drain()
+        gate.set()
+        blocker.join(5)
+        (y,), _ = other.pop()
+        assert float(y[0]) == 100.0 + 20
+        assert not [v for rows in ran for v in rows if 50 <= v < 60]
+        assert len(ahead) == 0
+    finally:
+        batcher.close()
 
 
 def test_in_graph_code_picking_matches_the_sampler():

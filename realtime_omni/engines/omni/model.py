@@ -90,6 +90,8 @@ class OmniModel(VoiceModel):
         cuda_graphs: bool = True,
         max_sessions: int = 16,
         batch_gather_ms: float = 2.0,
+        lookahead_steps: int = 4,
+        random_weights: bool = False,
         loaded: LoadedOmni | None = None,
     ) -> None:
         self.path = Path(path).expanduser() if path is not None else None
@@ -127,6 +129,9 @@ class OmniModel(VoiceModel):
         #: sessions that share the batched stages (one slot each); 0 turns batching off
         self.max_sessions = int(max_sessions)
         self.batch_gather_s = float(batch_gather_ms) / 1000.0
+        self.lookahead_steps = max(1, int(lookahead_steps))
+        #: benchmarks: build the checkpoint's config with random weights (no weight files read)
+        self.random_weights = bool(random_weights)
         self.batching: OmniBatching | None = None
         self.thinker_settings = ThinkerSettings(max_new_tokens=max_new_tokens, system_prompt=system_prompt,
                                                 do_sample=thinker_do_sample, ignore_eos=ignore_eos,
@@ -181,14 +186,19 @@ class OmniModel(VoiceModel):
             self.batching = OmniBatching(
                 self.loaded, slots=self.max_sessions, thinker_tokens=max(64, self.thinker_settings.cache_tokens),
                 talker_tokens=self.talker_settings.cache_tokens, graphs=self.cuda_graphs,
-                talker_settings=self.talker_settings, gather_s=self.batch_gather_s)
+                talker_settings=self.talker_settings, thinker_settings=self.thinker_settings,
+                gather_s=self.batch_gather_s, lookahead=self.lookahead_steps)
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
         ), batch_windows=self.batching is not None)
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
-        if self.loaded is None:
+        if self.loaded is None and self.random_weights:
+            progress(f"building {self.arch} from {self.path / 'config.json'} with RANDOM weights (benchmarks only)")
+            self.loaded = build_random(self.path / "config.json", device=self.device, dtype=self.dtype,
+                                       attn_implementation=self.attn_implementation, progress=progress)
+        elif self.loaded is None:
             self.loaded = load_omni(self.path, device=self.device, dtype=self.dtype,
                                     attn_implementation=self.attn_implementation, progress=progress)
         self._setup_codec()

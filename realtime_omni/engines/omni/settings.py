@@ -27,6 +27,8 @@ class OmniSettings(BaseSettings):
     left_context_frames: int | None = Field(default=None, ge=0)
     #: longest reply in thinker tokens
     max_new_tokens: int = Field(default=1024, ge=1)
+    #: longest spoken reply in codec frames (Qwen2.5: 20 ms, Qwen3: 80 ms each)
+    talker_max_frames: int = Field(default=4096, ge=1, le=65536)
     #: static KV cache per session (tokens): the longest context a session keeps
     cache_tokens: int = Field(default=8192, ge=64)
     #: replay per-token steps and codec windows as CUDA graphs (CUDA only)
@@ -36,12 +38,18 @@ class OmniSettings(BaseSettings):
     max_sessions: int = Field(default=16, ge=0, le=1024)
     #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
     batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
+    #: steps a session keeps queued ahead on the batched thinker and talker (1: none ahead)
+    lookahead_steps: int = Field(default=4, ge=1, le=32)
+    #: benchmarks only: build the model from ``config.json`` with random weights (no weights read)
+    random_weights: bool = False
 
     def model_kwargs(self) -> dict[str, Any]:
         dtype = self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
         kwargs: dict[str, Any] = dict(device=self.device, dtype=dtype, max_new_tokens=self.max_new_tokens,
                                       cache_tokens=self.cache_tokens, cuda_graphs=self.cuda_graphs,
-                                      max_sessions=self.max_sessions, batch_gather_ms=self.batch_gather_ms)
+                                      max_sessions=self.max_sessions, batch_gather_ms=self.batch_gather_ms,
+                                      lookahead_steps=self.lookahead_steps, random_weights=self.random_weights,
+                                      talker_max_new_tokens=self.talker_max_frames)
         for name in ("first_chunk_frames", "chunk_frames", "left_context_frames"):
             value = getattr(self, name)
             if value is not None:

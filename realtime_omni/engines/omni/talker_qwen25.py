@@ -127,8 +127,8 @@ class Qwen25Stream(TalkerStream):
     def _seen_codes(self) -> list[int]:
         return sorted(set(self.history[0].tolist()))
 
-    def _part_after_frame(self) -> Any:
-        return self._reply_part(self.steps + 1)
+    def _part_after_frame(self, ahead: int = 0) -> Any:
+        return self._reply_part(self.steps + 1 + ahead)
 
     def _append_frame(self, values: list[int]) -> bool:
         import torch

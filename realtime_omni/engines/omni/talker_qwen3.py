@@ -172,8 +172,8 @@ class Qwen3Stream(TalkerStream):
     def _seen_codes(self) -> list[int]:
         return list(self.codes_hist)
 
-    def _part_after_frame(self) -> Any:
-        return self._trailing(self.steps)
+    def _part_after_frame(self, ahead: int = 0) -> Any:
+        return self._trailing(self.steps + ahead)
 
     def _append_frame(self, values: list[int]) -> bool:
         import torch

@@ -113,6 +113,7 @@ class TalkerStream:
         self.code_frames = frames
         self.step_lock = threading.Lock()  # the session's, set by OmniTalker
         self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
+        self.ahead: Any = None  # batched: frames queued ahead (``batcher.Lookahead``)
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
         self.done = prompt is None  # no prompt (first output lost) → nothing to say
@@ -151,6 +152,10 @@ class TalkerStream:
             yield from self._run(cancelled, final)
         except Superseded:
             return
+        finally:
+            if self.ahead is not None and (self.done or cancelled.is_set()):
+                with self.step_lock:
+                    self.ahead.drain()
 
     def _run(self, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
         if final:
@@ -171,10 +176,9 @@ class TalkerStream:
                 continue
             if fused:
                 # one batched step takes this frame and runs the talker on the next step's input
-                part = self._part_after_frame()
-                if part is None:
-                    break
-                stop = self._fused_frame(part)
+                stop = self._fused_frame()
+                if stop is None:
+                    break  # the next step's input is not known yet
             else:
                 if self.logits is None:
                     if not self._input_ready():
@@ -257,17 +261,32 @@ class TalkerStream:
             out = self.decoder.graph()
             return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
-    def _fused_frame(self, part) -> bool:
-        """This frame through the batched talker (see ``batching.talker_frames``); True on EOS."""
+    def _fused_frame(self) -> bool | None:
+        """The next frame through the batched talker (see ``batching.talker_frames``): True on
+        EOS, None when the step after it cannot be queued yet (its reply part is unknown).
+
+        Frames whose next reply part is known are queued ahead (``rows.lookahead``), so the
+        talker's loop finds this session's next frame waiting while this thread hands the last
+        chunk on; what is still queued when the reply ends is withdrawn."""
         import torch
 
-        fused = self.rows.state
+        from .batching.batcher import Lookahead
+
+        rows = self.rows
         with self._own_caches():
-            decoder = self.decoder
-            pos = self.pos
-            self.pos += 1
-            row = (part, torch.full((3,), pos, dtype=torch.long), *fused.noise(self.generator))
-            c0, codes = self.rows.batcher.step(row, slot=self.rows.slot, write_pos=decoder.write_position())
+            if self.ahead is None:
+                self.ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
+            ahead, decoder = self.ahead, self.decoder
+            while ahead.room > 0 and self.steps + len(ahead) < self._max_frames():
+                part = self._part_after_frame(len(ahead))
+                if part is None:
+                    break
+                row = (part, torch.full((3,), self.pos, dtype=torch.long), *rows.state.noise(self.generator))
+                ahead.push(row, decoder.write_position() + len(ahead))
+                self.pos += 1
+            if not len(ahead):
+                return None
+            (c0, codes), _ = ahead.pop()
             decoder.advance()
             values = torch.cat([c0.view(1), codes.view(-1)]).tolist()  # the frame's one host sync
         return self._append_frame(values)
@@ -296,6 +315,9 @@ class TalkerStream:
     def close(self) -> None:
         self.logits = None
         self.done = True
+        if self.ahead is not None:
+            with self.step_lock:  # after a frame still running; nothing queued runs after this
+                self.ahead.drain()
 
     # architecture hooks -------------------------------------------------------------------------
 
@@ -322,8 +344,9 @@ class TalkerStream:
         """Codes the repetition penalty covers when the first frame is taken."""
         ...
 
-    def _part_after_frame(self) -> Any:
-        """The reply part of the talker step that follows the next frame, or None (not yet known)."""
+    def _part_after_frame(self, ahead: int = 0) -> Any:
+        """The reply part of the talker step that follows the next frame (``ahead`` frames
+        later), or None (not yet known)."""
         ...
 
     def _append_frame(self, values: list[int]) -> bool:

@@ -40,9 +40,11 @@ from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, norm_text
 from .sampling import TokenSampler
+from .talker_stream import CodeSampling
 from .thinker_prefill import ThinkerPrefill
 
 if TYPE_CHECKING:
+    from .batching.batcher import Lookahead
     from .batching.stages import Rows
 
 log = logging.getLogger(__name__)
@@ -118,6 +120,26 @@ class ThinkerSettings:
     cuda_graphs: bool = True
 
 
+def thinker_sampling(loaded: LoadedOmni, settings: ThinkerSettings) -> CodeSampling:
+    """How reply tokens are picked: the settings, else the checkpoint's generation config."""
+    gc = getattr(loaded.thinker, "generation_config", None)
+
+    def pick(value, name, default):
+        if value is not None:
+            return value
+        got = getattr(gc, name, None) if gc is not None else None
+        return default if got is None else got
+
+    return CodeSampling(
+        do_sample=bool(pick(settings.do_sample, "do_sample", False)),
+        temperature=float(pick(settings.temperature, "temperature", 1.0)),
+        top_k=pick(settings.top_k, "top_k", None),
+        top_p=pick(settings.top_p, "top_p", None),
+        repetition_penalty=pick(settings.repetition_penalty, "repetition_penalty", None),
+        suppress=(), eos=frozenset(),
+    )
+
+
 class StreamingThinker(ThinkerPrefill):
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
@@ -143,6 +165,8 @@ class StreamingThinker(ThinkerPrefill):
         self._cache_len = max(64, int(settings.cache_tokens))
         self._max_positions = min(int(getattr(text_cfg, "max_position_embeddings", 32768)), self._cache_len)
         self._sampler = self._make_sampler()
+        #: batched: the reply's steps queued ahead in the model's thinker (see ``_next_batched``)
+        self._ahead: Lookahead | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -235,28 +259,13 @@ class StreamingThinker(ThinkerPrefill):
         with self.lock:
             self.closed = True
             self.turn += 1
+            self._drain_ahead()
             self.ctx.free()
 
     # -- internals ---------------------------------------------------------------------------
 
     def _make_sampler(self) -> TokenSampler:
-        gc = getattr(self.loaded.thinker, "generation_config", None)
-        s = self.settings
-
-        def pick(value, name, default):
-            if value is not None:
-                return value
-            got = getattr(gc, name, None) if gc is not None else None
-            return default if got is None else got
-
-        return TokenSampler(
-            do_sample=bool(pick(s.do_sample, "do_sample", False)),
-            temperature=float(pick(s.temperature, "temperature", 1.0)),
-            top_k=pick(s.top_k, "top_k", None),
-            top_p=pick(s.top_p, "top_p", None),
-            repetition_penalty=pick(s.repetition_penalty, "repetition_penalty", None),
-            generator=self.generator,
-        )
+        return thinker_sampling(self.loaded, self.settings).sampler(self.generator)
 
     def _target(self, request: ThinkRequest) -> list[TurnMessage]:
         system = request.instructions or ""
@@ -287,6 +296,7 @@ class StreamingThinker(ThinkerPrefill):
         with self.lock:
             if not self._alive(turn, request):
                 return
+            self._drain_ahead()  # an earlier reply's generator left unclosed: nothing of it may run now
             prefilled, prompt, reply, logits = self._prefill(request, turn)
             self.last_prefill_tokens = prefilled
             self.last_prompt_tokens = prompt
@@ -311,40 +321,53 @@ class StreamingThinker(ThinkerPrefill):
             return hidden
 
         token = self._sampler(logits, all_ids)
-        while True:
-            if not self._alive(turn, request):
-                return
-            if token in eos:
-                yield out("", attach_prompt(TokenHidden(turn, len(reply.ids), token, end=True, eos=True)))
-                return
-            last = len(reply.ids) + 1 >= max_new
-            if not qwen25 or last:
-                # Qwen3's talker needs only the token id: hand it over before the forward pass.
-                # The last token of a reply cut by max tokens is never forwarded (as in the
-                # reference generate); it enters the cache with the next turn's prefill.
+        batched = self.rows is not None
+        if batched:  # later tokens are picked on the device, with the context as the penalty's history
+            self.rows.state.load(self.rows.slot, self.ctx.ids)
+        try:
+            while True:
+                if not self._alive(turn, request):
+                    return
+                if token in eos:
+                    yield out("", attach_prompt(TokenHidden(turn, len(reply.ids), token, end=True, eos=True)))
+                    return
+                last = len(reply.ids) + 1 >= max_new
+                if not qwen25 or last:
+                    # Qwen3's talker needs only the token id: hand it over before the forward pass.
+                    # The last token of a reply cut by max tokens is never forwarded (as in the
+                    # reference generate); it enters the cache with the next turn's prefill.
+                    with self.lock:
+                        delta = self._append_text(reply, token)
+                        reply.record.fingerprint = ("assistant", norm_text(reply.text))
+                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
+                    if last:
+                        if self._alive(turn, request):
+                            yield out("", attach_prompt(TokenHidden(turn, -1, -1, end=True)))
+                        return
+                    if not self._alive(turn, request):
+                        return
                 with self.lock:
-                    delta = self._append_text(reply, token)
-                    reply.record.fingerprint = ("assistant", norm_text(reply.text))
-                yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
-                if last:
-                    if self._alive(turn, request):
-                        yield out("", attach_prompt(TokenHidden(turn, -1, -1, end=True)))
-                    return
-                if not self._alive(turn, request):
-                    return
-            with self.lock:
-                if not self._alive(turn, request):
-                    return
-                logits, vec = self._step(token)
-                reply.forwarded += 1
-                reply.record.end = len(self.ctx)
+                    if not self._alive(turn, request):
+                        return
+                    if batched:
+                        picked, vec = self._next_batched(token, forwards=max_new - 1 - reply.forwarded)
+                    else:
+                        logits, vec = self._step(token)
+                    reply.forwarded += 1
+                    reply.record.end = len(self.ctx)
+                    if qwen25:
+                        delta = self._append_text(reply, token)
+                        reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 if qwen25:
-                    delta = self._append_text(reply, token)
-                    reply.record.fingerprint = ("assistant", norm_text(reply.text))
-            all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
-            if qwen25:
-                yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
-            token = self._sampler(logits, all_ids)
+                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
+                if batched:
+                    token = picked
+                else:
+                    all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
+                    token = self._sampler(logits, all_ids)
+        finally:
+            with self.lock:
+                self._drain_ahead()
 
     def _append_text(self, reply: ReplyState, token: int) -> str:
         reply.ids.append(token)
@@ -412,8 +435,6 @@ class StreamingThinker(ThinkerPrefill):
         import torch
 
         positions = torch.full((3, 1), self.ctx.next_pos, dtype=torch.long)
-        if self.rows is not None:
-            return self._batched_step(token, positions)
         try:
             decoder = self._decoder()
             ids, pos = decoder.inputs
@@ -429,21 +450,51 @@ class StreamingThinker(ThinkerPrefill):
         vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
         return logits, vec
 
-    def _batched_step(self, token: int, positions):
-        """The same step in the model's batched thinker, in this session's slot."""
+    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any]:
+        """Forward ``token`` in the model's batched thinker, in this session's slot; returns the
+        token the step picked next and the talker's vector (Qwen2.5) or None.
+
+        Up to ``rows.lookahead`` steps stay queued: each later one forwards, on the device, the
+        token the step before it picked (``ThinkerTokens``). What is queued but not read when
+        the reply ends is withdrawn (:meth:`_drain_ahead`); a step that ran past the reply wrote
+        beyond the cache's length, where no row attends and the next token overwrites it.
+        ``forwards``: forward passes the reply may still make, this one included."""
         import torch
 
-        decoder = self._decoder()
+        from .batching.batcher import Lookahead
+
+        rows, decoder = self.rows, self._decoder()
+        ahead = self._ahead
+        if ahead is None:
+            ahead = self._ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
+        tokens = rows.state
+
+        def push(chain: bool) -> None:
+            offset = len(ahead)
+            positions = torch.full((3, 1), self.ctx.next_pos + offset, dtype=torch.long)
+            ahead.push((torch.tensor([token]), positions[:, 0], torch.tensor([chain]), tokens.noise(self.generator)),
+                       decoder.write_position() + offset, positions)
+
         try:
-            logits, src = self.rows.batcher.step((torch.tensor([token]), positions[:, 0]), slot=self.rows.slot,
-                                                 write_pos=decoder.write_position())
+            if not len(ahead):
+                push(chain=False)
+            while ahead.room > 0 and len(ahead) < forwards:
+                push(chain=True)
+            (picked, src), positions = ahead.pop()
+            picked = int(picked)  # the step's one host sync
         except BaseException:
+            self._drain_ahead()
             self.ctx.free()  # the step may or may not have written: re-prefill next turn
             raise
         decoder.advance()
         src = src[None]
         self._append([token], positions, src)
-        return logits[None], (src[0] if self.loaded.arch == "qwen2_5_omni" else None)
+        return picked, (src[0] if self.loaded.arch == "qwen2_5_omni" else None)
+
+    def _drain_ahead(self) -> None:
+        """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""
+        if self._ahead is not None:
+            self._ahead.drain()
 
     def _snapshot(self, turn: int) -> TalkerPrompt:
         """What the talker is prefilled with for the reply that starts now."""

@@ -8,9 +8,9 @@
   :class:`OmniBatching`, which owns them for one loaded model.
 """
 
-from .batcher import Activity, BatcherClosed, RowInput, StepBatcher
+from .batcher import Activity, BatcherClosed, Lookahead, RowInput, StepBatcher
 from .slots import SlotPool, SlotsFull
 from .stages import OmniBatching, SessionRows
 
-__all__ = ["Activity", "BatcherClosed", "OmniBatching", "RowInput", "SessionRows", "SlotPool", "SlotsFull",
+__all__ = ["Activity", "BatcherClosed", "Lookahead", "OmniBatching", "RowInput", "SessionRows", "SlotPool", "SlotsFull",
            "StepBatcher"]

@@ -14,6 +14,7 @@ bound of their own: a session waits for its step, so it has at most one request 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -31,6 +32,10 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
 
 class BatcherClosed(RuntimeError):
     """The stage's loop has stopped (the model is closing)."""
+
+
+class StepWithdrawn(RuntimeError):
+    """A queued step was dropped by its session before it ran."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +91,37 @@ class Mailbox:
         self._thread.start()
 
     def _submit(self, req: Any) -> Any:
+        return self._await(self._enqueue(req))
+
+    def _enqueue(self, req: Any) -> Any:
         with self._cond:
             if self._closed:
                 raise BatcherClosed(f"{self.name} batcher is closed")
             self._queue.append(req)
             self._cond.notify_all()
+        return req
+
+    def _await(self, req: Any) -> Any:
         if not req.done.wait(self.step_timeout_s):
             raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
         if req.error is not None:
             raise req.error
         assert req.result is not None
         return req.result
+
+    def withdraw(self, reqs: Sequence[Any]) -> None:
+        """Drop requests a session no longer wants: those still queued never run, and this
+        returns once those already in a running batch have finished (their writes are done)."""
+        with self._cond:
+            dropped = {id(r) for r in reqs}
+            queued = [r for r in self._queue if id(r) in dropped]
+            self._queue = [r for r in self._queue if id(r) not in dropped]
+        for req in queued:
+            req.error = StepWithdrawn(f"{self.name}: step withdrawn")
+            req.done.set()
+        for req in reqs:
+            if not req.done.wait(self.step_timeout_s):
+                raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
@@ -204,9 +229,17 @@ class StepBatcher(Mailbox):
     def step(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> tuple[Any, ...]:
         """Run one step for one row; blocks until the batch that carries it has run. Returns
         this row's outputs (views into a copy the batcher made for this step)."""
+        return self._await(self.submit(inputs, slot, write_pos))
+
+    def submit(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> _Request:
+        """Queue one step without waiting (see :class:`Lookahead`). A slot's steps run in the
+        order they were queued, one per batch; :meth:`result` waits for one."""
         if slot is None or not 0 <= slot < self.capacity:
             raise ValueError(f"{self.name}: a step needs a slot in 0..{self.capacity - 1}")
-        return self._submit(_Request(tuple(inputs), slot, int(write_pos)))
+        return self._enqueue(_Request(tuple(inputs), slot, int(write_pos)))
+
+    def result(self, req: _Request) -> tuple[Any, ...]:
+        return self._await(req)
 
     def warm(self) -> None:
         """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
@@ -233,11 +266,15 @@ class StepBatcher(Mailbox):
         while True:
             with self._cond:
                 # the sessions mid-reply will submit soon: give them a moment to join this step
-                if not self._gathered(self.gather_s, lambda n: n >= self.activity.count):
+                if not self._gathered(self.gather_s, lambda _n: self._queued_slots() >= self.activity.count):
                     return
                 take, self._queue = self._take(self._queue)
             if take:
                 self._run(take)
+
+    def _queued_slots(self) -> int:
+        """Sessions with a step queued (a session may queue several ahead: it counts once)."""
+        return len({req.slot for req in self._queue})
 
     @staticmethod
     def _take(queue: list[_Request]) -> tuple[list[_Request], list[_Request]]:
@@ -299,3 +336,45 @@ class StepBatcher(Mailbox):
         if size:
             ms = 1000 * elapsed
             self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms
+
+
+class Lookahead:
+    """One session's steps queued ahead on one stage, consumed in order.
+
+    Where a session knows its next inputs before it has read the last outputs (the talker's
+    parts, the thinker's token chained on the device), it keeps ``depth`` steps queued, so the
+    stage's loop finds every live session's next row waiting at each step instead of catching
+    the sessions in waves as their threads come round. ``drain`` drops what is still queued and
+    waits for a step already running, so nothing writes the slot after the session moved on.
+    """
+
+    def __init__(self, batcher: StepBatcher, slot: int, depth: int) -> None:
+        self.batcher = batcher
+        self.slot = slot
+        self.depth = max(1, int(depth))
+        self._queued: collections.deque[tuple[_Request, Any]] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    @property
+    def room(self) -> int:
+        return self.depth - len(self._queued)
+
+    def push(self, inputs: tuple[Any, ...], write_pos: int, note: Any = None) -> None:
+        self._queued.append((self.batcher.submit(inputs, self.slot, write_pos), note))
+
+    def pop(self) -> tuple[tuple[Any, ...], Any]:
+        """The oldest queued step's outputs (waiting for it) and the note pushed with it."""
+        req, note = self._queued.popleft()
+        try:
+            return self.batcher.result(req), note
+        except BaseException:
+            self.drain()
+            raise
+
+    def drain(self) -> None:
+        reqs = [req for req, _ in self._queued]
+        self._queued.clear()
+        if reqs:
+            self.batcher.withdraw(reqs)

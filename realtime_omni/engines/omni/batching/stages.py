@@ -19,11 +19,11 @@ from typing import Any
 from ..loader import LoadedOmni
 from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
-from ..talker_stream import TalkerSettings
-from ..thinker import TalkerReads
+from ..talker_stream import CodeSampling, TalkerSettings
+from ..thinker import TalkerReads, ThinkerSettings, thinker_sampling
 from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
-from .talker_frames import FusedTalker
+from .talker_frames import FusedTalker, pick_codes
 from .slots import SlotPool, SlotsFull
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,10 @@ class Rows:
     pool: SlotPool | None = None
     slot: int | None = None
     prefill: PrefillBatcher | None = None
-    #: the stage's per-slot state a session hands its prefill results to (the fused talker)
+    #: the stage's per-slot state (the thinker's tokens, the fused talker's frame state)
     state: Any = None
+    #: steps a session keeps queued ahead on this stage (see ``batcher.Lookahead``)
+    lookahead: int = 1
 
 
 @dataclass(frozen=True)
@@ -52,28 +54,79 @@ def _positions(pos: Any) -> Any:
     return pos.t().unsqueeze(-1)
 
 
-def thinker_step(loaded: LoadedOmni, pool: SlotPool):
-    lm = loaded.thinker.model.language_model
-    head = loaded.thinker.lm_head
-    qwen25 = loaded.arch == "qwen2_5_omni"
+class ThinkerTokens:
+    """The thinker's per-slot token state, so a step picks its row's next token on the device.
 
-    def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
-        ids, pos = inputs  # (bucket, 1) long, (bucket, 3) long
-        cache = pool.rows(bucket, write_pos)
+    A step forwards either the token its session gives or, chained, the token the slot's previous
+    step picked (``last``); it then picks the next token with the model's sampling rule
+    (repetition penalty over ``seen``: the session's whole context and reply so far, as the
+    per-session sampler's history). A session can thus queue steps ahead of reading their tokens.
+    """
+
+    def __init__(self, loaded: LoadedOmni, pool: SlotPool, rule: CodeSampling) -> None:
+        import torch
+
+        self.loaded = loaded
+        self.pool = pool
+        self.rule = rule
+        vocab = int(loaded.thinker.lm_head.weight.shape[0])
+        device = loaded.device
+        self.k = int(rule.top_k or vocab) if rule.do_sample else 1
+        self.last = torch.zeros((pool.slots,), dtype=torch.long, device=device)
+        self.seen = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
+        self.suppress = torch.zeros((vocab,), dtype=torch.bool, device=device)
+
+    def load(self, slot: int, history: list[int]) -> None:
+        """At the start of a reply: the ids the repetition penalty covers (the context so far)."""
+        import torch
+
+        from ..graphs import on_stream
+
+        with on_stream(self.loaded.stream("thinker")):
+            self.seen[slot].zero_()
+            ids = [i for i in set(history) if 0 <= i < self.seen.shape[1]]
+            if ids:
+                self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
+
+    def noise(self, generator: Any) -> Any:
+        """One step's uniform draws (zeros when the rule is greedy)."""
+        import torch
+
+        if not self.rule.do_sample:
+            return torch.zeros((self.k,), dtype=torch.float32)
+        return torch.rand((self.k,), dtype=torch.float32, device=self.loaded.device, generator=generator)
+
+    def row_inputs(self) -> list[RowInput]:
+        # token id, rotary position (3), chain (1: forward the slot's last picked token), draws
+        return [RowInput((1,), "long"), RowInput((3,), "long"), RowInput((1,), "bool"), RowInput((self.k,), "float32")]
+
+    def make(self, bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+        import torch
+
+        loaded = self.loaded
+        lm = loaded.thinker.model.language_model
+        head = loaded.thinker.lm_head
+        qwen25 = loaded.arch == "qwen2_5_omni"
+        ids, pos, chain, noise = inputs
+        cache = self.pool.rows(bucket, write_pos)
+        rows = torch.arange(bucket, device=loaded.device)
+        last_s, seen_s = self.last[:bucket], self.seen[:bucket]
 
         def step():
-            embeds = lm.embed_tokens(ids)  # (bucket, 1, H)
+            active = write_pos < self.pool.length  # rows without work this step keep their state
+            token = torch.where(chain[:, 0], last_s, ids[:, 0])
+            seen_s[rows, token] = seen_s[rows, token] | active  # the sampler's history includes it
+            embeds = lm.embed_tokens(token[:, None])  # (bucket, 1, H)
             out = lm(inputs_embeds=embeds, position_ids=_positions(pos), attention_mask=cache.mask(),
                      use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
             last = out.last_hidden_state[:, -1, :]
-            logits = head(last).float()
+            picked = pick_codes(head(last).float(), seen_s, self.suppress, noise, self.rule)
+            last_s.copy_(torch.where(active, picked, last_s))
             # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
             src = last + embeds[:, 0, :] if qwen25 else embeds[:, 0, :]
-            return logits, src
+            return picked, src
 
         return step
-
-    return make
 
 
 class OmniBatching:
@@ -84,8 +137,8 @@ class OmniBatching:
     """
 
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
-                 graphs: bool, talker_settings: TalkerSettings, gather_s: float = 0.002,
-                 prefill_gather_s: float = 0.005) -> None:
+                 graphs: bool, talker_settings: TalkerSettings, thinker_settings: ThinkerSettings,
+                 gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 4) -> None:
         self.loaded = loaded
         self.slots = int(slots)
         device, dtype = loaded.device, loaded.dtype
@@ -94,8 +147,10 @@ class OmniBatching:
         self.thinker_pool = SlotPool(text_cfg, slots, thinker_tokens, device, dtype, "thinker")
         self.talker_pool = SlotPool(loaded.talker.model.config, slots, talker_tokens, device, dtype, "talker")
         common = dict(capacity=self.slots, device=device, graphs=graphs, gather_s=gather_s)
+        self.lookahead = max(1, int(lookahead))
+        self.thinker_tokens = ThinkerTokens(loaded, self.thinker_pool, thinker_sampling(loaded, thinker_settings))
         self.thinker = StepBatcher(
-            "thinker", thinker_step(loaded, self.thinker_pool), [RowInput((1,), "long"), RowInput((3,), "long")],
+            "thinker", self.thinker_tokens.make, self.thinker_tokens.row_inputs(),
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), **common)
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, TalkerReads.of(loaded)),
@@ -127,8 +182,10 @@ class OmniBatching:
             self.thinker_pool.release(thinker_slot)
             raise
         return SessionRows(
-            thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill),
-            talker=Rows(self.talker, self.talker_pool, talker_slot, self.talker_prefill, state=self.talker_frames),
+            thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill, state=self.thinker_tokens,
+                         lookahead=self.lookahead),
+            talker=Rows(self.talker, self.talker_pool, talker_slot, self.talker_prefill, state=self.talker_frames,
+                        lookahead=self.lookahead),
         )
 
     def release(self, rows: SessionRows) -> None:
