@@ -130,6 +130,24 @@ def run_n(model, req, n: int) -> dict:
     }
 
 
+def profile_level(model, req, n: int) -> dict:
+    """One more level of ``n`` sessions under the torch profiler: the operators that took the
+    most device and host time (where the time of a level goes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    short = type(req)(req.instructions, req.messages, 8, req.voice, True)  # the prefills dominate
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run_n(model, short, n)
+    table = prof.key_averages()
+    out = {}
+    for key in ("self_device_time_total", "self_cpu_time_total"):
+        rows = sorted(table, key=lambda e: getattr(e, key, 0), reverse=True)[:30]
+        out[key] = [{"name": e.key[:120], "calls": e.count, "ms": getattr(e, key, 0) / 1000} for e in rows]
+        for row in out[key][:25]:
+            print(f"profile {key}: {row['ms']:9.1f} ms {row['calls']:7d} x {row['name'][:90]}", flush=True)
+    return out
+
+
 def check_alone(model, req) -> dict:
     """A short reply in a batched session and in a session that steps alone (per-session graphs):
     the thinker's greedy tokens must agree. (The batched talker samples in its graph, with the
@@ -161,12 +179,13 @@ def run_config(path: Path, args) -> dict:
     frames = args.frames or (3 * args.reply_tokens if arch == "qwen2_5_omni" else args.reply_tokens)
     slots = max(args.sessions)
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
+                    "lookahead": args.lookahead,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
     model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
                              max_new_tokens=args.reply_tokens, talker_max_new_tokens=frames + 1, seed=0,
                              model_id=path.parent.name, max_sessions=slots, cache_tokens=args.cache_tokens,
-                             batch_gather_ms=args.gather_ms)
+                             batch_gather_ms=args.gather_ms, lookahead_steps=args.lookahead)
     _sync()
     result["build_s"] = time.perf_counter() - t0
     result["gpu_mem_after_load_gb"] = torch.cuda.memory_allocated() / 1e9 if torch.cuda.is_available() else None
@@ -187,6 +206,8 @@ def run_config(path: Path, args) -> dict:
         print(json.dumps(brief, default=float), flush=True)
         if args.partial is not None:
             args.partial.write_text(json.dumps(result, indent=1, default=float))
+    if args.profile:
+        result["profile"] = profile_level(model, req, args.profile)
     if args.check_alone:
         try:
             result["check_alone"] = check_alone(model, req)
@@ -210,6 +231,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
     ap.add_argument("--gather-ms", type=float, default=2.0)
     ap.add_argument("--check-alone", action="store_true")
+    ap.add_argument("--lookahead", type=int, default=4, help="steps a session queues ahead per stage")
+    ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
     ap.add_argument("--timeouts", type=float, nargs="*")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
@@ -229,6 +252,7 @@ def main(argv=None) -> int:
                "--device", args.device, "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
+               "--lookahead", str(args.lookahead), "--profile", str(args.profile),
                "--sessions", *map(str, args.sessions)]
         if args.frames:
             cmd += ["--frames", str(args.frames)]

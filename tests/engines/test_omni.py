@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from realtime_omni.engines.base import ThinkRequest, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.codec import CodecSettings, OmniCodec  # noqa: E402
+from realtime_omni.engines.omni.settings import OmniSettings  # noqa: E402
 from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -511,6 +512,30 @@ def test_bad_paths_give_clear_errors(tmp_path):
     model = OmniModel(tmp_path)  # a config alone passes detection; loading reports the missing weights
     with pytest.raises(ValueError, match="no weights"):
         model.load()
+
+
+def test_a_config_alone_speaks_with_random_weights_when_asked(tmp_path):
+    """``REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`` (benchmarks of real-size shapes): the config is built
+    with random weights instead of failing on the missing weight files."""
+    full = tmp_path / "full"
+    full.mkdir()
+    save_checkpoint("qwen3_omni_moe", full)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((full / "config.json").read_text())
+    with pytest.raises(ValueError, match="no weights"):
+        OmniModel(bare, device="cpu", dtype="float32").load()
+    kwargs = OmniSettings(random_weights=True, max_sessions=2, talker_max_frames=12).model_kwargs()
+    assert kwargs["talker_max_new_tokens"] == 12
+    model = OmniModel(bare, seed=0, **{**kwargs, **CHUNKS["qwen3_omni_moe"]})
+    model.load()
+    try:
+        session = model.open_session()
+        _, chunks, audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=4))
+        session.close()
+        assert chunks and sum(len(a) for a in audio) > 0
+    finally:
+        model.close()
 
 
 # ---------------------------------------------------------------------------------------------
