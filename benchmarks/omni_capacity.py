@@ -177,7 +177,7 @@ def run_config(path: Path, args) -> dict:
     raw = json.loads(path.read_text())
     arch = detect_architecture(raw, where=str(path))
     frames = args.frames or (3 * args.reply_tokens if arch == "qwen2_5_omni" else args.reply_tokens)
-    slots = max(args.sessions)
+    slots = max(max(args.sessions), args.profile)
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "lookahead": args.lookahead,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
     ap.add_argument("--gather-ms", type=float, default=2.0)
     ap.add_argument("--check-alone", action="store_true")
-    ap.add_argument("--lookahead", type=int, default=4, help="steps a session queues ahead per stage")
+    ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
     ap.add_argument("--timeouts", type=float, nargs="*")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)

@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Render ``omni_capacity.py`` raw results as docs/benchmarks/omni-capacity.{json,md,png}.
 
-    python benchmarks/omni_capacity_report.py raw.json --commit SHA --gpu 'NVIDIA H200' --out docs/benchmarks
+    python benchmarks/omni_capacity_report.py raw.json [more.json ...] --commit SHA --gpu 'NVIDIA H200' \
+        [--server server.json] [--lookahead-one raw-la1.json] --out docs/benchmarks
+
+Models are taken from every raw file in order (one model per name: the last wins).
 """
 
 from __future__ import annotations
@@ -47,6 +50,52 @@ def table(model: dict) -> list[str]:
     return lines
 
 
+def lookahead_table(one: list[dict], by_name: dict[str, dict]) -> list[str]:
+    """The same levels with sessions stepping one at a time (``--lookahead 1``) and queueing ahead."""
+    lines = ["## Steps queued ahead (lookahead 1 → 4)", "",
+             "Same model and prompt; `--lookahead 1`: a session hands each step over only after reading the "
+             "last one (the sessions reach the loop in waves); 4 (the default): each keeps four steps queued.", "",
+             "| model | sessions | audio s per wall s | TTFA p50 (ms) | chunk RTF p50 / p95 | rows per step: thinker / talker |",
+             "|---|---|---|---|---|---|"]
+    for m in one:
+        four = {r["sessions"]: r for r in by_name.get(m.get("name"), {}).get("runs", [])}
+        for r in m.get("runs", []):
+            other = four.get(r["sessions"])
+            if other is None:
+                continue
+            cells = []
+            for key in ("audio_s_per_wall_s",):
+                cells.append(f"{_f(r[key], 1)} → {_f(other[key], 1)}")
+            cells.append(f"{_f(r['ttfa_ms']['p50'])} → {_f(other['ttfa_ms']['p50'])}")
+            cells.append(f"{_f(r['chunk_rtf']['p50'], 2)} / {_f(r['chunk_rtf']['p95'], 2)} → "
+                         f"{_f(other['chunk_rtf']['p50'], 2)} / {_f(other['chunk_rtf']['p95'], 2)}")
+            rows = lambda x: " / ".join(_f(x["batches"][n]["mean_rows"], 1) for n in ("thinker", "talker"))  # noqa: E731
+            cells.append(f"{rows(r)} → {rows(other)}")
+            lines.append(f"| {m['name']} | {r['sessions']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def server_table(server: dict) -> list[str]:
+    """``omni_server.py``: N WebSocket clients with a spoken turn each, through the real server."""
+    lines = ["## Through the real server (WebSocket clients)", "",
+             f"`realtime-omni serve --model omni:<dir>` in its own process, the model in its worker process, "
+             f"{server.get('slots')} session slots, random weights (`REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`); "
+             f"server up and graphs captured after {_f(server.get('load_s'))} s. Each of N `/v1/realtime` clients "
+             f"sends the same {_f(server.get('speech_s'), 1)} s spoken question (Piper, pcm16 24 kHz), commits it, "
+             f"and all ask for a reply at once ({server.get('reply_tokens')} thinker tokens, at most "
+             f"{server.get('frames')} codec frames). TTFA: `response.create` sent → first "
+             "`response.output_audio.delta` received. The server paces audio to real time plus its lead, so "
+             "an underrun here is what a listener hears.", "",
+             "| sessions | answered | TTFA p50 / p95 / max (ms) | sessions with underruns | gap p95 (ms) | "
+             "audio s per session | errors |", "|---|---|---|---|---|---|---|"]
+    for lv in server.get("levels", []):
+        t = lv["ttfa_ms"]
+        lines.append(f"| {lv['sessions']} | {lv['answered']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
+                     f"{lv['sessions_with_underruns']} of {lv['sessions']} | {_f(lv['gap_ms_p95'])} | "
+                     f"{_f(lv['audio_s_per_session'], 2)} | {', '.join(lv['errors']) or 'none'} |")
+    return lines + [""]
+
+
 def plot(models: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -77,14 +126,19 @@ def plot(models: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("raw", type=Path)
+    ap.add_argument("raw", type=Path, nargs="+")
+    ap.add_argument("--server", type=Path, default=None, help="omni_server.py output")
+    ap.add_argument("--lookahead-one", type=Path, default=None, help="a capacity run with --lookahead 1")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     ap.add_argument("--sections", type=Path, default=Path(__file__).with_name("omni_capacity_sections.md"))
     args = ap.parse_args(argv)
-    raw = json.loads(args.raw.read_text())
-    models = raw["models"]
+    by_name: dict[str, dict] = {}
+    for path in args.raw:
+        for m in json.loads(path.read_text())["models"]:
+            by_name[m.get("name", str(path))] = m
+    models = list(by_name.values())
     md = ["# Omni engine: live sessions on one GPU (cross-session batching)", "",
           f"Machine: {args.gpu}, host with 16 cores. Commit `{args.commit[:12]}`. "
           f"Generated {time.strftime('%Y-%m-%d')} by `benchmarks/omni_capacity_report.py`.", "",
@@ -114,6 +168,11 @@ def main(argv=None) -> int:
             md += ["Before (each session alone): " + ", ".join(
                 f"N={n}: TTFA {t} ms, RTF {r}" for n, (t, r) in base.items())
                 + f"; about {BASELINE_AUDIO_PER_S[m['name']]} audio s per wall s at any N.", ""]
+    if args.lookahead_one is not None:
+        md += lookahead_table(json.loads(args.lookahead_one.read_text())["models"], by_name)
+    server = json.loads(args.server.read_text()) if args.server is not None else None
+    if server is not None:
+        md += server_table(server)
     if args.sections.exists():
         md += [args.sections.read_text().strip(), ""]
     md += ["## Reproduce", "", "```sh",
@@ -146,7 +205,8 @@ def main(argv=None) -> int:
            "machine": {"cpu": f"{args.gpu} host", "usable_cores": 16, "cores": 16, "ram_gib": 128, "gpu": args.gpu},
            "command": "python3 benchmarks/omni_capacity.py --config <Qwen3-Omni-30B-A3B config> --config "
                       "<Qwen2.5-Omni-7B config> --sessions 1 8 16 32 48 64 --check-alone --out cap.json",
-           "baseline": {k: {str(n): v for n, v in b.items()} for k, b in BASELINE.items()}, "models": models}
+           "baseline": {k: {str(n): v for n, v in b.items()} for k, b in BASELINE.items()}, "models": models,
+           "server": server}
     (args.out / "omni-capacity.json").write_text(json.dumps(doc, indent=1, default=float))
     plot(models, args.out / "omni-capacity.png")
     return 0

@@ -63,6 +63,7 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
         "REALTIME_OMNI_OMNI_TALKER_MAX_FRAMES": str(args.frames),
         "REALTIME_OMNI_OMNI_CACHE_TOKENS": str(args.cache_tokens),
         "REALTIME_OMNI_OMNI_RANDOM_WEIGHTS": "1" if args.random_weights else "0",
+        "REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS": str(args.lookahead),
     })
     cmd = [sys.executable, "-m", "realtime_omni", "serve", "--host", "127.0.0.1", "--port", str(args.port),
            "--model", f"omni:{args.model_dir}", "--max-sessions", str(args.slots + 8), "--session-store", "none",
@@ -204,6 +205,7 @@ def main() -> int:
     ap.add_argument("--reply-tokens", type=int, default=64)
     ap.add_argument("--frames", type=int, default=64, help="longest spoken reply in codec frames")
     ap.add_argument("--cache-tokens", type=int, default=1024)
+    ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--speech", default=None, help="int16 .npy at 24 kHz (default: synthesized with Piper)")
     ap.add_argument("--port", type=int, default=8765)
@@ -214,7 +216,7 @@ def main() -> int:
     pcm = speech(args.speech)
     result: dict = {"model_dir": args.model_dir, "random_weights": args.random_weights, "speech_s": len(pcm) / RATE,
                     "reply_tokens": args.reply_tokens, "frames": args.frames, "slots": args.slots,
-                    "cache_tokens": args.cache_tokens, "host": platform.node(), "levels": []}
+                    "cache_tokens": args.cache_tokens, "lookahead": args.lookahead, "host": platform.node(), "levels": []}
     proc = start_server(args)
     try:
         result["load_s"] = wait_ready(args.port, proc, args.load_timeout)

@@ -90,7 +90,7 @@ class OmniModel(VoiceModel):
         cuda_graphs: bool = True,
         max_sessions: int = 16,
         batch_gather_ms: float = 2.0,
-        lookahead_steps: int = 4,
+        lookahead_steps: int = 12,
         random_weights: bool = False,
         loaded: LoadedOmni | None = None,
     ) -> None:

@@ -39,7 +39,7 @@ class OmniSettings(BaseSettings):
     #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
     batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
     #: steps a session keeps queued ahead on the batched thinker and talker (1: none ahead)
-    lookahead_steps: int = Field(default=4, ge=1, le=32)
+    lookahead_steps: int = Field(default=12, ge=1, le=32)
     #: benchmarks only: build the model from ``config.json`` with random weights (no weights read)
     random_weights: bool = False
 

@@ -138,7 +138,7 @@ class OmniBatching:
 
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
                  graphs: bool, talker_settings: TalkerSettings, thinker_settings: ThinkerSettings,
-                 gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 4) -> None:
+                 gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 12) -> None:
         self.loaded = loaded
         self.slots = int(slots)
         device, dtype = loaded.device, loaded.dtype
