@@ -123,23 +123,14 @@ class Mailbox:
             if not req.done.wait(self.step_timeout_s):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
-    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False,
-                  settle_cap_s: float = 0.0) -> bool:
+    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
-        until ``enough(queued)``). With ``settle_cap_s``, each arrival restarts the ``gather_s``
-        wait, up to that cap in all: requests that start together but reach the loop one by one
-        (their threads take turns) still meet. False once closed."""
+        until ``enough(queued)``). False once closed."""
         while not self._queue and not self._closed:
             self._cond.wait(0.5)
-        start = time.monotonic()
-        deadline = start + gather_s
-        seen = len(self._queue)
+        deadline = time.monotonic() + gather_s
         while not self._closed and not enough(len(self._queue)):
-            now = time.monotonic()
-            if settle_cap_s and len(self._queue) > seen:
-                seen = len(self._queue)
-                deadline = min(now + gather_s, start + settle_cap_s)
-            left = deadline - now
+            left = deadline - time.monotonic()
             if left <= 0:
                 break
             self._cond.wait(left)

@@ -106,7 +106,7 @@ class PrefillBatcher(Mailbox):
 
     def __init__(self, loaded: Any, pool: SlotPool, forward: RowsForward, *, stage: str,
                  merge: Merge = lambda parts: parts[-1], gather_s: float = 0.01, token_budget: int = 4096,
-                 chunk_tokens: int = 512, step_timeout_s: float = 120.0, settle_cap_s: float = 0.05) -> None:
+                 chunk_tokens: int = 512, step_timeout_s: float = 120.0) -> None:
         self.loaded = loaded
         self.pool = pool
         self.forward = forward
@@ -116,7 +116,6 @@ class PrefillBatcher(Mailbox):
         self.name = f"{stage} prefill"
         self.gather_s = gather_s
         self.token_budget = token_budget
-        self.settle_cap_s = settle_cap_s
         self.step_timeout_s = step_timeout_s
         super().__init__()
         self._start()
@@ -133,9 +132,7 @@ class PrefillBatcher(Mailbox):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                # let prefills that start together meet: a batch costs about as much as one
-                # prefill alone, so the last of a burst should not wait for a batch of the first
-                if not self._gathered(self.gather_s, settle_cap_s=self.settle_cap_s):
+                if not self._gathered(self.gather_s):  # let prefills that start together meet
                     return
                 take, tokens = [], 0
                 seen: set[int] = set()
