@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +20,9 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
+from realtime_omni.engines.registry import ModelRegistry
 from realtime_omni.metrics import Metrics
+from realtime_omni.session.manager import SessionManager
 from realtime_omni.session.meter import TurnMeter
 
 TIMEOUT = 60.0
@@ -141,3 +145,28 @@ async def test_a_spoken_turn_and_a_barge_in_show_in_the_latency_histograms(serve
     assert _sample(after, "realtime_omni_sessions_active", "realtime_omni_sessions_active", transport="websocket") >= 1
     assert _sample(after, "realtime_omni_sessions_opened", "realtime_omni_sessions_opened_total", transport="websocket") >= 1
     assert "realtime_omni_queue_depth" in after
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_server_exports():
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    manager = SessionManager(registry)
+    try:
+        stats = {"tiny": {"slots": {"total": 4, "in_use": 1}, "thinker": {"steps": 3, "rows": 5, "busy_s": 0.1}}}
+        text, _ = Metrics().render(manager, stats)
+    finally:
+        asyncio.run(manager.shutdown())
+        registry.close()
+    exported = set()
+    for family in text_string_to_metric_families(text.decode()):
+        suffixes = {"histogram": ("_bucket", "_count", "_sum"), "counter": ("_total",)}.get(family.type, ("",))
+        exported.update(family.name + suffix for suffix in suffixes)
+    dashboard = json.loads((Path(__file__).parent.parent / "docs" / "grafana" / "realtime-omni.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
+    assert len(exprs) >= 15
+    queried = {name for expr in exprs for name in re.findall(r"\brealtime_omni_[a-z_]+", expr)}
+    assert queried and queried <= exported, queried - exported
+    # every latency histogram an operator needs has a panel
+    for name in ("time_to_first_audio_seconds", "speech_end_to_first_audio_seconds", "barge_in_seconds",
+                 "stage_step_seconds", "response_real_time_factor"):
+        assert f"realtime_omni_{name}_bucket" in queried, name
