@@ -124,7 +124,14 @@ class ResponsePipeline:
         stop = threading.Event()  # this bridge's own stop; ``cancelled`` belongs to the response
 
         def put(value: Any) -> None:
-            future = asyncio.run_coroutine_threadsafe(bridge.put(value), loop)
+            if stop.is_set() or loop.is_closed():
+                return  # the consumer left, or the loop is gone (server shutdown): nobody reads it
+            pending = bridge.put(value)
+            try:
+                future = asyncio.run_coroutine_threadsafe(pending, loop)
+            except RuntimeError:  # the loop closed in between
+                pending.close()
+                return
             while True:
                 try:
                     return future.result(0.05)
