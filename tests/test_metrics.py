@@ -170,3 +170,40 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exports():
     for name in ("time_to_first_audio_seconds", "speech_end_to_first_audio_seconds", "barge_in_seconds",
                  "stage_step_seconds", "response_real_time_factor"):
         assert f"realtime_omni_{name}_bucket" in queried, name
+
+
+def test_lost_connections_resumes_and_close_reasons_are_counted(registry):
+    from .server import ServerThread
+
+    def scrape(srv) -> dict:
+        return _families(httpx.get(f"{srv.http}/metrics", timeout=10).text)
+
+    async def scenario(srv) -> None:
+        ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo")
+        token = (await _recv(ws))["session"]["resume_token"]
+        ws.transport.abort()  # a network failure, not a goodbye: the session waits for a resume
+        deadline = time.monotonic() + 10
+        while not any(r.detached_since for r in srv.manager.sessions.values()):
+            assert time.monotonic() < deadline, "the server did not notice the lost connection"
+            await asyncio.sleep(0.05)
+        async with websockets.connect(f"{srv.ws}/v1/realtime?resume_token={token}&last_sequence_number=1") as again:
+            assert (await _recv(again))["type"] == "session.resumed"
+            await again.send("{not json")
+            while (await _recv(again))["type"] != "error":
+                pass
+        deadline = time.monotonic() + 10
+        while srv.manager.sessions:
+            assert time.monotonic() < deadline, "the session did not close"
+            await asyncio.sleep(0.05)
+
+    with ServerThread(registry, resume_grace_s=5.0) as srv:
+        asyncio.run(scenario(srv))
+        after = scrape(srv)
+    labels = {"transport": "websocket"}
+    assert _sample(after, "realtime_omni_session_disconnects", "realtime_omni_session_disconnects_total", **labels) == 1
+    assert _sample(after, "realtime_omni_session_resumes", "realtime_omni_session_resumes_total", **labels) == 1
+    assert _sample(after, "realtime_omni_sessions_opened", "realtime_omni_sessions_opened_total", **labels) == 1
+    assert _sample(after, "realtime_omni_sessions_closed", "realtime_omni_sessions_closed_total", reason="client_closed",
+                   **labels) == 1
+    assert _sample(after, "realtime_omni_errors", "realtime_omni_errors_total", code="invalid_json") == 1
+    assert _sample(after, "realtime_omni_sessions_active", "realtime_omni_sessions_active") == 0
