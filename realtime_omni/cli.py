@@ -148,8 +148,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.set_inheritable(True)
-    return sock
+    return sock  # not inheritable (PEP 446): model worker processes never hold the port
 
 
 def _bind_problem(host: str, port: int, exc: OSError) -> str:

@@ -7,9 +7,10 @@ ending in ``_total``. Each app has a registry of its own (several servers can sh
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter as Tally
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -139,11 +140,16 @@ class _LiveCollector:
         depth.add_metric(["outbox"], sum(r.outbox.qsize() for r in runners))
         deepest = GaugeMetricFamily("realtime_omni_queue_depth_max",
                                     "The fullest queue of one session, as a fraction of its bound", labels=["queue"])
-        deepest.add_metric(["mailbox"], max((r.mailbox.qsize() / r.mailbox.maxsize for r in runners), default=0.0))
-        deepest.add_metric(["outbox"], max((r.outbox.qsize() / r.outbox.maxsize for r in runners), default=0.0))
+        deepest.add_metric(["mailbox"], max((_fill(r.mailbox) for r in runners), default=0.0))
+        deepest.add_metric(["outbox"], max((_fill(r.outbox) for r in runners), default=0.0))
         adopted = CounterMetricFamily("realtime_omni_speculations_adopted", "Replies prepared during a pause and used")
         adopted.add_metric([], self.manager.speculations_adopted + sum(r.speculations_adopted for r in runners))
         yield from (active, depth, deepest, adopted)
+
+
+def _fill(queue: "asyncio.Queue[Any]") -> float:
+    """How full a bounded queue is (0..1); an unbounded one counts as empty."""
+    return queue.qsize() / queue.maxsize if queue.maxsize > 0 else 0.0
 
 
 class _EngineCollector:

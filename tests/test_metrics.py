@@ -123,6 +123,13 @@ async def test_a_spoken_turn_and_a_barge_in_show_in_the_latency_histograms(serve
             event = await _recv(ws)
             if event["type"] == "response.done":
                 statuses.append(event["response"]["status"])
+        # the interruption is answered in full (short, so the paced reply ends soon)
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 12}}))
+        while len(statuses) < 2:
+            event = await _recv(ws)
+            if event["type"] == "response.done":
+                statuses.append(event["response"]["status"])
+        assert statuses[1] in ("completed", "incomplete"), statuses
         await sender
         async with httpx.AsyncClient() as http:
             during = (await http.get(f"{server.http}/metrics", timeout=10)).text
