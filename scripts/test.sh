@@ -6,15 +6,16 @@
 # into ./.venv when python3 is the system's externally managed one), and in CI (.ci/run runs it).
 # Without pytest args it also runs the FastRTC tests in their own environment (.venv-fastrtc);
 # when that environment cannot be built they are reported as skipped with the reason, and the
-# main suite runs regardless. SKIP_FASTRTC=1 leaves them out. The exit code is the main suite's,
-# or the FastRTC tests' when only they failed.
+# main suite runs regardless. SKIP_FASTRTC=1 leaves them out; SKIP_INSTALL=1 installs nothing
+# (system packages, pip) and tests the environment as it is. The exit code is the main suite's, or
+# the FastRTC tests' when only they failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '\n== %s\n' "$*"; }
 
 # --- system packages (Chromium, redis-server) -------------------------------------------------
-if [ -f .ci/apt-packages.txt ] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
+if [ "${SKIP_INSTALL:-0}" != 1 ] && [ -f .ci/apt-packages.txt ] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
   mapfile -t pkgs < <(grep -v '^\s*#' .ci/apt-packages.txt | sed '/^\s*$/d')
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -39,8 +40,10 @@ print(int(sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfi
     PY="$PWD/.venv/bin/python"
   fi
 fi
-say "installing the package and its test extras with $PY"
-"$PY" -m pip install -q -e '.[embedded,omni,test]' || { echo "test.sh: pip install failed (see above)" >&2; exit 2; }
+if [ "${SKIP_INSTALL:-0}" != 1 ]; then
+  say "installing the package and its test extras with $PY"
+  "$PY" -m pip install -q -e '.[embedded,omni,test]' || { echo "test.sh: pip install failed (see above)" >&2; exit 2; }
+fi
 
 # --- FastRTC (optional): its own virtualenv, layered on this environment ------------------------
 # FastRTC pins older starlette/pydantic/pillow than the server uses, so its packages go in
@@ -59,6 +62,7 @@ fastrtc_env() {
 paths = dict.fromkeys(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")))
 print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > "$site/realtime_omni_main_env.pth" || return 1
   if ! .venv-fastrtc/bin/python -c 'import fastrtc, gradio' 2>/dev/null; then
+    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "fastrtc is not installed there (SKIP_INSTALL=1)"; return 1; }
     .venv-fastrtc/bin/python -m pip install -q 'fastrtc>=0.0.30' 'gradio>=5' 2>&1 | tail -3
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install fastrtc gradio failed"; return 1; }
   fi
