@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.metadata
 import logging
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -168,7 +170,8 @@ def _fail(message: str) -> int:
 
 
 def _model_problem(names: list[str]) -> str | None:
-    """Why a ``--model`` cannot load (unknown name, missing omni checkpoint), or None."""
+    """Why a ``--model`` cannot load (unknown name, missing omni checkpoint, its optional extra
+    not installed), or None."""
     from .engines.registry import resolve_builder
 
     for name in names:
@@ -181,7 +184,36 @@ def _model_problem(names: list[str]) -> str | None:
                 detect_architecture(read_config(path), where=path)
         except ValueError as exc:
             return str(exc)
+        extra = "omni" if name.startswith("omni:") else name if name == "embedded" else None
+        missing = missing_extra(extra) if extra else []
+        if missing:
+            return (f"model {name!r} needs the {extra!r} extra, and {', '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not installed: pip install -e '.[{extra}]' "
+                    f"(or pip install 'realtime-omni[{extra}]')")
     return None
+
+
+def missing_extra(extra: str, requires: list[str] | None = None) -> list[str]:
+    """The distributions of this package's optional ``extra`` that are not installed (by default
+    read from the installed package's metadata; [] when that is not available)."""
+    if requires is None:
+        try:
+            requires = importlib.metadata.requires("realtime-omni") or []
+        except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+            return []
+    missing = []
+    for requirement in requires:
+        spec, _, marker = requirement.partition(";")
+        if f'extra == "{extra}"' not in marker.replace("'", '"'):
+            continue
+        name = re.match(r"[A-Za-z0-9._-]+", spec.strip())
+        if name is None:
+            continue
+        try:
+            importlib.metadata.version(name.group(0))
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name.group(0))
+    return missing
 
 
 def main(argv: list[str] | None = None) -> int:

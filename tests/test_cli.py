@@ -14,7 +14,7 @@ import httpx
 
 from realtime_omni import __version__
 from realtime_omni.bench.cli import BENCHMARKS
-from realtime_omni.cli import build_parser
+from realtime_omni.cli import build_parser, missing_extra
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
@@ -112,3 +112,12 @@ def test_serve_announces_ready_on_the_port_it_bound():
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_model_whose_extra_is_not_installed_is_named_with_the_install_command():
+    requires = ['numpy>=1.26', 'piper-tts>=1.2; extra == "embedded"', 'no-such-dist-for-realtime-omni>=1; extra == "embedded"',
+                'transformers>=5; extra == "omni"']
+    assert missing_extra("embedded", requires) == ["no-such-dist-for-realtime-omni"]
+    assert missing_extra("bench", requires) == []
+    # the real metadata: this environment runs the embedded models, so nothing is missing
+    assert missing_extra("embedded") == []
