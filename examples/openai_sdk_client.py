@@ -3,7 +3,8 @@
 Streams the WAV (any sample rate, mono or stereo, 8/16/32-bit PCM; resampled to 24 kHz with soxr)
 to ``/v1/realtime`` at real-time pace like a microphone, then keeps sending silence so the
 server's voice activity detector ends the turn. Prints the transcript of what you said and the
-assistant's reply as it streams, and writes the reply audio to a WAV file.
+assistant's reply as it streams, and writes the reply audio to a WAV file (``--out``; by default
+``reply.wav`` in a new temporary folder, never the current one).
 
     realtime-omni serve &                                   # the embedded model, port 8000
     python examples/openai_sdk_client.py media/question.wav
@@ -21,6 +22,7 @@ import asyncio
 import base64
 import os
 import sys
+import tempfile
 import time
 import wave
 from pathlib import Path
@@ -154,8 +156,9 @@ async def talk(args: argparse.Namespace) -> int:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
     if reply:
-        write_wav(args.out, bytes(reply))
-        print(f"wrote {args.out} ({len(reply) / 2 / RATE:.2f} s)")
+        out = args.out or Path(tempfile.mkdtemp(prefix="realtime-omni-reply-")) / "reply.wav"
+        write_wav(out, bytes(reply))
+        print(f"wrote {out} ({len(reply) / 2 / RATE:.2f} s)")
     return 0 if done.is_set() else 1
 
 
@@ -164,7 +167,8 @@ def main() -> int:
     parser.add_argument("wav", type=Path, help="what to say: a WAV file")
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server (default: %(default)s)")
     parser.add_argument("--model", default="embedded", help="model (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("reply.wav"), help="reply audio (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="where to write the reply audio (default: reply.wav in a new "
+                                                  "temporary folder)")
     parser.add_argument("--voice", default="alloy")
     parser.add_argument("--instructions", help="system instructions for the session")
     parser.add_argument("--silence-ms", type=int, default=500, help="server VAD silence before the turn ends (default: %(default)s)")

@@ -102,7 +102,7 @@ async def metrics_endpoint(request: Request) -> Response:
         stats = await asyncio.wait_for(asyncio.to_thread(manager.registry.stats), 2.0)
     except (TimeoutError, asyncio.TimeoutError):
         stats = {}
-    body, content_type = metrics.render(manager, stats)
+    body, content_type = request.app.state.metrics.render(manager, stats)
     return Response(body, media_type=content_type)
 
 
@@ -128,6 +128,7 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             reg, max_sessions=settings.max_sessions, limits=limits,
             pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
             store=store, resume_grace_s=settings.resume_grace_s, persist_ttl_s=settings.persist_ttl_s,
+            observer=app.state.metrics,
         )
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
         try:
@@ -153,5 +154,6 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         routes.append(Mount("/", StaticFiles(directory=web_dir, html=True), name="web"))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.settings = settings
+    app.state.metrics = metrics.Metrics()
     app.state.guard = Guard(list(settings.api_keys), settings.allowed_origins, settings.client_secret_ttl_s)
     return app

@@ -7,6 +7,8 @@ const ui = {
   model: $("model"), connect: $("connect"), disconnect: $("disconnect"), state: $("state"),
   micLevel: $("mic-level"), outLevel: $("out-level"), latency: $("latency"), received: $("received"),
   transcript: $("transcript"), latencies: $("latencies"), error: $("error"), remote: $("remote"),
+  interrupt: $("interrupt"), say: $("say"), text: $("text"), send: $("send"), modelInfo: $("model-info"),
+  hint: $("hint"),
 };
 
 // Everything a test (or a curious person in the console) may want to read.
@@ -20,6 +22,10 @@ const demoState = {
   eventTypes: {},
   userTranscripts: [],
   assistantTranscripts: [],
+  typed: [],             // messages sent from the text box
+  activeResponse: null,  // id of the response in progress, if any
+  assistantAudio: false, // the assistant's audio is playing (output_audio_buffer.started → stopped)
+  interrupts: 0,         // Interrupt presses that reached the server
   turns: [],             // {speechStoppedAt, eventMs, audioMs}
   audioPacketsReceived: 0,
   totalAudioEnergy: 0,
@@ -38,6 +44,7 @@ let micTimer = null;
 let callUrl = null;
 let pendingTurn = null;        // the turn whose first audio we are waiting for
 const lines = new Map();       // response_id → <li> of the assistant's transcript
+const capabilities = new Map(); // model id → what it can take and give
 
 function setState(state) {
   demoState.state = state;
@@ -61,12 +68,50 @@ async function loadModels() {
     for (const m of body.data) {
       const option = document.createElement("option");
       option.value = m.id;
-      option.textContent = `${m.id} (${(m.capabilities || []).join(", ")})`;
+      option.textContent = m.id;
+      capabilities.set(m.id, m.capabilities || []);
       ui.model.append(option);
     }
+    showModelInfo();
   } catch (err) {
     showError(`could not list models: ${err}`);
   }
+}
+
+function showModelInfo() {
+  const caps = capabilities.get(ui.model.value) || [];
+  ui.modelInfo.textContent = caps.length ? `${ui.model.value}: ${caps.join(", ")}` : "";
+}
+
+function updateControls() {
+  const open = demoState.connected;
+  ui.text.disabled = !open;
+  ui.send.disabled = !open;
+  ui.interrupt.disabled = !open || !(demoState.activeResponse || demoState.assistantAudio);
+  ui.model.disabled = open || ui.connect.disabled;
+  ui.hint.classList.toggle("connected", open);
+}
+
+function interrupt() {
+  // A reply that is already playing is cut on the track (output_audio_buffer.clear, WebRTC only);
+  // one that has not started to sound yet is cancelled.
+  if (demoState.assistantAudio) send({ type: "output_audio_buffer.clear" });
+  else if (demoState.activeResponse) send({ type: "response.cancel" });
+  else return;
+  demoState.interrupts += 1;
+}
+
+function sayText(event) {
+  event.preventDefault();
+  const text = ui.text.value.trim();
+  if (!text || !demoState.connected) return;
+  interrupt(); // a new message replaces a reply in progress
+  send({ type: "conversation.item.create", item: { type: "message", role: "user", content: [{ type: "input_text", text }] } });
+  send({ type: "response.create" });
+  demoState.typed.push(text);
+  addLine("user", text).classList.add("typed");
+  ui.text.value = "";
+  setState("thinking");
 }
 
 async function iceServers() {
@@ -90,6 +135,7 @@ function waitForIceGathering(peer, timeoutMs) {
 
 async function connect() {
   ui.connect.disabled = true;
+  ui.model.disabled = true;
   ui.error.hidden = true;
   setState("connecting");
   const model = ui.model.value;
@@ -135,6 +181,8 @@ async function connect() {
 function onChannelOpen() {
   demoState.connected = true;
   setState("listening");
+  updateControls();
+  ui.text.focus();
   // Ask for transcripts of what the user says (the assistant's come with its audio).
   send({ type: "session.update", session: { type: "realtime", audio: { input: { transcription: { model: "whisper-1" } } } } });
 }
@@ -192,7 +240,13 @@ function onEvent(event) {
       demoState.assistantTranscripts[demoState.assistantTranscripts.length - 1] = text.textContent;
       break;
     }
+    case "response.created":
+      demoState.activeResponse = event.response.id;
+      updateControls();
+      break;
     case "output_audio_buffer.started":
+      demoState.assistantAudio = true;
+      updateControls();
       setState("assistant");
       if (pendingTurn && pendingTurn.eventMs === null) {
         pendingTurn.eventMs = performance.now() - pendingTurn.speechStoppedAt;
@@ -201,11 +255,15 @@ function onEvent(event) {
       break;
     case "output_audio_buffer.stopped":
     case "output_audio_buffer.cleared":
+      demoState.assistantAudio = false;
+      updateControls();
       if (demoState.state === "assistant") setState("listening");
       break;
     case "response.done": {
       const li = lines.get(event.response.id);
       if (li && event.response.status === "cancelled") li.classList.add("interrupted");
+      if (demoState.activeResponse === event.response.id) demoState.activeResponse = null;
+      updateControls();
       if (demoState.state === "thinking") setState("listening");
       break;
     }
@@ -286,10 +344,16 @@ async function disconnect() {
   ui.remote.srcObject = null;
   ui.connect.disabled = false;
   ui.disconnect.disabled = true;
+  demoState.activeResponse = null;
+  demoState.assistantAudio = false;
+  updateControls();
   setState("disconnected");
 }
 
 ui.connect.addEventListener("click", connect);
 ui.disconnect.addEventListener("click", disconnect);
+ui.interrupt.addEventListener("click", interrupt);
+ui.say.addEventListener("submit", sayText);
+ui.model.addEventListener("change", showModelInfo);
 window.addEventListener("pagehide", () => { if (callUrl) navigator.sendBeacon?.(`${callUrl}/hangup`); });
 loadModels();

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import textwrap
 from dataclasses import dataclass
 
 
@@ -54,7 +55,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, bench: Benchmark) -> N
     parser.add_argument("--name", help="report file name stem (default: the benchmark's name)")
     parser.add_argument("--server-cpus", default=bench.server_cpus,
                         help="pin the self-started server to these CPUs, e.g. 0 or 0-1 ('none': no pinning; "
-                             "default: %(default)s)")
+                             f"default: {bench.server_cpus or 'none'})")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -63,11 +64,18 @@ def _run(args: argparse.Namespace) -> int:
     return int(module.main(args) or 0)
 
 
+BENCH_DESCRIPTION = """\
+Measure a server and write a report (JSON, Markdown, plot) under docs/benchmarks/. Without --url
+a server is started on a free port for the run and stopped after."""
+
+
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:  # type: ignore[no-untyped-def]
-    """Add ``bench`` and one sub-command per entry of :data:`BENCHMARKS`."""
+    """Add ``bench`` and one sub-command per entry of :data:`BENCHMARKS`; ``bench --help`` lists
+    each benchmark with its options."""
     parser = subparsers.add_parser("bench", help="benchmark a server and write a report under docs/benchmarks/",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=BENCH_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
+    listing = ["benchmarks and their options, with defaults (realtime-omni bench <name> --help explains each):"]
     for name, bench in BENCHMARKS.items():
         p = sub.add_parser(name, help=bench.help, description=bench.help)
         add_common_arguments(p, bench)
@@ -75,10 +83,27 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:  # type: ignore[no-
             module = importlib.import_module(bench.module)
         except ImportError as exc:  # an optional dependency is missing: say so when it is run
             p.set_defaults(func=lambda _a, exc=exc, name=name: _missing(name, exc))
+            listing += [f"  {name}: {bench.help}", f"      (unavailable here: {exc})"]
             continue
         module.add_arguments(p)
         p.set_defaults(func=_run)
+        listing += [f"  {name}: {bench.help}", *_wrap_usage(p)]
+    parser.epilog = "\n".join(listing)
     return parser
+
+
+def _wrap_usage(parser: argparse.ArgumentParser) -> list[str]:
+    """The sub-command's options with their defaults, indented under its name."""
+    items = []
+    for action in parser._actions:  # argparse has no public accessor for a parser's options
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        flag = action.option_strings[-1]
+        default = action.default
+        plain = action.nargs == 0 or default is None or default is argparse.SUPPRESS  # a switch, or no default
+        items.append(flag if plain else f"{flag}={default}")
+    return textwrap.wrap(", ".join(items), width=96, initial_indent="      ", subsequent_indent="      ",
+                         break_on_hyphens=False)
 
 
 def _missing(name: str, exc: ImportError) -> int:

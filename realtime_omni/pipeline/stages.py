@@ -20,6 +20,7 @@ import numpy as np
 
 from ..audio import AudioFormat, StreamResampler
 from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest
+from ..observer import NullObserver, Observer, Stage
 
 T = TypeVar("T")
 _DONE = object()
@@ -68,8 +69,11 @@ class ResponsePipeline:
         executor: concurrent.futures.Executor,
         settings: PipelineSettings,
         is_current: Callable[[], bool],
+        observer: Observer | None = None,
     ) -> None:
         self.model = model
+        self.observer: Observer = observer or NullObserver()
+        self._clock = _PlayoutClock(settings.lead_ms)
         self.info = info
         self.executor = executor
         self.settings = settings
@@ -85,6 +89,8 @@ class ResponsePipeline:
         thought: asyncio.Queue[Chunk[ThinkerOutput]] = asyncio.Queue(size)
         spoken: asyncio.Queue[Chunk[TalkerOutput]] = asyncio.Queue(size)
         counts = {"tokens": 0}
+        started = time.monotonic()
+        self._clock = _PlayoutClock(self.settings.lead_ms)
         tasks = [asyncio.create_task(self._thinker(epoch, request, thought, counts, sink))]
         if request.want_audio:
             tasks.append(asyncio.create_task(self._talker(epoch, request, thought, spoken)))
@@ -98,21 +104,34 @@ class ResponsePipeline:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        clock = self._clock
+        if clock.sent_ms > 0:
+            working = time.monotonic() - started - clock.slept_s
+            self.observer.real_time_factor(max(working, 0.0) / (clock.sent_ms / 1000.0))
         limit = request.max_output_tokens
         if limit is not None and counts["tokens"] >= limit:
             return "incomplete", "max_output_tokens"
         return "completed", None
 
     # -- helpers --------------------------------------------------------------------------
-    async def _iterate_in_thread(self, make: Callable[[], Iterator[T]], cancelled: threading.Event, out: Callable[[T], Awaitable[None]]) -> None:
+    async def _iterate_in_thread(self, make: Callable[[], Iterator[T]], cancelled: threading.Event,
+                                 out: Callable[[T], Awaitable[None]], stage: Stage) -> None:
         """Drive a blocking generator in a worker thread, handing each item to ``out`` with
-        backpressure (the thread waits while the consumer is behind)."""
+        backpressure (the thread waits while the consumer is behind). Each step of the generator
+        is timed as a step of ``stage`` (the waits on the consumer are not)."""
         loop = asyncio.get_running_loop()
         bridge: asyncio.Queue[Any] = asyncio.Queue(2)
         stop = threading.Event()  # this bridge's own stop; ``cancelled`` belongs to the response
 
         def put(value: Any) -> None:
-            future = asyncio.run_coroutine_threadsafe(bridge.put(value), loop)
+            if stop.is_set() or loop.is_closed():
+                return  # the consumer left, or the loop is gone (server shutdown): nobody reads it
+            pending = bridge.put(value)
+            try:
+                future = asyncio.run_coroutine_threadsafe(pending, loop)
+            except RuntimeError:  # the loop closed in between
+                pending.close()
+                return
             while True:
                 try:
                     return future.result(0.05)
@@ -123,7 +142,14 @@ class ResponsePipeline:
 
         def produce() -> None:
             try:
-                for value in make():
+                steps = iter(make())
+                while True:
+                    began = time.perf_counter()
+                    try:
+                        value = next(steps)
+                    except StopIteration:
+                        break
+                    self.observer.stage_step(stage, time.perf_counter() - began)
                     if cancelled.is_set() or stop.is_set():
                         break
                     put(value)
@@ -162,7 +188,7 @@ class ResponsePipeline:
 
         self.prompt_tokens, self.cached_tokens = 0, 0
         try:
-            await self._iterate_in_thread(lambda: self.model.think(request), request.cancelled, forward)
+            await self._iterate_in_thread(lambda: self.model.think(request), request.cancelled, forward, "thinker")
         finally:
             await sink.usage(self.prompt_tokens, counts["tokens"], self.cached_tokens)
             await out.put(Chunk(epoch, segment_end=True))
@@ -185,7 +211,8 @@ class ResponsePipeline:
 
         async def speak(segment: list[ThinkerOutput], final: bool) -> None:
             await self._iterate_in_thread(
-                lambda: self.model.talk(segment, request.voice, request.cancelled, final), threading.Event(), forward
+                lambda: self.model.talk(segment, request.voice, request.cancelled, final), threading.Event(), forward,
+                "talker",
             )
 
         try:
@@ -219,7 +246,7 @@ class ResponsePipeline:
         loop = asyncio.get_running_loop()
         resampler = StreamResampler(self.info.output_rate, fmt.rate)
         max_samples = max(int(fmt.rate * self.settings.delta_ms / 1000), 1)
-        clock = _PlayoutClock(self.settings.lead_ms)
+        clock = self._clock
         while True:
             chunk = await inbox.get()
             if not self.is_current():
@@ -235,7 +262,7 @@ class ResponsePipeline:
                 audio = piece.audio
             else:  # codes: the codec model decodes them off the loop
                 audio = await asyncio.wait_for(
-                    loop.run_in_executor(self.executor, self.model.decode, piece), self.settings.step_timeout_s
+                    loop.run_in_executor(self.executor, self._decode, piece), self.settings.step_timeout_s
                 )
             wire_pcm = resampler.process(np.asarray(audio, dtype=np.int16))
             text = piece.text
@@ -244,6 +271,12 @@ class ResponsePipeline:
                     return
                 await self._send(fmt.encode(wire_pcm[start : start + max_samples]), text, sink, clock, fmt)
                 text = ""
+
+    def _decode(self, piece: TalkerOutput) -> Any:
+        began = time.perf_counter()
+        audio = self.model.decode(piece)
+        self.observer.stage_step("codec", time.perf_counter() - began)
+        return audio
 
     async def _send(self, wire: bytes, text: str, sink: Sink, clock: "_PlayoutClock", fmt: AudioFormat) -> None:
         await clock.wait()
@@ -277,13 +310,17 @@ class _PlayoutClock:
         self.lead_ms = lead_ms
         self.start: float | None = None
         self.sent_ms = 0.0
+        #: time spent waiting so as not to run ahead of playback
+        self.slept_s = 0.0
 
     async def wait(self) -> None:
         if self.lead_ms is None or self.start is None:
             return
         ahead = self.sent_ms - 1000.0 * (time.monotonic() - self.start)
         if ahead > self.lead_ms:
+            began = time.monotonic()
             await asyncio.sleep((ahead - self.lead_ms) / 1000.0)
+            self.slept_s += time.monotonic() - began
 
     def advance(self, ms: float) -> None:
         if self.start is None:

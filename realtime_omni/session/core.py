@@ -139,6 +139,11 @@ class RealtimeSession:
         session["capabilities"] = sorted(self.model.capabilities)
         return session
 
+    @property
+    def input_received_ms(self) -> float:
+        """Milliseconds of input audio received so far, on the clock of the VAD events."""
+        return 1000.0 * (self._vad_position + len(self._vad_pending)) / MODEL_RATE
+
     def warn_expiring(self, seconds_left: int) -> None:
         """Extension event: the session will be closed at its lifetime limit."""
         self._emit({"type": "session.expiring", "seconds_left": seconds_left, "expires_at": self.expires_at})

@@ -8,6 +8,7 @@ import logging
 
 from ..engines.base import ModelAtCapacity
 from ..engines.registry import ModelRegistry
+from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
@@ -44,6 +45,7 @@ class SessionManager:
         store: SessionStore | None = None,
         resume_grace_s: float = 30.0,
         persist_ttl_s: float = 3600.0,
+        observer: Observer | None = None,
     ) -> None:
         self.registry = registry
         self.max_sessions = max_sessions
@@ -52,6 +54,7 @@ class SessionManager:
         self.store = store
         self.resume_grace_s = resume_grace_s
         self.persist_ttl_s = persist_ttl_s
+        self.observer: Observer = observer or NullObserver()
         # Models never run on the event loop: heavy steps (ASR/LLM/TTS) and the per-frame VAD get
         # separate pools so a long synthesis cannot delay barge-in detection.
         self.executor = concurrent.futures.ThreadPoolExecutor(model_threads, thread_name_prefix="model")
@@ -65,9 +68,10 @@ class SessionManager:
         self.speculations_adopted = 0
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
-             last_seq: int = 0, owner: str | None = None) -> SessionRunner:
+             last_seq: int = 0, owner: str | None = None, transport: str = "internal") -> SessionRunner:
         """Create and start a session (call on the event loop). ``owner``: digest of the API key
-        it belongs to (None when keys are off); only that key may resume it."""
+        it belongs to (None when keys are off); only that key may resume it. ``transport``: what
+        carries it (websocket, webrtc, twilio), for metrics."""
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
         model = self.registry.get(model_name)
@@ -87,6 +91,7 @@ class SessionManager:
         runner = SessionRunner(
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
             on_close=self._forget, on_change=self._persist if self.store else None,
+            observer=self.observer, transport=transport,
         )
         runner.owner = owner if snapshot is None else snapshot.get("owner")
         if token is not None:
@@ -95,12 +100,13 @@ class SessionManager:
         self.sessions[core.id] = runner
         self._by_token[runner.resume_token] = runner
         self.total_opened += 1
+        self.observer.session_opened(transport)
         runner.start()
         if self.store is not None and snapshot is None:
             self._persist(runner)
         return runner
 
-    async def resume(self, token: str, last_seq: int, owner: str | None = None
+    async def resume(self, token: str, last_seq: int, owner: str | None = None, transport: str = "internal"
                      ) -> tuple[SessionRunner, list[Outgoing], bool]:
         """Re-attach to a live (detached) session, or rebuild a stored one after a restart.
 
@@ -122,6 +128,7 @@ class SessionManager:
                     except asyncio.TimeoutError:
                         raise ResumeError("this session is still connected elsewhere") from None
                 missed, gap = await runner.attach(last_seq)
+            self.observer.session_resumed(runner.transport)
             return runner, missed, gap
         if self.store is not None:
             loop = asyncio.get_running_loop()
@@ -131,7 +138,9 @@ class SessionManager:
             if snapshot is not None and snapshot["id"] not in self.sessions:
                 stored_seq = int(snapshot.get("last_seq", 0))
                 # Number on from whatever the client saw last, so no number is ever reused.
-                runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq))
+                runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
+                                   transport=transport)
+                self.observer.session_resumed(transport)
                 # Events after the snapshot died with the old process: say so if any were missed.
                 return runner, [], last_seq < stored_seq
         raise ResumeError("unknown or expired resume token")
@@ -150,6 +159,7 @@ class SessionManager:
 
     def _forget(self, runner: SessionRunner) -> None:
         self.speculations_adopted += runner.speculations_adopted
+        self.observer.session_closed(runner.transport, runner.close_reason or "ended")
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
         if self.store is not None and runner.close_reason in _FINAL:

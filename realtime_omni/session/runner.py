@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engines.base import ModelSession, VADStream
+from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from ..protocol import parse_client_event
 from ..protocol.errors import ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .meter import TurnMeter
 from .speculation import Speculation, SpeculativeTurns, same_request
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class SessionRunner(SpeculativeTurns):
         pipeline: PipelineSettings | None = None,
         on_close: Callable[["SessionRunner"], None] | None = None,
         on_change: Callable[["SessionRunner"], None] | None = None,
+        observer: Observer | None = None,
+        transport: str = "internal",
     ) -> None:
         self.core = core
         self.model = model
@@ -62,6 +66,10 @@ class SessionRunner(SpeculativeTurns):
         self.pipeline_settings = pipeline or PipelineSettings()
         self._on_close = on_close
         self._on_change = on_change
+        self.observer: Observer = observer or NullObserver()
+        #: what carries this session (websocket, webrtc, twilio, ...), for metrics
+        self.transport = transport
+        self.meter = TurnMeter(self.observer)
         self.close_reason: str | None = None
         self.mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.limits.mailbox_size)
         self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
@@ -124,6 +132,7 @@ class SessionRunner(SpeculativeTurns):
                 return None
             if out.epoch is not None and out.epoch != self.core.epoch:
                 continue  # fenced off by a cancel/barge-in after it was queued
+            self.meter.handed_over(out.event, time.monotonic())
             self.journal.record(out)
             return out
 
@@ -134,6 +143,7 @@ class SessionRunner(SpeculativeTurns):
         if self.closed.is_set() or self._drain is not None:
             return
         self.detached_since = time.monotonic()
+        self.observer.session_detached(self.transport)
         self.kick = None
         self.detached.set()
         self._drain = asyncio.create_task(self._journal_while_detached(grace_s))
@@ -231,6 +241,8 @@ class SessionRunner(SpeculativeTurns):
                 if message[0] in ("client", "audio_in"):
                     last_client = time.monotonic()
                 await self._handle(message)
+                if message[0] in ("client", "audio_in"):
+                    self.meter.audio_arrived(self.core.input_received_ms, time.monotonic())
                 await self._flush()
         except asyncio.CancelledError:
             pass
@@ -379,7 +391,8 @@ class SessionRunner(SpeculativeTurns):
         rid, epoch = action.response_id, action.epoch
         assert self.model is not None
         pipeline = ResponsePipeline(
-            self.model, self.core.model, self.executor, self.pipeline_settings, lambda: self.core.epoch == epoch
+            self.model, self.core.model, self.executor, self.pipeline_settings, lambda: self.core.epoch == epoch,
+            self.observer,
         )
         sink = Sink(
             text=lambda text: self.mailbox.put(("text", rid, epoch, text)),

@@ -98,7 +98,8 @@ class SpeculativeTurns:
         sink = Sink(
             text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c)
         )
-        pipeline = ResponsePipeline(self.model, self.core.model, self.executor, self.pipeline_settings, current)
+        pipeline = ResponsePipeline(self.model, self.core.model, self.executor, self.pipeline_settings, current,
+                                    self.observer)
         try:
             status, reason = await pipeline.run(0, request, self.core.config.output_format, sink)
             result: tuple[str, str | None, str | None] = (status, None, reason)

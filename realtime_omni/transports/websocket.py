@@ -51,9 +51,9 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     try:
         if token:
             last_seq = int(query.get("last_sequence_number") or websocket.headers.get("x-last-sequence-number") or 0)
-            runner, replay, gap = await manager.resume(token, last_seq, owner)
+            runner, replay, gap = await manager.resume(token, last_seq, owner, transport="websocket")
         else:
-            runner = manager.open(query.get("model"), owner=owner)
+            runner = manager.open(query.get("model"), owner=owner, transport="websocket")
     except (SessionLimitError, UnknownModelError, ResumeError, ValueError) as exc:
         code = {SessionLimitError: "session_limit_reached", UnknownModelError: "model_not_found",
                 ResumeError: "resume_token_invalid"}.get(type(exc), "invalid_value")

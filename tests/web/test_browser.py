@@ -9,13 +9,17 @@ No driver besides the DevTools websocket is needed.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
 import time
 import wave
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -74,12 +78,49 @@ class DevTools:
         return result.get("result", {}).get("value")
 
 
+async def type_and_send(cdp: DevTools, text: str) -> None:
+    """Type into the message box the way a person does (key events), then press Enter."""
+    await cdp.evaluate("document.getElementById('text').focus()")
+    await cdp.call("Input.insertText", text=text)
+    for kind in ("keyDown", "keyUp"):
+        await cdp.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13,
+                       **({"text": "\r"} if kind == "keyDown" else {}))
+
+
 def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
     with wave.open(str(path), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(pcm.astype("<i2").tobytes())
+
+
+@contextlib.asynccontextmanager
+async def chromium_page(wav: Path) -> AsyncIterator[DevTools]:
+    """A headless Chromium whose fake microphone plays ``wav``; yields its first page."""
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    proc = subprocess.Popen(chromium_args(profile, str(wav)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = Path(profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert proc.poll() is None, "chromium exited at start"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+            await asyncio.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        async with httpx.AsyncClient() as http:
+            targets = (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
+        page = next(t for t in targets if t["type"] == "page")
+        async with websockets.connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
+            yield DevTools(ws)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,63 +138,111 @@ async def test_demo_page_talks_to_the_embedded_model(browser_server, say, tmp_pa
     wav = tmp_path / "question.wav"
     write_wav(wav, np.concatenate([silence, speech, silence, silence, silence]), rate)
 
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    proc = subprocess.Popen(chromium_args(profile, str(wav)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = Path(profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text().strip():
-            assert proc.poll() is None, "chromium exited at start"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+    async with chromium_page(wav) as cdp:
+        await cdp.call("Page.navigate", url=f"{browser_server.http}/")
+        deadline = time.monotonic() + 20
+        while not await cdp.evaluate("!!window.demoState && document.querySelectorAll('#model option[value=embedded]').length > 0"):
+            assert time.monotonic() < deadline, "the demo page did not load the model list"
             await asyncio.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
-        async with httpx.AsyncClient() as http:
-            targets = (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
-        page = next(t for t in targets if t["type"] == "page")
-        async with websockets.connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
-            cdp = DevTools(ws)
+        await cdp.evaluate("document.getElementById('model').value = 'embedded'")
+        await cdp.evaluate("document.getElementById('connect').click()")
+
+        state: dict[str, Any] = {}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = await cdp.evaluate("JSON.parse(JSON.stringify(window.demoState))")
+            if state["errors"]:
+                break
+            if state["assistantTranscripts"] and state["assistantTranscripts"][0] and state["audioReceived"] \
+                    and state["eventTypes"].get("response.done"):
+                break
+            await asyncio.sleep(0.2)
+        assert not state["errors"], state["errors"]
+        assert state["connected"] and state["callId"], state
+        assert state["userTranscripts"], f"no user transcript: {state}"
+        assert "france" in state["userTranscripts"][0].lower(), state["userTranscripts"]
+        assert state["assistantTranscripts"] and state["assistantTranscripts"][0].strip(), state
+        assert state["audioReceived"] and state["audioPacketsReceived"] > 0 and state["totalAudioEnergy"] > 0, state
+        assert state["eventTypes"].get("output_audio_buffer.started"), state["eventTypes"]
+        assert state["turns"] and state["turns"][0]["eventMs"] is not None, state["turns"]
+        shown = await cdp.evaluate("document.getElementById('transcript').innerText")
+        assert state["assistantTranscripts"][0].strip()[:20] in shown
+        print("browser turn latency (speech_stopped → output_audio_buffer.started / audio level):",
+              state["turns"][0])
+
+        # typed: a message from the text box is answered, and Interrupt cuts the reply off
+        started = state["eventTypes"].get("output_audio_buffer.started", 0)
+        await type_and_send(cdp, "Tell me a long story about a dragon and a knight.")
+        deadline = time.monotonic() + 60
+        while (await cdp.evaluate("window.demoState.eventTypes['output_audio_buffer.started'] || 0")) <= started:
+            assert time.monotonic() < deadline, "no audio for the typed message"
+            await asyncio.sleep(0.1)
+        assert not await cdp.evaluate("document.getElementById('interrupt').disabled")
+        pressed = await cdp.evaluate("window.demoState.interrupts")
+        await cdp.evaluate("document.getElementById('interrupt').click()")
+        deadline = time.monotonic() + 20
+        while not await cdp.evaluate("document.querySelectorAll('#transcript li.assistant.interrupted').length"):
+            assert time.monotonic() < deadline, "Interrupt did not stop the reply"
+            await asyncio.sleep(0.1)
+        state = await cdp.evaluate("JSON.parse(JSON.stringify(window.demoState))")
+        assert state["typed"] == ["Tell me a long story about a dragon and a knight."] and state["interrupts"] == pressed + 1
+        assert len(state["assistantTranscripts"]) >= 2 and not state["errors"], state
+        assert "dragon" in await cdp.evaluate("document.querySelector('#transcript li.user.typed').innerText")
+        if os.environ.get("DEMO_SCREENSHOTS"):  # docs/demo/: the page after a conversation
+            await asyncio.sleep(1.0)
+            shot = await cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            (Path(os.environ["DEMO_SCREENSHOTS"]) / "demo-conversation.png").write_bytes(base64.b64decode(shot["data"]))
+
+        await cdp.evaluate("document.getElementById('disconnect').click()")
+        deadline = time.monotonic() + 10
+        while browser_server.app.state.webrtc_calls.calls:
+            assert time.monotonic() < deadline, "the call was not released after Disconnect"
+            await asyncio.sleep(0.1)
+        assert not browser_server.manager.sessions
+
+
+#: (name, width, height, device scale, mobile)
+VIEWPORTS = [("desktop", 1280, 900, 1, False), ("phone", 390, 844, 2, True)]
+
+LAYOUT = """(() => {
+  const box = (id) => document.getElementById(id).getBoundingClientRect();
+  const [connect, disconnect, interrupt, model] = ["connect", "disconnect", "interrupt", "model"].map(box);
+  const hint = document.getElementById("hint");
+  return {
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
+    buttonsOnOneRow: connect.top === disconnect.top && disconnect.top === interrupt.top,
+    buttonsInside: interrupt.right <= window.innerWidth && model.right <= window.innerWidth,
+    hint: hint.offsetParent !== null ? hint.innerText : "",
+    textBox: !!document.getElementById("text") && !!document.getElementById("send"),
+    favicon: document.querySelector("link[rel=icon]")?.href || "",
+  };
+})()"""
+
+
+async def test_demo_layout_at_phone_and_desktop_widths(browser_server, tmp_path) -> None:
+    """No horizontal scrolling, the buttons on one row, the hint shown and the favicon served, at
+    both widths. Screenshots go to $DEMO_SCREENSHOTS (docs/demo/ holds the committed ones)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; listed in .ci/apt-packages.txt)")
+    wav = tmp_path / "silence.wav"
+    write_wav(wav, np.zeros(48_000, np.int16), 48_000)
+    shots = Path(os.environ.get("DEMO_SCREENSHOTS") or tmp_path)
+    async with chromium_page(wav) as cdp:
+        for name, width, height, scale, mobile in VIEWPORTS:
+            await cdp.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                           deviceScaleFactor=scale, mobile=mobile)
             await cdp.call("Page.navigate", url=f"{browser_server.http}/")
             deadline = time.monotonic() + 20
-            while not await cdp.evaluate("!!window.demoState && document.querySelectorAll('#model option[value=embedded]').length > 0"):
+            while not await cdp.evaluate("document.querySelectorAll('#model option[value=embedded]').length > 0"):
                 assert time.monotonic() < deadline, "the demo page did not load the model list"
                 await asyncio.sleep(0.1)
-            await cdp.evaluate("document.getElementById('model').value = 'embedded'")
-            await cdp.evaluate("document.getElementById('connect').click()")
-
-            state: dict[str, Any] = {}
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                state = await cdp.evaluate("JSON.parse(JSON.stringify(window.demoState))")
-                if state["errors"]:
-                    break
-                if state["assistantTranscripts"] and state["assistantTranscripts"][0] and state["audioReceived"] \
-                        and state["eventTypes"].get("response.done"):
-                    break
-                await asyncio.sleep(0.2)
-            assert not state["errors"], state["errors"]
-            assert state["connected"] and state["callId"], state
-            assert state["userTranscripts"], f"no user transcript: {state}"
-            assert "france" in state["userTranscripts"][0].lower(), state["userTranscripts"]
-            assert state["assistantTranscripts"] and state["assistantTranscripts"][0].strip(), state
-            assert state["audioReceived"] and state["audioPacketsReceived"] > 0 and state["totalAudioEnergy"] > 0, state
-            assert state["eventTypes"].get("output_audio_buffer.started"), state["eventTypes"]
-            assert state["turns"] and state["turns"][0]["eventMs"] is not None, state["turns"]
-            shown = await cdp.evaluate("document.getElementById('transcript').innerText")
-            assert state["assistantTranscripts"][0].strip()[:20] in shown
-            print("browser turn latency (speech_stopped → output_audio_buffer.started / audio level):",
-                  state["turns"][0])
-
-            await cdp.evaluate("document.getElementById('disconnect').click()")
-            deadline = time.monotonic() + 10
-            while browser_server.app.state.webrtc_calls.calls:
-                assert time.monotonic() < deadline, "the call was not released after Disconnect"
-                await asyncio.sleep(0.1)
-            assert not browser_server.manager.sessions
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(profile, ignore_errors=True)
+            layout = await cdp.evaluate(LAYOUT)
+            assert layout["overflow"] <= 0, (name, layout)
+            assert layout["buttonsOnOneRow"] and layout["buttonsInside"], (name, layout)
+            assert "Connect" in layout["hint"] and layout["textBox"], (name, layout)
+            assert "embedded" in await cdp.evaluate("document.getElementById('model-info').innerText")
+            shot = await cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+            (shots / f"demo-{name}.png").write_bytes(base64.b64decode(shot["data"]))
+    async with httpx.AsyncClient() as http:
+        icon = await http.get(layout["favicon"])
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")

@@ -161,7 +161,7 @@ class TwilioCall:
             self._close_code = 1008
             return False
         try:
-            runner = self.manager.open(params.get("model") or None)
+            runner = self.manager.open(params.get("model") or None, transport="twilio")
         except (SessionLimitError, UnknownModelError) as exc:
             log.error("twilio call %s: no session (%s); hanging up", info.call_sid, exc)
             self._close_code = 1013 if isinstance(exc, SessionLimitError) else 1008

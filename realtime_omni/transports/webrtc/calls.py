@@ -189,12 +189,12 @@ async def create_call(request: Request) -> Response:
     try:
         if token:  # a new offer carrying the token resumes the session of a lost call
             last_seq = int(request.query_params.get("last_sequence_number") or 0)
-            runner, replay, gap = await manager.resume(token, last_seq, owner)
+            runner, replay, gap = await manager.resume(token, last_seq, owner, transport="webrtc")
             # missed events go on the data channel first; missed audio is stale and is not replayed
             missed = [o.event for o in replay if o.event["type"] != "response.output_audio.delta"]
             preface = [runner.resumed_event(len(missed), gap), *missed]
         else:
-            runner = manager.open(model, owner=owner)
+            runner = manager.open(model, owner=owner, transport="webrtc")
     except SessionLimitError as exc:
         return error(503, "session_limit_reached", str(exc))
     except UnknownModelError as exc:
