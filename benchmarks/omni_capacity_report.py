@@ -2,7 +2,7 @@
 """Render ``omni_capacity.py`` raw results as docs/benchmarks/omni-capacity.{json,md,png}.
 
     python benchmarks/omni_capacity_report.py raw.json [more.json ...] --commit SHA --gpu 'NVIDIA H200' \
-        [--server server.json] [--lookahead-one raw-la1.json] --out docs/benchmarks
+        [--server 4:server.json ...] [--lookahead-run 1:raw-la1.json ...] --out docs/benchmarks
 
 Models are taken from every raw file in order (one model per name: the last wins).
 """
@@ -50,34 +50,34 @@ def table(model: dict) -> list[str]:
     return lines
 
 
-def lookahead_table(one: list[dict], by_name: dict[str, dict]) -> list[str]:
-    """The same levels with sessions stepping one at a time (``--lookahead 1``) and queueing ahead."""
-    lines = ["## Steps queued ahead (lookahead 1 → 4)", "",
-             "Same model and prompt; `--lookahead 1`: a session hands each step over only after reading the "
-             "last one (the sessions reach the loop in waves); 4 (the default): each keeps four steps queued.", "",
-             "| model | sessions | audio s per wall s | TTFA p50 (ms) | chunk RTF p50 / p95 | rows per step: thinker / talker |",
-             "|---|---|---|---|---|---|"]
-    for m in one:
-        four = {r["sessions"]: r for r in by_name.get(m.get("name"), {}).get("runs", [])}
-        for r in m.get("runs", []):
-            other = four.get(r["sessions"])
-            if other is None:
-                continue
-            cells = []
-            for key in ("audio_s_per_wall_s",):
-                cells.append(f"{_f(r[key], 1)} → {_f(other[key], 1)}")
-            cells.append(f"{_f(r['ttfa_ms']['p50'])} → {_f(other['ttfa_ms']['p50'])}")
-            cells.append(f"{_f(r['chunk_rtf']['p50'], 2)} / {_f(r['chunk_rtf']['p95'], 2)} → "
-                         f"{_f(other['chunk_rtf']['p50'], 2)} / {_f(other['chunk_rtf']['p95'], 2)}")
-            rows = lambda x: " / ".join(_f(x["batches"][n]["mean_rows"], 1) for n in ("thinker", "talker"))  # noqa: E731
-            cells.append(f"{rows(r)} → {rows(other)}")
-            lines.append(f"| {m['name']} | {r['sessions']} | " + " | ".join(cells) + " |")
+def lookahead_table(runs: list[tuple[int, list[dict]]]) -> list[str]:
+    """The same levels with sessions queueing 1, 4, 12 … steps ahead per stage."""
+    lines = ["## Steps queued ahead per stage (`REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS`)", "",
+             "Same model and prompt. Lookahead 1: a session hands its next step over only after reading the last "
+             "one, so the sessions reach each stage's loop in waves as their threads come round; with more, each "
+             "session keeps that many steps queued (the thinker chains its tokens on the device).", "",
+             "| model | sessions | lookahead | audio s per wall s | TTFA p50 (ms) | chunk RTF p50 / p95 | "
+             "rows per step: thinker / talker | ms per step: thinker / talker |", "|---|---|---|---|---|---|---|---|"]
+    table: dict[tuple[str, int], list[tuple[int, dict]]] = {}
+    for lookahead, models in runs:
+        for m in models:
+            for r in m.get("runs", []):
+                table.setdefault((m["name"], r["sessions"]), []).append((lookahead, r))
+    for (name, n), entries in sorted(table.items()):
+        if len(entries) < 2:
+            continue
+        for lookahead, r in sorted(entries, key=lambda e: e[0]):
+            b = r["batches"]
+            rows = " / ".join(_f(b[k]["mean_rows"], 1) for k in ("thinker", "talker"))
+            ms = " / ".join(_f(b[k]["ms_per_step"], 1) for k in ("thinker", "talker"))
+            lines.append(f"| {name} | {n} | {lookahead} | {_f(r['audio_s_per_wall_s'], 1)} | {_f(r['ttfa_ms']['p50'])} | "
+                         f"{_f(r['chunk_rtf']['p50'], 2)} / {_f(r['chunk_rtf']['p95'], 2)} | {rows} | {ms} |")
     return lines + [""]
 
 
-def server_table(server: dict) -> list[str]:
+def server_table(server: dict, lookahead: int) -> list[str]:
     """``omni_server.py``: N WebSocket clients with a spoken turn each, through the real server."""
-    lines = ["## Through the real server (WebSocket clients)", "",
+    lines = [f"## Through the real server (WebSocket clients), lookahead {lookahead}", "",
              f"`realtime-omni serve --model omni:<dir>` in its own process, the model in its worker process, "
              f"{server.get('slots')} session slots, random weights (`REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`); "
              f"server up and graphs captured after {_f(server.get('load_s'))} s. Each of N `/v1/realtime` clients "
@@ -127,8 +127,10 @@ def plot(models: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("raw", type=Path, nargs="+")
-    ap.add_argument("--server", type=Path, default=None, help="omni_server.py output")
-    ap.add_argument("--lookahead-one", type=Path, default=None, help="a capacity run with --lookahead 1")
+    ap.add_argument("--server", action="append", default=[], metavar="LOOKAHEAD:PATH",
+                    help="omni_server.py output, with the lookahead it ran with")
+    ap.add_argument("--lookahead-run", action="append", default=[], metavar="LOOKAHEAD:PATH",
+                    help="capacity runs with other --lookahead values, compared level by level")
     ap.add_argument("--commit", required=True)
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
@@ -156,7 +158,8 @@ def main(argv=None) -> int:
         md += [f"{m['slots']} session slots; KV per session {_f(kv / 2**20 if kv else None, 0)} MiB "
                f"(thinker context {m.get('cache_tokens', 1024)} tokens); model built and every bucket graph "
                f"captured in {_f(m.get('build_s'), 0)} s; GPU memory after load {_f(m.get('gpu_mem_after_load_gb'), 1)} GB; "
-               f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}.", ""]
+               f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}; steps queued ahead per "
+               f"stage: {m.get('lookahead', 4)} (the default was 4 when this ran; 12 since, see below).", ""]
         md += table(m) + [""]
         check = m.get("check_alone")
         if check:
@@ -168,11 +171,12 @@ def main(argv=None) -> int:
             md += ["Before (each session alone): " + ", ".join(
                 f"N={n}: TTFA {t} ms, RTF {r}" for n, (t, r) in base.items())
                 + f"; about {BASELINE_AUDIO_PER_S[m['name']]} audio s per wall s at any N.", ""]
-    if args.lookahead_one is not None:
-        md += lookahead_table(json.loads(args.lookahead_one.read_text())["models"], by_name)
-    server = json.loads(args.server.read_text()) if args.server is not None else None
-    if server is not None:
-        md += server_table(server)
+    la_runs = [(int(k), json.loads(Path(v).read_text())["models"]) for k, v in (a.split(":", 1) for a in args.lookahead_run)]
+    if la_runs:
+        md += lookahead_table(la_runs)
+    servers = [(int(k), json.loads(Path(v).read_text())) for k, v in (a.split(":", 1) for a in args.server)]
+    for lookahead, server in servers:
+        md += server_table(server, lookahead)
     if args.sections.exists():
         md += [args.sections.read_text().strip(), ""]
     md += ["## Reproduce", "", "```sh",
@@ -184,8 +188,17 @@ def main(argv=None) -> int:
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 1 8 16 32 48 64 --check-alone "
            "--timeouts 330 250 --out cap.json",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 16 32 --lookahead 1 --out cap-la1.json   # likewise --lookahead 4",
+           "# through the server: carry .whl_server too (the server's wheels, see docs/gpu-machine.md) and a spoken",
+           "# question made here: python -c \"import numpy as n, sys; sys.path[:0]=['benchmarks']; "
+           "from omni_server import speech; n.save('.omni_cfg/turn.npy', speech(None))\"",
+           "mkdir -p /tmp/q3 && cp .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/q3/config.json",
+           "python3 benchmarks/omni_server.py --model-dir /tmp/q3 --random-weights --sessions 8 32 --slots 40 "
+           "--speech .omni_cfg/turn.npy --out server.json",
            "# here again:",
-           "python benchmarks/omni_capacity_report.py cap.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)'",
+           "python benchmarks/omni_capacity_report.py cap.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
+           "--lookahead-run 1:cap-la1.json --lookahead-run 12:cap.json --server 12:server.json",
            "```", ""]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "omni-capacity.md").write_text("\n".join(md))
@@ -206,7 +219,7 @@ def main(argv=None) -> int:
            "command": "python3 benchmarks/omni_capacity.py --config <Qwen3-Omni-30B-A3B config> --config "
                       "<Qwen2.5-Omni-7B config> --sessions 1 8 16 32 48 64 --check-alone --out cap.json",
            "baseline": {k: {str(n): v for n, v in b.items()} for k, b in BASELINE.items()}, "models": models,
-           "server": server}
+           "lookahead_runs": {str(k): v for k, v in la_runs}, "server": {str(k): v for k, v in servers}}
     (args.out / "omni-capacity.json").write_text(json.dumps(doc, indent=1, default=float))
     plot(models, args.out / "omni-capacity.png")
     return 0
