@@ -1,4 +1,9 @@
-"""Silero VAD (v5/v6 onnx) run with onnxruntime: one shared session, recurrent state per stream."""
+"""Silero VAD (v5/v6 onnx) run with onnxruntime: one shared session, recurrent state per stream.
+
+The model file is the one faster-whisper ships (``faster_whisper/assets/silero_vad_v6.onnx``,
+already installed for the recognizer): the ``silero-vad`` package would carry the same network but
+declares a dependency on torch, which nothing else in the embedded default needs.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ CONTEXT = 64  # v5+ models see the last 64 samples of the previous frame in fron
 
 
 def default_model_path() -> Path:
-    return Path(str(importlib.resources.files("silero_vad") / "data" / "silero_vad.onnx"))
+    return Path(str(importlib.resources.files("faster_whisper") / "assets" / "silero_vad_v6.onnx"))
 
 
 class SileroVAD:
@@ -31,9 +36,18 @@ class SileroVAD:
             str(path or default_model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        # faster-whisper's export takes the LSTM's h and c apart and no sample rate (16 kHz only);
+        # silero's own takes one stacked ``state`` and ``sr``
+        self._split_state = {"h", "c"} <= {i.name for i in self.session.get_inputs()}
+
+    def initial_state(self) -> np.ndarray:
+        return np.zeros((2, 1, 1, 128) if self._split_state else (2, 1, 128), dtype=np.float32)
 
     def run(self, window: np.ndarray, state: np.ndarray) -> tuple[float, np.ndarray]:
         """One model call: ``window`` is float32 [1, CONTEXT + FRAME]; returns (prob, new state)."""
+        if self._split_state:
+            prob, h, c = self.session.run(None, {"input": window, "h": state[0], "c": state[1]})
+            return float(np.asarray(prob).reshape(-1)[0]), np.stack([h, c])
         prob, new_state = self.session.run(None, {"input": window, "state": state, "sr": self._sr})
         return float(prob[0, 0]), new_state
 
@@ -51,7 +65,7 @@ class SileroVADStream(VADStream):
         self.reset()
 
     def reset(self) -> None:
-        self._state = np.zeros((2, 1, 128), dtype=np.float32)
+        self._state = self._model.initial_state()
         self._context = np.zeros(CONTEXT, dtype=np.float32)
 
     def probabilities(self, pcm16k: np.ndarray) -> list[float]:
