@@ -153,8 +153,47 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+#: the SDK model each conversation item shape validates against (named in pydantic's error paths)
+_ITEM_MODELS = {
+    ("function_call", None): "RealtimeConversationItemFunctionCall",
+    ("function_call_output", None): "RealtimeConversationItemFunctionCallOutput",
+    ("message", "system"): "RealtimeConversationItemSystemMessage",
+    ("message", "user"): "RealtimeConversationItemUserMessage",
+    ("message", "assistant"): "RealtimeConversationItemAssistantMessage",
+}
+
+
+def _is_member(part: Any) -> bool:
+    """A union member's class name in an error path (fields are lower case)."""
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part)
+
+
+def _matches_own_shape(error: dict[str, Any], data: Any) -> bool:
+    """Whether an error of a union comes from the member the value's own type/role selects."""
+    node = data
+    for part in error.get("loc", ()):
+        if _is_member(part):
+            if not isinstance(node, dict) or not isinstance(node.get("type"), str):
+                return True
+            role = node.get("role") if node.get("type") == "message" and isinstance(node.get("role"), str) else None
+            own = _ITEM_MODELS.get((node["type"], role))
+            return own is None or part == own
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+        if not isinstance(node, dict | list):
+            return False
+    return True
+
+
+def _best_error(errors_: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any]:
+    """Of a union's errors, the one about the member the client meant (its ``type``/``role``)."""
+    return next((e for e in errors_ if _matches_own_shape(e, data)), errors_[0])
+
+
 def _param_of(error: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in error.get("loc", ()))
+    return ".".join(str(p) for p in error.get("loc", ()) if not _is_member(p))
 
 
 def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> Any:
@@ -182,7 +221,7 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
     try:
         return _ADAPTERS[kind].validate_python(data)
     except pydantic.ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        first = _best_error(exc.errors(include_url=False), data)
         param = _param_of(first)
         raise ProtocolError(
             errors.INVALID_EVENT,
