@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from ..audio import AudioFormat, StreamResampler
-from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest
+from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, ToolCallDelta
 
 T = TypeVar("T")
 _DONE = object()
@@ -56,6 +56,8 @@ class Sink:
     text: Callable[[str], Awaitable[None]]
     audio: Callable[[bytes, str], Awaitable[None]]
     usage: Callable[[int, int, int], Awaitable[None]]
+    #: pieces of a function call (never spoken); None: the caller takes no calls
+    call: Callable[[ToolCallDelta], Awaitable[None]] | None = None
 
 
 class ResponsePipeline:
@@ -158,6 +160,10 @@ class ResponsePipeline:
                 await sink.usage(piece.prompt_tokens, counts["tokens"], cached)
                 self.prompt_tokens, self.cached_tokens = piece.prompt_tokens, cached
             counts["tokens"] += 1
+            if piece.call is not None:  # a function call goes to the client, not to the talker
+                if sink.call is not None:
+                    await sink.call(piece.call)
+                return
             await out.put(Chunk(epoch, piece))
 
         self.prompt_tokens, self.cached_tokens = 0, 0

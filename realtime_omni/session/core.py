@@ -19,15 +19,16 @@ from typing import Any
 import numpy as np
 
 from ..audio import StreamResampler
-from ..engines.base import ModelInfo, ThinkRequest, TurnMessage
+from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
 from . import actions as act
-from .config import SessionConfig, parse_format
+from .config import SessionConfig, parse_format, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
 from .responses import Response
+from .tools import ToolChoice
 from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class RealtimeSession:
         self.echo = "echo" in model.capabilities
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
+        #: whether the model can call functions (session.tools, function_call items)
+        self.calls_tools = "tools" in model.capabilities
         self._latest_image: np.ndarray | None = None
         #: prepare replies during the pause before the end-of-turn decision (cascade models)
         self.speculative = not model.hears_audio
@@ -173,8 +176,10 @@ class RealtimeSession:
         self._reset_detector()
         for data in snapshot["items"]:
             status = data.get("status") if data.get("status") != "in_progress" else "incomplete"
-            self.conversation.add(Item(id=data["id"], role=data["role"], type=data.get("type", "message"),
-                                       status=status, content=data.get("content") or []))
+            self.conversation.add(Item(id=data["id"], role=data.get("role"), type=data.get("type", "message"),
+                                       status=status, content=data.get("content") or [],
+                                       call_id=data.get("call_id", ""), name=data.get("name", ""),
+                                       arguments=data.get("arguments", ""), output=data.get("output", "")))
         self.audio_started = any(i.role == "assistant" for i in self.conversation)
 
     # ---------------------------------------------------------------- client events
@@ -196,6 +201,9 @@ class RealtimeSession:
             raise ProtocolError(errors.INVALID_VALUE, "the model cannot change within a session", param="session.model")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
+        if config.tools and not self.calls_tools:
+            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+                                param="session.tools")
         if config.turn_detection is not None and not self.has_vad:
             raise ProtocolError(
                 errors.UNSUPPORTED,
@@ -264,7 +272,10 @@ class RealtimeSession:
 
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
-        item = item_from_client(data, accepts_images=self.sees)
+        item = item_from_client(data, accepts_images=self.sees, accepts_tools=self.calls_tools)
+        if item.type == "function_call_output" and self.conversation.find_call(item.call_id) is None:
+            raise ProtocolError(errors.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
+                                param="item.call_id")
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
                 try:
@@ -318,9 +329,11 @@ class RealtimeSession:
                 f"conversation already has an active response in progress: {self.response.id}",
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
-        if params.get("tools"):
-            raise ProtocolError(errors.UNSUPPORTED, "tools are not supported by this server", param="response.tools")
-        self._create_response(params)
+        tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
+        if tools and not self.calls_tools:
+            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+                                param="response.tools")
+        self._create_response(params, tools=tools, choice=choice)
 
     def _on_response_cancel(self, event: Any) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
@@ -384,7 +397,8 @@ class RealtimeSession:
     def preview_request(self, transcript: str) -> ThinkRequest:
         """The request the next response would make if the pending user turn says ``transcript``
         (for speculation; the driver compares it with the real one before adopting)."""
-        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio)
+        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
+                                      self.config.tools, self.config.tool_choice)
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
 
@@ -429,8 +443,11 @@ class RealtimeSession:
         self._maybe_start_pipeline()
 
     # ---------------------------------------------------------------- responses
-    def _create_response(self, params: dict[str, Any], spec_id: int | None = None) -> None:
+    def _create_response(self, params: dict[str, Any], spec_id: int | None = None,
+                         tools: list[ToolSpec] | None = None, choice: ToolChoice | None = None) -> None:
         cfg = self.config
+        tools = cfg.tools if tools is None else tools
+        choice = choice or cfg.tool_choice
         modalities = params.get("output_modalities") or cfg.output_modalities
         modalities = ["audio"] if "audio" in modalities else ["text"]
         output_format = cfg.output_format
@@ -449,38 +466,47 @@ class RealtimeSession:
             voice=cfg.voice,
             max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
             in_conversation=in_conversation,
+            metadata=params.get("metadata"),
+            attach=self.conversation.add if in_conversation else None,
         )
-        previous = self.conversation.last_id()
-        if in_conversation:
-            self.conversation.add(item)
         self.response = response
         self.ledger.begin(response.id)
         if "audio" in modalities:
             self.audio_started = True
-        response.start_events(self._emit, previous)
+        response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
         if self.rate_limits is not None:
             self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
-        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens, response.wants_audio)
+        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
+                                                    response.wants_audio, tools, choice)
         self._pending_input = params.get("input")
         self._pending_spec = spec_id
         self._maybe_start_pipeline()
 
-    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool) -> ThinkRequest:
+    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool,
+                       tools: list[ToolSpec], choice: ToolChoice) -> ThinkRequest:
         return ThinkRequest(
             instructions=self.config.instructions if instructions is None else instructions,
             messages=[],  # filled when the pipeline starts, after pending transcripts arrive
             max_output_tokens=None if limit == "inf" else int(limit),
             voice=self.config.voice,
             want_audio=want_audio,
+            tools=list(tools),
+            tool_choice=choice.mode,
+            tool_name=choice.name,
         )
 
     def _messages(self, params_input: list[dict[str, Any]] | None) -> list[TurnMessage]:
         if params_input is None:
             return self.conversation.to_messages()
         messages = []
-        for data in params_input:
-            item = item_from_client(data, self.sees)
-            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))
+        for index, data in enumerate(params_input):
+            item = item_from_client(data, self.sees, self.calls_tools, param=f"response.input.{index}")
+            if item.type != "message":
+                message = self.conversation.tool_message(item)
+                if message is not None:
+                    messages.append(message)
+                continue
+            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))  # type: ignore[arg-type]
         return messages
 
     def _maybe_start_pipeline(self) -> None:
@@ -524,6 +550,11 @@ class RealtimeSession:
         response = self._live(response_id, epoch)
         if response is not None and wire:
             response.audio_delta(self._emit, wire, text)
+
+    def on_response_call(self, response_id: str, epoch: int, piece: ToolCallDelta) -> None:
+        response = self._live(response_id, epoch)
+        if response is not None:
+            response.call_delta(self._emit, piece)
 
     def on_response_usage(self, response_id: str, epoch: int, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
         response = self._live(response_id, epoch)
