@@ -57,9 +57,14 @@ class RealtimeSession:
         has_vad: bool = True,
         max_session_seconds: float = 3600.0,
         clock=time.time,  # type: ignore[no-untyped-def]
+        requested_model: str | None = None,
     ) -> None:
         self.id = session_id or new_id("sess")
         self.model = model
+        #: the id the client asked for when it is an alias of the served one (``gpt-realtime``)
+        self.requested_model = requested_model if requested_model not in (None, model.id) else None
+        #: whether a model id in session.update names this session's model (the manager knows aliases)
+        self.accepts_model: Callable[[str], bool] = lambda name: name in (model.id, self.requested_model)
         self.echo = "echo" in model.capabilities
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
@@ -140,6 +145,9 @@ class RealtimeSession:
         session = self.config.to_dict(self.id, self.expires_at)
         # Extension (not in OpenAI's schema): what this model can take and give.
         session["capabilities"] = sorted(self.model.capabilities)
+        if self.requested_model is not None:
+            # Extension: ``model`` is the model that serves; this is the alias the client asked for
+            session["requested_model"] = self.requested_model
         return session
 
     def warn_expiring(self, seconds_left: int) -> None:
@@ -197,8 +205,9 @@ class RealtimeSession:
         update = event.session.model_dump(exclude_unset=True)
         if update.get("type") == "transcription":
             raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
-        if update.get("model") not in (None, self.model.id):
-            raise ProtocolError(errors.INVALID_VALUE, "the model cannot change within a session", param="session.model")
+        if update.get("model") is not None and not self.accepts_model(update["model"]):
+            raise ProtocolError(errors.INVALID_VALUE, f"the model cannot change within a session (served: "
+                                f"{self.model.id!r})", param="session.model")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
         if config.tools and not self.calls_tools:

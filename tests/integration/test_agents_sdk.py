@@ -148,3 +148,24 @@ async def test_hostile_tools_and_function_items_get_precise_errors(server):
         await conn.response.create(response={"output_modalities": ["text"]})
         events = await collect_until_done(conn)
         assert events[-1].response.status in ("completed", "incomplete")
+
+
+async def test_clients_default_model_ids_are_served_by_the_default_model(server):
+    import httpx
+
+    for requested in ("gpt-realtime", "gpt-4o-realtime-preview-2024-12-17"):
+        async with client(server).realtime.connect(model=requested) as conn:
+            created = await asyncio.wait_for(conn.recv(), TIMEOUT)
+            assert created.type == "session.created"
+            assert created.session.model == "embedded"  # the model that serves...
+            assert created.session.model_extra["requested_model"] == requested  # ...what was asked for
+            # clients repeat their model id in session.update: the same model, so accepted
+            await conn.session.update(session={"type": "realtime", "model": requested, "instructions": "Be brief."})
+            updated = await asyncio.wait_for(conn.recv(), TIMEOUT)
+            assert updated.type == "session.updated" and updated.session.instructions == "Be brief."
+            await expect_error(conn, lambda: conn.session.update(session={"type": "realtime", "model": "echo"}),
+                               "invalid_value", "session.model")
+    async with httpx.AsyncClient(base_url=server.http) as http:
+        models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+    assert models["embedded"]["default"] and "gpt-realtime*" in models["embedded"]["aliases"]
+    assert not models["echo"]["default"] and models["echo"]["aliases"] == []
