@@ -153,6 +153,28 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _take_item_references(data: dict[str, Any], event_id: str | None) -> list[tuple[int, str]]:
+    """Pull ``{"type": "item_reference", "id": ...}`` entries out of ``response.input`` (the SDK's
+    item union has no such member) and return them as (position, item id)."""
+    response = data.get("response")
+    items = response.get("input") if isinstance(response, dict) else None
+    if not isinstance(items, list):
+        return []
+    refs: list[tuple[int, str]] = []
+    kept = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            if not isinstance(item.get("id"), str) or set(item) - {"type", "id"}:
+                raise ProtocolError(errors.INVALID_EVENT, "an item_reference has exactly a string 'id'",
+                                    param=f"response.input.{index}", event_id=event_id)
+            refs.append((index, item["id"]))
+        else:
+            kept.append(item)
+    if refs:
+        response["input"] = kept
+    return refs
+
+
 #: the SDK model each conversation item shape validates against (named in pydantic's error paths)
 _ITEM_MODELS = {
     ("function_call", None): "RealtimeConversationItemFunctionCall",
@@ -218,8 +240,13 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
         )
     data = _normalize(data)
     _check_ranges(data, event_id)
+    refs = _take_item_references(data, event_id) if kind == "response.create" else []
     try:
-        return _ADAPTERS[kind].validate_python(data)
+        event = _ADAPTERS[kind].validate_python(data)
+        if refs:
+            # an extra field of the SDK model: response.input without them, and where they stood
+            event.response.item_references = refs
+        return event
     except pydantic.ValidationError as exc:
         first = _best_error(exc.errors(include_url=False), data)
         param = _param_of(first)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ..audio import AudioFormat, parse_audio_format
 from ..engines.base import ToolSpec
@@ -157,5 +157,8 @@ def _turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
         fields["silence_duration_ms"] = _EAGERNESS_SILENCE_MS[fields.get("eagerness") or "auto"]
     try:
         return TurnDetection(**fields)
-    except ValueError as exc:
-        raise ProtocolError(errors.INVALID_VALUE, str(exc), param="session.audio.input.turn_detection") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ProtocolError(errors.INVALID_VALUE, f"turn_detection.{field}: {first['msg']}",
+                            param=f"session.audio.input.turn_detection.{field}") from None

@@ -147,18 +147,16 @@ class Conversation:
         return None
 
     def to_messages(self) -> list[TurnMessage]:
-        messages = []
-        for item in self:
-            if item.type != "message":
-                message = self.tool_message(item)
-                if message is not None:
-                    messages.append(message)
-                continue
-            text = item.text()
-            if not text and item.audio16k is None and not item.images:
-                continue
-            messages.append(TurnMessage(role=item.role, text=text, audio=item.audio16k, images=list(item.images)))
-        return messages
+        return [m for m in map(self.message_of, self) if m is not None]
+
+    def message_of(self, item: Item) -> TurnMessage | None:
+        """An item as the thinker reads it (None: nothing to read)."""
+        if item.type != "message":
+            return self.tool_message(item)
+        text = item.text()
+        if not text and item.audio16k is None and not item.images:
+            return None
+        return TurnMessage(role=item.role, text=text, audio=item.audio16k, images=list(item.images))  # type: ignore[arg-type]
 
 
     def tool_message(self, item: Item) -> TurnMessage | None:

@@ -27,7 +27,9 @@ from .config import SessionConfig, parse_format, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
+from .idle import IdleTimer
 from .responses import Response
+from ..protocol.server_events import server_event
 from .tools import ToolChoice
 from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
 
@@ -93,10 +95,13 @@ class RealtimeSession:
         self._speech_start_ms = 0
         self._vad_pending = np.zeros(0, dtype=np.int16)
         self._vad_position = 0  # stream samples already given to the VAD
+        self._idle = IdleTimer()
+        self._response_started_ms = 0.0  # input position when the current response began
         self._pending_transcripts: set[str] = set()
         # the next response's request, held until every pending transcript has arrived
         self._pending_request: ThinkRequest | None = None
         self._pending_input: list[dict[str, Any]] | None = None
+        self._pending_refs: list[tuple[int, str]] = []
         self._pending_spec: int | None = None
         self._echo_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
@@ -338,6 +343,9 @@ class RealtimeSession:
                 f"conversation already has an active response in progress: {self.response.id}",
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
+        _check_metadata(params.get("metadata"))
+        for index, item_id in params.get("item_references", ()):
+            self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
         tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
         if tools and not self.calls_tools:
             raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
@@ -365,6 +373,7 @@ class RealtimeSession:
         assert td is not None
         for decision in self.detector.feed(probabilities, start_ms):
             if isinstance(decision, SpeechStarted):
+                self._idle.disarm()
                 self._speech_item_id = new_id("item")
                 self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
                 self._emit(
@@ -392,6 +401,24 @@ class RealtimeSession:
                     self._create_response({}, spec)
                 elif spec is not None:
                     self._actions.append(act.DropSpeculation(spec))
+        if self.response is None and self._speech_item_id is None:
+            self._check_idle(start_ms + len(probabilities) * self.detector.frame_ms)
+
+    def _check_idle(self, now_ms: float) -> None:
+        td = self.config.turn_detection
+        stretch = self._idle.due(now_ms, td.idle_timeout_ms if td is not None else None)
+        if stretch is None or td is None:
+            return
+        item_id = new_id("item")
+        self._emit(server_event("input_audio_buffer.timeout_triggered", audio_start_ms=stretch[0],
+                                audio_end_ms=stretch[1], item_id=item_id))
+        self._drop_speculation()
+        self._commit(item_id, self.input.take(stretch[0], stretch[1]))
+        if td.create_response:
+            self._create_response({})
+
+    def _arm_idle(self, response: Response) -> None:
+        self._idle.arm(self._response_started_ms, response.item.audio_ms, 1000.0 * self._vad_position / MODEL_RATE)
 
     def append_image(self, rgb: np.ndarray) -> None:
         """A camera frame (newest wins); it joins the next committed user turn."""
@@ -479,6 +506,8 @@ class RealtimeSession:
             attach=self.conversation.add if in_conversation else None,
         )
         self.response = response
+        self._idle.disarm()
+        self._response_started_ms = 1000.0 * self._vad_position / MODEL_RATE
         self.ledger.begin(response.id)
         if "audio" in modalities:
             self.audio_started = True
@@ -488,6 +517,7 @@ class RealtimeSession:
         self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
                                                     response.wants_audio, tools, choice)
         self._pending_input = params.get("input")
+        self._pending_refs = params.get("item_references", [])
         self._pending_spec = spec_id
         self._maybe_start_pipeline()
 
@@ -504,19 +534,20 @@ class RealtimeSession:
             tool_name=choice.name,
         )
 
-    def _messages(self, params_input: list[dict[str, Any]] | None) -> list[TurnMessage]:
-        if params_input is None:
+    def _messages(self, params_input: list[dict[str, Any]] | None, refs: list[tuple[int, str]]) -> list[TurnMessage]:
+        """The conversation, or the response's own ``input`` (new items and references to
+        existing ones, in the order given)."""
+        if params_input is None and not refs:
             return self.conversation.to_messages()
-        messages = []
-        for index, data in enumerate(params_input):
-            item = item_from_client(data, self.sees, self.calls_tools, param=f"response.input.{index}")
-            if item.type != "message":
-                message = self.conversation.tool_message(item)
-                if message is not None:
-                    messages.append(message)
-                continue
-            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))  # type: ignore[arg-type]
-        return messages
+        given = iter(params_input or [])
+        where = dict(refs)
+        items: list[Item] = []
+        for index in range(len(params_input or []) + len(refs)):
+            if index in where:
+                items.append(self.conversation.get(where[index], param=f"response.input.{index}.id"))
+            else:
+                items.append(item_from_client(next(given), self.sees, self.calls_tools, param=f"response.input.{index}"))
+        return [m for m in map(self.conversation.message_of, items) if m is not None]
 
     def _maybe_start_pipeline(self) -> None:
         response = self.response
@@ -526,7 +557,7 @@ class RealtimeSession:
         request = self._pending_request
         assert request is not None
         try:
-            request.messages = self._messages(self._pending_input)
+            request.messages = self._messages(self._pending_input, self._pending_refs)
         except ProtocolError as exc:  # an input item this model cannot take: fail this response only
             self.error(exc)
             response.finish(self._emit, "failed", error=exc.to_error())
@@ -581,6 +612,7 @@ class RealtimeSession:
             self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
+        self._arm_idle(response)
 
     def _live(self, response_id: str, epoch: int) -> Response | None:
         response = self.response
@@ -606,3 +638,19 @@ class RealtimeSession:
             out = out_fmt.encode(self._echo_resampler.process(pcm))
         self.response.audio_delta(self._emit, out, "")
 
+
+
+#: the published limits of response.metadata
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if not metadata:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ProtocolError(errors.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
+                            param="response.metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+            raise ProtocolError(errors.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
+                                f"values at most {MAX_METADATA_VALUE}", param=f"response.metadata.{key[:64]}")

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from ..audio import AudioFormat
 from ..engines.base import ToolCallDelta
+from ..protocol.beta import CONVERSATION_ID
 from ..protocol.server_events import server_event
 from .conversation import Item, SpokenSpan, new_id
 
@@ -60,7 +61,7 @@ class Response:
             "status": self.status,
             "status_details": self.status_details,
             "output": [item.to_dict() for item in self.outputs],
-            "conversation_id": "conv_default" if self.in_conversation else None,
+            "conversation_id": CONVERSATION_ID if self.in_conversation else None,
             "output_modalities": list(self.modalities),
             "max_output_tokens": self.max_output_tokens,
             "audio": {"output": {"format": {"type": self.output_format.value}, "voice": self.voice}},

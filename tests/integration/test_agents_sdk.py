@@ -169,3 +169,47 @@ async def test_clients_default_model_ids_are_served_by_the_default_model(server)
         models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
     assert models["embedded"]["default"] and "gpt-realtime*" in models["embedded"]["aliases"]
     assert not models["echo"]["default"] and models["echo"]["aliases"] == []
+
+
+async def test_beta_clients_get_conversation_created_and_response_metadata_round_trips(server):
+    async with client(server).beta.realtime.connect(model="gpt-4o-realtime-preview-2024-12-17") as conn:
+        first, second = await conn.recv(), await conn.recv()
+        assert (first.type, second.type) == ("session.created", "conversation.created")
+        assert second.conversation.object == "realtime.conversation" and second.conversation.id
+        await conn.session.update(session={"modalities": ["text"], "turn_detection": None, "max_response_output_tokens": 20})
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Hello!"}]})
+        # LiveKit's agent tags its response.create like this to find the response it asked for
+        await conn.response.create(response={"metadata": {"client_event_id": "lk-42"}})
+        created = done = None
+        while done is None:
+            event = await asyncio.wait_for(conn.recv(), TIMEOUT)
+            if event.type == "response.created":
+                created = event
+            elif event.type == "response.done":
+                done = event
+        assert created.response.metadata == done.response.metadata == {"client_event_id": "lk-42"}
+        assert done.response.output[0].content[0].text.strip()
+
+
+async def test_idle_timeout_triggers_over_the_wire(server):
+    import numpy as np
+
+    from tests.integration.test_realtime_sdk import send_pcm
+
+    async with client(server).realtime.connect(model="gpt-realtime") as conn:
+        await conn.recv()
+        await configure(conn, output_modalities=["text"], audio={"input": {"turn_detection": {
+            "type": "server_vad", "idle_timeout_ms": 5000, "create_response": True}}})
+        await expect_error(conn, lambda: conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "idle_timeout_ms": 100}}}}),
+            "invalid_value", "session.audio.input.turn_detection.idle_timeout_ms")
+        await ask(conn, "Say hello.")
+        await conn.response.create()
+        await collect_until_done(conn)
+        await send_pcm(conn, np.zeros(24_000 * 6, np.int16))
+        events = await collect_until_done(conn)  # the nudge's response
+        types = [e.type for e in events]
+        fired = next(e for e in events if e.type == "input_audio_buffer.timeout_triggered")
+        assert fired.audio_end_ms - fired.audio_start_ms >= 5000
+        assert types.index("input_audio_buffer.timeout_triggered") < types.index("response.created")
