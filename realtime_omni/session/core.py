@@ -208,6 +208,9 @@ class RealtimeSession:
 
     def _on_session_update(self, event: Any) -> None:
         update = event.session.model_dump(exclude_unset=True)
+        if update.get("prompt"):
+            raise ProtocolError(errors.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
+                                "send the text as instructions", param="session.prompt")
         if update.get("type") == "transcription":
             raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
         if update.get("model") is not None and not self.accepts_model(update["model"]):
@@ -344,6 +347,9 @@ class RealtimeSession:
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
         _check_metadata(params.get("metadata"))
+        if params.get("prompt"):
+            raise ProtocolError(errors.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
+                                "as instructions", param="response.prompt")
         for index, item_id in params.get("item_references", ()):
             self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
         tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")

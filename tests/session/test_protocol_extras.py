@@ -137,3 +137,12 @@ def test_speech_disarms_the_idle_timeout():
     feed_silence(d, 4000)
     assert "input_audio_buffer.speech_stopped" in d.types()
     assert "input_audio_buffer.timeout_triggered" not in d.types()
+
+
+def test_stored_prompts_are_refused_rather_than_ignored():
+    d = Driver(has_vad=False)
+    d.take()
+    d.send(type="session.update", session={"type": "realtime", "prompt": {"id": "pmpt_123"}})
+    assert errors_of(d) == [("unsupported_feature", "session.prompt")]
+    assert start(d, prompt={"id": "pmpt_123"}) is None
+    assert errors_of(d) == [("unsupported_feature", "response.prompt")]
