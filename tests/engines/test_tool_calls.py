@@ -123,3 +123,21 @@ def test_a_call_cut_by_the_token_limit_is_not_reported_done(thinker):
                            tools=[BOOKING], tool_choice="required", tool_name="book_table")
     calls = [o.call for o in thinker.think(request) if o.call is not None]
     assert calls and not any(c.done for c in calls)
+
+
+def test_auto_switches_to_a_constrained_call_when_the_reply_opens_one(thinker):
+    """SmolLM2-135M never opens a call on its own from a question (0/30, benchmarks/tool_calls.py),
+    but it copies one from its history: a real model reply that opens with the marker goes on
+    under the grammar and comes out as a complete call."""
+    history = [TurnMessage("user", "What's the weather in Paris?"),
+               TurnMessage("assistant", call=ToolCall("get_weather", '{"city": "Paris", "unit": "celsius"}', "c1")),
+               TurnMessage("user", "Result of get_weather: unknown. Call it again.")]
+    for _ in range(4):
+        outs = ask(thinker, "Again, for Paris.", "auto", tools=(WEATHER,), history=history)
+        calls = [o.call for o in outs if o.call is not None]
+        if calls:
+            break
+    assert calls, "the model never reopened the call it had made (expected ~9 in 10)"
+    assert not "".join(o.text for o in outs), "the marker is not spoken"
+    assert calls[-1].done and calls[-1].name == "get_weather"
+    jsonschema.validate(json.loads(calls[-1].arguments), WEATHER.parameters)
