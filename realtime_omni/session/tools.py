@@ -23,6 +23,8 @@ MAX_TOOLS = 128
 #: the JSON text of one tool's parameters schema (it is rendered into the model's prompt)
 MAX_SCHEMA_CHARS = 16 * 1024
 MAX_DESCRIPTION_CHARS = 4096
+#: all the tools together (every response renders them into the prompt)
+MAX_TOTAL_CHARS = 128 * 1024
 #: arguments of a function_call item and the output of a function_call_output item
 MAX_TOOL_TEXT_CHARS = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -56,6 +58,10 @@ def parse_tools(value: Any, param: str) -> list[ToolSpec]:
                 specs.append(_function(tool, name, at))
             case _:
                 raise ProtocolError(errors.INVALID_VALUE, "a tool needs a string 'name' and type 'function'", param=at)
+    total = sum(len(json.dumps(spec.parameters)) + len(spec.description) for spec in specs)
+    if total > MAX_TOTAL_CHARS:
+        raise ProtocolError(errors.INVALID_VALUE, f"the tools take {total} characters; at most {MAX_TOTAL_CHARS} in all",
+                            param=param)
     names = [spec.name for spec in specs]
     for index, name in enumerate(names):
         if name in names[:index]:

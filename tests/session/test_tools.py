@@ -214,3 +214,28 @@ def test_response_input_may_carry_function_items():
         {"type": "function_call", "name": "get_weather", "arguments": "{}", "call_id": "c9"},
         {"type": "function_call_output", "call_id": "c9", "output": "snow"}])
     assert [m.role for m in action.request.messages] == ["assistant", "tool"]
+
+
+def test_tools_in_all_beyond_the_limit_are_refused():
+    d = Driver(AGENT, has_vad=False)
+    d.take()
+    big = [{"type": "function", "name": f"f{i}", "description": "d" * 4000,
+            "parameters": {"type": "object", "description": "x" * 15_000}} for i in range(8)]
+    d.send(type="session.update", session={"type": "realtime", "tools": big})
+    assert [(e["code"], e["param"]) for e in errors_of(d)] == [("invalid_value", "session.tools")]
+
+
+def test_tools_and_function_items_survive_a_snapshot():
+    d = agent(tool_choice={"type": "function", "name": "get_time"})
+    action = start(d)
+    call(d, action, "get_weather", '{"city": "Oslo"}')
+    call_id = d.take()[-1]["response"]["output"][0]["call_id"]
+    d.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": call_id, "output": "cold"})
+    snapshot = json.loads(json.dumps(d.s.snapshot()))  # what a store keeps is JSON
+    restored = Driver(AGENT, has_vad=False)
+    restored.s.restore(snapshot)
+    assert restored.s.config.tools == d.s.config.tools and restored.s.config.tool_choice == d.s.config.tool_choice
+    assert [i.to_dict() for i in restored.s.conversation] == [i.to_dict() for i in d.s.conversation]
+    action = start(restored)
+    assert [(m.role, m.call.arguments if m.call else m.text) for m in action.request.messages] == [
+        ("assistant", '{"city": "Oslo"}'), ("tool", "cold")]
