@@ -159,11 +159,12 @@ class ResponsePipeline:
                 cached = piece.prompt_tokens - (piece.prefilled_tokens or piece.prompt_tokens)
                 await sink.usage(piece.prompt_tokens, counts["tokens"], cached)
                 self.prompt_tokens, self.cached_tokens = piece.prompt_tokens, cached
-            counts["tokens"] += 1
             if piece.call is not None:  # a function call goes to the client, not to the talker
+                # (not counted: a call cut by the token limit is reported incomplete by the session)
                 if sink.call is not None:
                     await sink.call(piece.call)
                 return
+            counts["tokens"] += 1
             await out.put(Chunk(epoch, piece))
 
         self.prompt_tokens, self.cached_tokens = 0, 0

@@ -167,6 +167,9 @@ class Response:
         """Close the response once; returns the heard text when it was cut short, else None."""
         if self.status != "in_progress":
             return None
+        if status == "completed" and self._call is not None:
+            # the model stopped inside a call's arguments: only the token limit does that
+            status, reason = "incomplete", "max_output_tokens"
         self.status = status
         if not self.outputs:
             self._open_message(emit)  # a reply with nothing in it is still a (empty) message

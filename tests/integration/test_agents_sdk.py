@@ -213,3 +213,16 @@ async def test_idle_timeout_triggers_over_the_wire(server):
         fired = next(e for e in events if e.type == "input_audio_buffer.timeout_triggered")
         assert fired.audio_end_ms - fired.audio_start_ms >= 5000
         assert types.index("input_audio_buffer.timeout_triggered") < types.index("response.created")
+
+
+async def test_a_call_cut_by_max_output_tokens_is_incomplete_and_not_done(server):
+    async with client(server).realtime.connect(model="embedded") as conn:
+        await conn.recv()
+        await configure(conn, tools=[WEATHER], output_modalities=["text"], audio={"input": {"turn_detection": None}})
+        await ask(conn)
+        await conn.response.create(response={"tool_choice": NAMED, "max_output_tokens": 2})
+        events = await collect_until_done(conn)
+        assert "response.function_call_arguments.done" not in [e.type for e in events]
+        response = events[-1].response
+        assert (response.status, response.status_details.reason) == ("incomplete", "max_output_tokens")
+        assert [(o.type, o.status) for o in response.output] == [("function_call", "incomplete")]

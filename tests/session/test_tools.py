@@ -239,3 +239,15 @@ def test_tools_and_function_items_survive_a_snapshot():
     action = start(restored)
     assert [(m.role, m.call.arguments if m.call else m.text) for m in action.request.messages] == [
         ("assistant", '{"city": "Oslo"}'), ("tool", "cold")]
+
+
+def test_a_response_that_ends_inside_a_call_is_incomplete():
+    d = agent()
+    action = start(d, max_output_tokens=3)
+    d.s.on_response_call(action.response_id, action.epoch, ToolCallDelta(name="get_weather", delta='{"ci'))
+    d.s.on_response_end(action.response_id, action.epoch)  # the thinker ran out of tokens
+    d.pump()
+    done = d.events[-1]["response"]
+    assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "max_output_tokens")
+    assert done["output"][0]["status"] == "incomplete"
+    assert "response.function_call_arguments.done" not in d.types()
