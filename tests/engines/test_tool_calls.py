@@ -141,3 +141,33 @@ def test_auto_switches_to_a_constrained_call_when_the_reply_opens_one(thinker):
     assert not "".join(o.text for o in outs), "the marker is not spoken"
     assert calls[-1].done and calls[-1].name == "get_weather"
     jsonschema.validate(json.loads(calls[-1].arguments), WEATHER.parameters)
+
+
+HOSTILE_SCHEMAS = {
+    "quotes and backslashes in names": {"type": "object", "properties": {'a"b\\c': {"type": "string"}}, "required": ['a"b\\c']},
+    "control characters and unicode": {"type": "object", "properties": {"new\nline\t\x01": {"type": "integer"},
+                                                                        "ünï😀": {"type": "boolean"}}},
+    "odd enum values": {"type": "object", "properties": {"e": {"enum": ['x"y', "back\\slash", "\r\n", 3, None, True]}},
+                        "required": ["e"]},
+    "grammar syntax in a const": {"type": "object", "properties": {"k": {"const": 'root ::= "x" | [^"]*'}}, "required": ["k"]},
+    "recursive refs": {"type": "object", "$defs": {"n": {"type": "object", "properties": {
+        "c": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}}, "properties": {"root": {"$ref": "#/$defs/n"}}},
+    "free-form object": {"type": "object"},
+}
+
+
+@pytest.mark.parametrize("schema", HOSTILE_SCHEMAS.values(), ids=HOSTILE_SCHEMAS.keys())
+def test_hostile_schemas_give_grammars_llama_cpp_parses(thinker, schema):
+    from realtime_omni.engines.embedded.tool_calls import check_grammar
+    from realtime_omni.session.tools import parse_tools
+
+    spec = parse_tools([{"type": "function", "name": "f", "parameters": schema}], "tools")[0]
+    for named in (True, False):
+        check_grammar(thinker._instance.result(), call_grammar([spec], named=named))
+
+
+def test_enum_values_with_quotes_come_back_as_valid_json(thinker):
+    tool = ToolSpec("pick", "Pick a value", HOSTILE_SCHEMAS["odd enum values"])
+    calls = [o.call for o in ask(thinker, "Pick one.", "required", "pick", tools=(tool,)) if o.call is not None]
+    assert calls[-1].done
+    assert json.loads(calls[-1].arguments)["e"] in ['x"y', "back\\slash", "\r\n", 3, None, True]

@@ -43,10 +43,19 @@ def render_call(call: ToolCall) -> str:
     return CALL_PREFIX + call.name + NAME_END + (call.arguments.strip() or "{}") + "}" + END_MARKER
 
 
+class _Converter(SchemaConverter):
+    """llama-cpp-python's JSON-schema converter with complete literal escaping: its own leaves
+    backslashes as they are, so a property name or enum value holding a quote or a backslash
+    (JSON-escaped into the literal) made a grammar llama.cpp cannot parse."""
+
+    def _format_literal(self, literal: str) -> str:
+        return _literal(literal)
+
+
 def call_grammar(tools: Sequence[ToolSpec], named: bool) -> str:
     """GBNF for what the model writes after :data:`CALL_PREFIX` (after the name and
     :data:`NAME_END` too when ``named``): one declared name, its schema's arguments, ``}``."""
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     alternatives = []
     for index, tool in enumerate(tools):
         rule = f"tool{index}"
@@ -70,7 +79,16 @@ def check_grammar(llm: llama_cpp.Llama, grammar: str) -> None:
 
 
 def _literal(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A GBNF string literal matching ``text`` exactly (control characters as ``\\xHH``)."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02X}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 class CallParser:
