@@ -28,6 +28,12 @@ MAX_TOTAL_CHARS = 128 * 1024
 #: arguments of a function_call item and the output of a function_call_output item
 MAX_TOOL_TEXT_CHARS = 256 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: counts a schema may ask for (string lengths, item counts, regex repetitions): a grammar
+#: engine writes a rule per repetition, so ``minLength: 10**8`` would be a 500 MB grammar
+MAX_SCHEMA_COUNT = 1024
+_COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+           "maxContains")
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -94,6 +100,7 @@ def _function(tool: dict[str, Any], name: str, at: str) -> ToolSpec:
         raise ProtocolError(errors.INVALID_VALUE, f"parameters is not a valid JSON schema: {exc.message[:200]}",
                             param=f"{at}.parameters" + (f".{where}" if where else "")) from None
     _no_remote_refs(parameters, f"{at}.parameters")
+    _bounded_counts(parameters, f"{at}.parameters")
     return ToolSpec(name=name, description=description, parameters={"type": "object", **parameters})
 
 
@@ -109,6 +116,28 @@ def _no_remote_refs(schema: Any, param: str) -> None:
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
+
+
+def _bounded_counts(schema: Any, param: str) -> None:
+    """Counts in a schema stay at most :data:`MAX_SCHEMA_COUNT`, in keywords and in patterns."""
+    stack: list[tuple[Any, str]] = [(schema, param)]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, dict):
+            for key in _COUNTS:
+                value = node.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SCHEMA_COUNT:
+                    raise ProtocolError(errors.INVALID_VALUE, f"{key} is at most {MAX_SCHEMA_COUNT} here, got {value}",
+                                        param=f"{at}.{key}")
+            pattern = node.get("pattern")
+            if isinstance(pattern, str):
+                for match in _REPEAT.finditer(pattern):
+                    if any(int(n) > MAX_SCHEMA_COUNT for n in match.groups() if n):
+                        raise ProtocolError(errors.INVALID_VALUE, f"pattern repetition {match.group(0)[:40]} exceeds "
+                                            f"{MAX_SCHEMA_COUNT}", param=f"{at}.pattern")
+            stack.extend((value, f"{at}.{key}") for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((value, f"{at}.{index}") for index, value in enumerate(node))
 
 
 def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str) -> ToolChoice:

@@ -171,3 +171,10 @@ def test_enum_values_with_quotes_come_back_as_valid_json(thinker):
     calls = [o.call for o in ask(thinker, "Pick one.", "required", "pick", tools=(tool,)) if o.call is not None]
     assert calls[-1].done
     assert json.loads(calls[-1].arguments)["e"] in ['x"y', "back\\slash", "\r\n", 3, None, True]
+
+
+def test_a_grammar_beyond_the_size_limit_is_refused():
+    wide = ToolSpec("f", "", {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "minLength": 1024} for i in range(300)}})
+    with pytest.raises(ToolGrammarError, match="at most"):
+        call_grammar([wide], named=True)

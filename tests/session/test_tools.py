@@ -159,6 +159,11 @@ def test_tool_choice_none_announces_the_message_at_once():
     ([WEATHER], {"type": "function", "name": "missing"}, "session.tool_choice.name", "invalid_value"),
     ([], "required", "session.tool_choice", "invalid_value"),
     ([WEATHER] * 0 + [dict(WEATHER, name=f"f{i}") for i in range(129)], None, "session.tools", "invalid_value"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 10**8}}}}], None, "session.tools.0.parameters.properties.s.minLength", "invalid_value"),
+    ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "array", "items": {
+        "type": "string", "pattern": "^(a{1,100000})$"}}}}}], None, "session.tools.0.parameters.properties.a.items.pattern",
+     "invalid_value"),
 ])
 def test_bad_tools_are_refused_with_the_field_named(tools, choice, param, code):
     d = Driver(AGENT, has_vad=False)

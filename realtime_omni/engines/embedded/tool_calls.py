@@ -22,6 +22,8 @@ MARKER = "<tool_call>"
 END_MARKER = "</tool_call>"
 #: what the server writes before the model picks a function
 CALL_PREFIX = MARKER + '{"name": "'
+#: a grammar larger than this is refused (llama.cpp parses it for every call)
+MAX_GRAMMAR_CHARS = 1024 * 1024
 #: what follows the function's name, up to its arguments
 NAME_END = '", "arguments": '
 
@@ -66,7 +68,10 @@ def call_grammar(tools: Sequence[ToolSpec], named: bool) -> str:
             raise ToolGrammarError(f"tool {tool.name!r}: its parameters schema has no grammar: {exc}") from None
         head = "" if named else _literal(tool.name + NAME_END) + " "
         alternatives.append(f'{head}{rule} "}}"')
-    return converter.format_grammar() + "\nroot ::= " + " | ".join(alternatives) + "\n"
+    grammar = converter.format_grammar() + "\nroot ::= " + " | ".join(alternatives) + "\n"
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ToolGrammarError(f"the tools' grammar takes {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
+    return grammar
 
 
 def check_grammar(llm: llama_cpp.Llama, grammar: str) -> None:
