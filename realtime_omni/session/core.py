@@ -22,16 +22,22 @@ from ..audio import StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
+from ..protocol.server_events import server_event
 from . import actions as act
 from .config import SessionConfig, parse_format, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
+from .idle import IdleTimer
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
-from .idle import IdleTimer
 from .responses import Response
-from ..protocol.server_events import server_event
 from .tools import ToolChoice
-from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
+from .turn_detection import (
+    SilenceStarted,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
 
 log = logging.getLogger(__name__)
 

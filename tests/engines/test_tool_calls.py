@@ -12,7 +12,12 @@ pytest.importorskip("llama_cpp")
 from realtime_omni.engines.base import ThinkRequest, ToolCall, ToolSpec, TurnMessage  # noqa: E402
 from realtime_omni.engines.embedded.llm_llama import LlamaThinkerModel  # noqa: E402
 from realtime_omni.engines.embedded.tool_calls import (  # noqa: E402
-    NAME_END, CallParser, ToolGrammarError, call_grammar, render_call)
+    NAME_END,
+    CallParser,
+    ToolGrammarError,
+    call_grammar,
+    render_call,
+)
 
 WEATHER = ToolSpec("get_weather", "Current weather of a city", {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
