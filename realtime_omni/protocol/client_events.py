@@ -26,6 +26,11 @@ _ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {
     for model in typing.get_args(typing.get_args(RealtimeClientEvent)[0])
 }
 KNOWN_TYPES = frozenset(_ADAPTERS)
+#: client events of the published protocols (beta included) this server does not take, and why
+UNSUPPORTED_TYPES = {
+    "transcription_session.update": "transcription sessions are not supported; open a realtime session and "
+                                    "set audio.input.transcription",
+}
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
@@ -234,6 +239,8 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError(errors.INVALID_EVENT, "event has no string 'type'", param="type", event_id=event_id)
+    if kind in UNSUPPORTED_TYPES:
+        raise ProtocolError(errors.UNSUPPORTED, UNSUPPORTED_TYPES[kind], param="type", event_id=event_id)
     if kind not in KNOWN_TYPES:
         raise ProtocolError(
             errors.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
