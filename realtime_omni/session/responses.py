@@ -75,8 +75,12 @@ class Response:
             "metadata": self.metadata,
         }
 
+    def _index(self, item: Item) -> int:
+        """The output index of ``item`` (by identity), or -1 while it is not an output."""
+        return next((index for index, output in enumerate(self.outputs) if output is item), -1)
+
     def _ids(self) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": self.outputs.index(self.item),
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": self._index(self.item),
                 "content_index": 0}
 
     def start_events(self, emit: EventSink, defer_message: bool = False) -> None:
@@ -94,7 +98,7 @@ class Response:
             emit({"type": "conversation.item.added", "previous_item_id": self.attach(item), "item": item.to_dict()})
 
     def _open_message(self, emit: EventSink) -> None:
-        if self.item in self.outputs:
+        if self._index(self.item) >= 0:
             return
         self._add_output(emit, self.item)
         # Items use the output_* part types; the content_part events use plain audio/text (GA SDK).
@@ -110,7 +114,7 @@ class Response:
                         call_id=new_id("call"), name=piece.name)
             self._call = call
             self._add_output(emit, call)
-        ids = {"response_id": self.id, "item_id": call.id, "output_index": self.outputs.index(call), "call_id": call.call_id}
+        ids = {"response_id": self.id, "item_id": call.id, "output_index": self._index(call), "call_id": call.call_id}
         if piece.delta:
             call.arguments += piece.delta
             emit(server_event("response.function_call_arguments.delta", **ids, delta=piece.delta), epoch=self.epoch)
@@ -122,7 +126,7 @@ class Response:
             self._close_output(emit, call)
 
     def _close_output(self, emit: EventSink, item: Item) -> None:
-        emit({"type": "response.output_item.done", "response_id": self.id, "output_index": self.outputs.index(item),
+        emit({"type": "response.output_item.done", "response_id": self.id, "output_index": self._index(item),
               "item": item.to_dict()})
         if self.attach is not None:
             emit({"type": "conversation.item.done", "item": item.to_dict()})
@@ -176,7 +180,7 @@ class Response:
         heard: str | None = None
         if status == "cancelled" and self.wants_audio and heard_ms is not None and heard_ms < self.item.audio_ms:
             heard = self.item.truncate_audio(heard_ms)
-        elif self.item not in self.outputs:
+        elif self._index(self.item) < 0:
             pass
         elif self.wants_audio:
             self.item.content[0]["transcript"] = self.text
@@ -188,7 +192,7 @@ class Response:
             self.status_details = {"type": "incomplete", "reason": reason or "max_output_tokens"}
         elif status == "failed":
             self.status_details = {"type": "failed", "error": error}
-        if self.item in self.outputs:
+        if self._index(self.item) >= 0:
             self._close_message(emit, status)
         if self._call is not None:  # cut off while its arguments streamed: never called
             call, self._call = self._call, None
