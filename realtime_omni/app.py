@@ -55,7 +55,9 @@ async def list_models(request: Request) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
     manager: SessionManager = request.app.state.manager
     data = [
-        {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by, "capabilities": sorted(info.capabilities)}
+        {"id": info.id, "object": "model", "created": _STARTED, "owned_by": info.owned_by,
+         "capabilities": sorted(info.capabilities), "default": info.id == manager.registry.default,
+         "aliases": manager.registry.aliases_of(info.id)}
         for info in manager.registry.infos()
     ]
     return JSONResponse({"object": "list", "data": data})
@@ -116,6 +118,8 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         if reg is None:
             reg = ModelRegistry()
             await asyncio.to_thread(reg.load, settings.models, None, settings.isolate_models)
+        reg.aliases = dict(settings.model_aliases)
+        reg.check_aliases()
         limits = RunnerLimits(
             idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
             max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,

@@ -7,6 +7,8 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .engines.registry import OPENAI_MODEL_ALIASES
+
 
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="REALTIME_OMNI_")
@@ -15,6 +17,9 @@ class ServerSettings(BaseSettings):
     port: int = 8000
     #: models to load; the first is the default for /v1/realtime without ?model=
     models: list[str] = Field(default_factory=lambda: ["embedded", "echo"])
+    #: requested model ids (glob patterns) → the served model they mean; "default" is the first
+    #: of ``models``. JSON in REALTIME_OMNI_MODEL_ALIASES; {} turns the OpenAI ids off.
+    model_aliases: dict[str, str] = Field(default_factory=lambda: dict(OPENAI_MODEL_ALIASES))
     #: run model engines in a supervised worker process (a crash fails responses, not the server)
     isolate_models: bool = True
     max_sessions: int = 100

@@ -12,11 +12,11 @@ import abc
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
-Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo"]
+Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo", "tools"]
 
 
 class ModelAtCapacity(RuntimeError):
@@ -40,16 +40,58 @@ class ModelInfo:
     max_sessions: int | None = None
 
 
+@dataclass(frozen=True)
+class ToolSpec:
+    """A function the thinker may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A function call in the conversation: ``arguments`` is the JSON text the model produced."""
+
+    name: str
+    arguments: str
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a function call streaming out of the thinker.
+
+    The first piece of a call names the function; later pieces carry more of the arguments'
+    JSON text; the last one has ``done`` set and the whole argument text in ``arguments``.
+    """
+
+    name: str
+    delta: str = ""
+    done: bool = False
+    arguments: str = ""
+
+
+#: ``auto``: the model chooses; ``none``: never call; ``required``: call one of the tools
+ToolChoiceMode = Literal["auto", "none", "required"]
+
+
 @dataclass
 class TurnMessage:
-    """One conversation message as a thinker sees it."""
+    """One conversation message as a thinker sees it.
 
-    role: Literal["system", "user", "assistant"]
+    ``role == "tool"`` is a function's output (``text``) for the call named ``tool_name``; an
+    assistant message with ``call`` set is a function call the model made (or a client replayed).
+    """
+
+    role: Literal["system", "user", "assistant", "tool"]
     text: str = ""
     #: user audio at 16 kHz int16 (omni thinkers consume it; cascades use the transcript)
     audio: np.ndarray | None = None
     #: images (RGB uint8 HxWx3) attached to the turn
     images: list[np.ndarray] = field(default_factory=list)
+    call: ToolCall | None = None
+    tool_name: str | None = None
 
 
 @dataclass
@@ -63,6 +105,11 @@ class ThinkRequest:
     want_audio: bool
     #: set by the pipeline when the response is cancelled; engines poll it between tokens.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    #: functions the model may call (only sent to models with the ``tools`` capability)
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: ToolChoiceMode = "auto"
+    #: with ``tool_choice == "required"``: the one function that must be called, if named
+    tool_name: str | None = None
 
 
 @dataclass
@@ -74,6 +121,8 @@ class ThinkerOutput:
     #: number of prompt tokens actually evaluated for this response (not reused from cache)
     prefilled_tokens: int | None = None
     prompt_tokens: int | None = None
+    #: a piece of a function call instead of reply text (never spoken)
+    call: ToolCallDelta | None = None
 
 
 @dataclass

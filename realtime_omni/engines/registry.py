@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import logging
 import time
@@ -42,6 +43,16 @@ def _omni(spec: str) -> VoiceModel:
 
 BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
 
+#: an alias target meaning "the registry's default model"
+DEFAULT_TARGET = "default"
+#: model ids the official clients and agent frameworks send by default (pipecat and LiveKit ask
+#: for ``gpt-realtime``; older code for ``gpt-4o-realtime-preview-2024-12-17``): glob → served id
+OPENAI_MODEL_ALIASES: dict[str, str] = {
+    "gpt-realtime*": DEFAULT_TARGET,
+    "gpt-4o-realtime-preview*": DEFAULT_TARGET,
+    "gpt-4o-mini-realtime-preview*": DEFAULT_TARGET,
+}
+
 
 def resolve_builder(name: str, extra: dict[str, Callable[[], VoiceModel]] | None = None) -> Callable[[], VoiceModel]:
     """The builder for a model name: a registered one, or ``omni:<checkpoint dir>``."""
@@ -59,6 +70,8 @@ class ModelRegistry:
 
     models: dict[str, VoiceModel] = field(default_factory=dict)
     default: str | None = None
+    #: glob patterns of requested ids → the served id they mean (``"default"``: the default)
+    aliases: dict[str, str] = field(default_factory=lambda: dict(OPENAI_MODEL_ALIASES))
 
     def add(self, model: VoiceModel) -> None:
         self.models[model.info.id] = model
@@ -99,8 +112,33 @@ class ModelRegistry:
     def infos(self) -> list[ModelInfo]:
         return [m.info for m in self.models.values()]
 
+    def resolve(self, name: str | None) -> str | None:
+        """The served model id a requested one means: itself, an alias's target, the default
+        when none is asked for; None when nothing serves it."""
+        if not name:
+            return self.default
+        if name in self.models:
+            return name
+        for pattern, target in self.aliases.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                served = self.default if target == DEFAULT_TARGET else target
+                return served if served in self.models else None
+        return None
+
+    def aliases_of(self, model_id: str) -> list[str]:
+        """The alias patterns that resolve to ``model_id``."""
+        return [p for p, t in self.aliases.items() if (self.default if t == DEFAULT_TARGET else t) == model_id]
+
+    def check_aliases(self) -> None:
+        """Every alias must point at a served model (a typo in the settings fails at startup)."""
+        for pattern, target in self.aliases.items():
+            if target != DEFAULT_TARGET and target not in self.models:
+                raise ValueError(f"model alias {pattern!r} points at {target!r}, which is not served "
+                                 f"(served: {', '.join(self.models)})")
+
     def get(self, name: str | None) -> VoiceModel | None:
-        return self.models.get(name or self.default or "")
+        served = self.resolve(name)
+        return self.models.get(served) if served else None
 
     def close(self) -> None:
         for model in self.models.values():

@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from ..audio import AudioFormat, StreamResampler
-from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest
+from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, ToolCallDelta
 from ..observer import NullObserver, Observer, Stage
 
 T = TypeVar("T")
@@ -57,6 +57,8 @@ class Sink:
     text: Callable[[str], Awaitable[None]]
     audio: Callable[[bytes, str], Awaitable[None]]
     usage: Callable[[int, int, int], Awaitable[None]]
+    #: pieces of a function call (never spoken); None: the caller takes no calls
+    call: Callable[[ToolCallDelta], Awaitable[None]] | None = None
 
 
 class ResponsePipeline:
@@ -183,6 +185,11 @@ class ResponsePipeline:
                 cached = piece.prompt_tokens - (piece.prefilled_tokens or piece.prompt_tokens)
                 await sink.usage(piece.prompt_tokens, counts["tokens"], cached)
                 self.prompt_tokens, self.cached_tokens = piece.prompt_tokens, cached
+            if piece.call is not None:  # a function call goes to the client, not to the talker
+                # (not counted: a call cut by the token limit is reported incomplete by the session)
+                if sink.call is not None:
+                    await sink.call(piece.call)
+                return
             counts["tokens"] += 1
             await out.put(Chunk(epoch, piece))
 

@@ -48,6 +48,19 @@ def _session(session: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: the one conversation of a session (responses name it as their ``conversation_id``)
+CONVERSATION_ID = "conv_default"
+
+
+def beta_followers(event: dict[str, Any]) -> list[dict[str, Any]]:
+    """Events the beta dialect sends right after this one and GA does not: the beta server
+    announces the session's conversation after ``session.created``."""
+    if event["type"] == "session.created":
+        return [{"type": "conversation.created", "event_id": f"{event['event_id']}_conversation",
+                 "conversation": {"id": CONVERSATION_ID, "object": "realtime.conversation"}}]
+    return []
+
+
 def to_beta(event: dict[str, Any]) -> dict[str, Any] | None:
     """The beta form of a GA server event, or None when beta has no such event."""
     kind = event["type"]

@@ -26,6 +26,11 @@ _ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {
     for model in typing.get_args(typing.get_args(RealtimeClientEvent)[0])
 }
 KNOWN_TYPES = frozenset(_ADAPTERS)
+#: client events of the published protocols (beta included) this server does not take, and why
+UNSUPPORTED_TYPES = {
+    "transcription_session.update": "transcription sessions are not supported; open a realtime session and "
+                                    "set audio.input.transcription",
+}
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
@@ -153,8 +158,69 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
+def _take_item_references(data: dict[str, Any], event_id: str | None) -> list[tuple[int, str]]:
+    """Pull ``{"type": "item_reference", "id": ...}`` entries out of ``response.input`` (the SDK's
+    item union has no such member) and return them as (position, item id)."""
+    response = data.get("response")
+    items = response.get("input") if isinstance(response, dict) else None
+    if not isinstance(items, list):
+        return []
+    refs: list[tuple[int, str]] = []
+    kept = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            if not isinstance(item.get("id"), str) or set(item) - {"type", "id"}:
+                raise ProtocolError(errors.INVALID_EVENT, "an item_reference has exactly a string 'id'",
+                                    param=f"response.input.{index}", event_id=event_id)
+            refs.append((index, item["id"]))
+        else:
+            kept.append(item)
+    if refs:
+        response["input"] = kept
+    return refs
+
+
+#: the SDK model each conversation item shape validates against (named in pydantic's error paths)
+_ITEM_MODELS = {
+    ("function_call", None): "RealtimeConversationItemFunctionCall",
+    ("function_call_output", None): "RealtimeConversationItemFunctionCallOutput",
+    ("message", "system"): "RealtimeConversationItemSystemMessage",
+    ("message", "user"): "RealtimeConversationItemUserMessage",
+    ("message", "assistant"): "RealtimeConversationItemAssistantMessage",
+}
+
+
+def _is_member(part: Any) -> bool:
+    """A union member's class name in an error path (fields are lower case)."""
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part)
+
+
+def _matches_own_shape(error: dict[str, Any], data: Any) -> bool:
+    """Whether an error of a union comes from the member the value's own type/role selects."""
+    node = data
+    for part in error.get("loc", ()):
+        if _is_member(part):
+            if not isinstance(node, dict) or not isinstance(node.get("type"), str):
+                return True
+            role = node.get("role") if node.get("type") == "message" and isinstance(node.get("role"), str) else None
+            own = _ITEM_MODELS.get((node["type"], role))
+            return own is None or part == own
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return False
+        if not isinstance(node, dict | list):
+            return False
+    return True
+
+
+def _best_error(errors_: list[dict[str, Any]], data: dict[str, Any]) -> dict[str, Any]:
+    """Of a union's errors, the one about the member the client meant (its ``type``/``role``)."""
+    return next((e for e in errors_ if _matches_own_shape(e, data)), errors_[0])
+
+
 def _param_of(error: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in error.get("loc", ()))
+    return ".".join(str(p) for p in error.get("loc", ()) if not _is_member(p))
 
 
 def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> Any:
@@ -173,16 +239,23 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError(errors.INVALID_EVENT, "event has no string 'type'", param="type", event_id=event_id)
+    if kind in UNSUPPORTED_TYPES:
+        raise ProtocolError(errors.UNSUPPORTED, UNSUPPORTED_TYPES[kind], param="type", event_id=event_id)
     if kind not in KNOWN_TYPES:
         raise ProtocolError(
             errors.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
         )
     data = _normalize(data)
     _check_ranges(data, event_id)
+    refs = _take_item_references(data, event_id) if kind == "response.create" else []
     try:
-        return _ADAPTERS[kind].validate_python(data)
+        event = _ADAPTERS[kind].validate_python(data)
+        if refs:
+            # an extra field of the SDK model: response.input without them, and where they stood
+            event.response.item_references = refs
+        return event
     except pydantic.ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        first = _best_error(exc.errors(include_url=False), data)
         param = _param_of(first)
         raise ProtocolError(
             errors.INVALID_EVENT,

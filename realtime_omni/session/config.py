@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from ..audio import AudioFormat, parse_audio_format
+from ..engines.base import ToolSpec
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
+from .tools import ToolChoice, parse_tool_choice, parse_tools
 
 # semantic_vad has no separate model here: its eagerness maps onto the silence window.
 _EAGERNESS_SILENCE_MS = {"low": 900, "medium": 500, "auto": 500, "high": 250}
@@ -47,6 +49,8 @@ class SessionConfig(BaseModel):
     transcription: dict[str, Any] | None = None
     max_output_tokens: int | Literal["inf"] = "inf"
     speed: float = 1.0
+    tools: list[ToolSpec] = []
+    tool_choice: ToolChoice = ToolChoice()
 
     @property
     def wants_audio(self) -> bool:
@@ -61,6 +65,8 @@ class SessionConfig(BaseModel):
             self.output_modalities = ["audio"] if "audio" in update["output_modalities"] else ["text"]
         if "max_output_tokens" in update and update["max_output_tokens"] is not None:
             self.max_output_tokens = update["max_output_tokens"]
+        if update.get("tools") is not None or update.get("tool_choice") is not None:
+            self.tools, self.tool_choice = tools_of(update, self.tools, self.tool_choice, "session")
         audio = update.get("audio") or {}
         audio_in = audio.get("input") or {}
         audio_out = audio.get("output") or {}
@@ -94,8 +100,8 @@ class SessionConfig(BaseModel):
             "model": self.model,
             "output_modalities": list(self.output_modalities),
             "instructions": self.instructions,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": [tool_dict(tool) for tool in self.tools],
+            "tool_choice": self.tool_choice.to_dict(),
             "max_output_tokens": self.max_output_tokens,
             "tracing": None,
             "prompt": None,
@@ -110,6 +116,26 @@ class SessionConfig(BaseModel):
                 "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
             },
         }
+
+
+def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice, where: str) -> tuple[list[ToolSpec], ToolChoice]:
+    """The tools and tool choice after ``params`` (a session update or a response's own), given
+    the ones in force; a named choice must stay among the tools."""
+    if params.get("tools") is not None:
+        tools = parse_tools(params["tools"], f"{where}.tools")
+    if params.get("tool_choice") is not None:
+        choice = parse_tool_choice(params["tool_choice"], tools, f"{where}.tool_choice")
+    elif choice.name is not None and choice.name not in {tool.name for tool in tools}:
+        raise ProtocolError(errors.INVALID_VALUE, f"tool_choice names {choice.name!r}, which the new tools lack",
+                            param=f"{where}.tool_choice")
+    elif choice.mode == "required" and not tools:
+        raise ProtocolError(errors.INVALID_VALUE, "tool_choice 'required' needs at least one tool",
+                            param=f"{where}.tool_choice")
+    return tools, choice
+
+
+def tool_dict(tool: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "name": tool.name, "description": tool.description, "parameters": tool.parameters}
 
 
 def parse_format(value: Any, param: str) -> AudioFormat:
@@ -131,5 +157,8 @@ def _turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
         fields["silence_duration_ms"] = _EAGERNESS_SILENCE_MS[fields.get("eagerness") or "auto"]
     try:
         return TurnDetection(**fields)
-    except ValueError as exc:
-        raise ProtocolError(errors.INVALID_VALUE, str(exc), param="session.audio.input.turn_detection") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ProtocolError(errors.INVALID_VALUE, f"turn_detection.{field}: {first['msg']}",
+                            param=f"session.audio.input.turn_detection.{field}") from None

@@ -9,9 +9,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..engines.base import TurnMessage
+from ..engines.base import ToolCall, TurnMessage
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
+from .tools import check_tool_text
 
 MAX_ITEMS = 2000
 
@@ -32,8 +33,9 @@ class SpokenSpan:
 @dataclass
 class Item:
     id: str
-    role: Literal["user", "assistant", "system"]
-    type: str = "message"
+    #: None for function_call / function_call_output items, which have no role
+    role: Literal["user", "assistant", "system"] | None
+    type: Literal["message", "function_call", "function_call_output"] = "message"
     status: Literal["completed", "incomplete", "in_progress"] = "completed"
     #: content parts in GA shape (without inline audio; audio is held as samples below)
     content: list[dict[str, Any]] = field(default_factory=list)
@@ -44,6 +46,12 @@ class Item:
     #: assistant audio milliseconds produced, and the text spans they speak
     audio_ms: float = 0.0
     spans: list[SpokenSpan] = field(default_factory=list)
+    #: function_call: the call's id, the function's name and its JSON arguments;
+    #: function_call_output: the call it answers and what the function returned
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""
+    output: str = ""
 
     def text(self) -> str:
         """The item's text as a thinker should see it (transcripts for audio parts)."""
@@ -55,14 +63,14 @@ class Item:
         return " ".join(pieces).strip()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "realtime.item",
-            "type": self.type,
-            "status": self.status,
-            "role": self.role,
-            "content": [dict(part) for part in self.content],
-        }
+        head = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        match self.type:
+            case "function_call":
+                return head | {"call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+            case "function_call_output":
+                return head | {"call_id": self.call_id, "output": self.output}
+            case _:
+                return head | {"role": self.role, "content": [dict(part) for part in self.content]}
 
     def truncate_audio(self, audio_end_ms: float) -> str:
         """Keep only the first ``audio_end_ms`` of this assistant item; returns the heard text."""
@@ -130,16 +138,36 @@ class Conversation:
         del self._items[item_id]
         self._order.remove(item_id)
 
+    def find_call(self, call_id: str) -> Item | None:
+        """The function_call item with this ``call_id`` (the newest, should a client reuse one)."""
+        for item_id in reversed(self._order):
+            item = self._items[item_id]
+            if item.type == "function_call" and item.call_id == call_id:
+                return item
+        return None
+
     def to_messages(self) -> list[TurnMessage]:
-        messages = []
-        for item in self:
-            if item.type != "message":
-                continue
-            text = item.text()
-            if not text and item.audio16k is None and not item.images:
-                continue
-            messages.append(TurnMessage(role=item.role, text=text, audio=item.audio16k, images=list(item.images)))
-        return messages
+        return [m for m in map(self.message_of, self) if m is not None]
+
+    def message_of(self, item: Item) -> TurnMessage | None:
+        """An item as the thinker reads it (None: nothing to read)."""
+        if item.type != "message":
+            return self.tool_message(item)
+        text = item.text()
+        if not text and item.audio16k is None and not item.images:
+            return None
+        return TurnMessage(role=item.role, text=text, audio=item.audio16k, images=list(item.images))  # type: ignore[arg-type]
+
+
+    def tool_message(self, item: Item) -> TurnMessage | None:
+        """How a function call or its output reads to the thinker (None: an unfinished call)."""
+        match item.type:
+            case "function_call" if item.status == "completed":
+                return TurnMessage(role="assistant", call=ToolCall(item.name, item.arguments, item.call_id))
+            case "function_call_output":
+                call = self.find_call(item.call_id)
+                return TurnMessage(role="tool", text=item.output, tool_name=call.name if call else None)
+        return None
 
 
 _counter = itertools.count()
@@ -162,13 +190,18 @@ def decode_image(url: str, param: str) -> np.ndarray:
         raise ProtocolError(errors.INVALID_VALUE, "image_url does not hold a readable image", param=param) from None
 
 
-def item_from_client(data: dict[str, Any], accepts_images: bool = False) -> Item:
+def item_from_client(data: dict[str, Any], accepts_images: bool = False, accepts_tools: bool = False,
+                     param: str = "item") -> Item:
     """A validated ``conversation.item.create`` item → :class:`Item` (audio parts decoded later)."""
     kind = data.get("type", "message")
+    if kind in ("function_call", "function_call_output"):
+        if not accepts_tools:
+            raise ProtocolError(errors.UNSUPPORTED, f"this model does not call functions: {kind} items are not "
+                                "accepted", param=f"{param}.type")
+        return _function_item(data, kind, param)
     if kind != "message":
-        raise ProtocolError(
-            errors.UNSUPPORTED, f"item type {kind!r} is not supported (no tools on this server)", param="item.type"
-        )
+        raise ProtocolError(errors.UNSUPPORTED, f"item type {kind!r} is not supported (MCP items are not)",
+                            param=f"{param}.type")
     role = data.get("role")
     content, images = [], []
     for index, part in enumerate(data.get("content") or []):
@@ -182,3 +215,20 @@ def item_from_client(data: dict[str, Any], accepts_images: bool = False) -> Item
             part = {"type": "input_image", "detail": part.get("detail", "auto")}  # pixels are kept as an array
         content.append(part)
     return Item(id=data.get("id") or new_id("item"), role=role, content=content, status="completed", images=images)
+
+
+def _function_item(data: dict[str, Any], kind: str, param: str) -> Item:
+    item = Item(id=data.get("id") or new_id("item"), role=None, type=kind, status="completed")
+    item.call_id = data.get("call_id") or ""
+    if kind == "function_call":
+        item.name, item.arguments = data.get("name") or "", data.get("arguments") or ""
+        item.call_id = item.call_id or new_id("call")
+        if not item.name:
+            raise ProtocolError(errors.INVALID_VALUE, "a function_call item needs a name", param=f"{param}.name")
+        check_tool_text(item.arguments, f"{param}.arguments")
+    else:
+        item.output = data.get("output") or ""
+        if not item.call_id:
+            raise ProtocolError(errors.INVALID_VALUE, "a function_call_output item needs a call_id", param=f"{param}.call_id")
+        check_tool_text(item.output, f"{param}.output")
+    return item

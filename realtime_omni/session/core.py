@@ -19,16 +19,25 @@ from typing import Any
 import numpy as np
 
 from ..audio import StreamResampler
-from ..engines.base import ModelInfo, ThinkRequest, TurnMessage
+from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
+from ..protocol.server_events import server_event
 from . import actions as act
-from .config import SessionConfig, parse_format
+from .config import SessionConfig, parse_format, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
+from .idle import IdleTimer
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
 from .responses import Response
-from .turn_detection import SilenceStarted, SpeechResumed, SpeechStarted, SpeechStopped, TurnDetector
+from .tools import ToolChoice
+from .turn_detection import (
+    SilenceStarted,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TurnDetector,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +65,19 @@ class RealtimeSession:
         has_vad: bool = True,
         max_session_seconds: float = 3600.0,
         clock=time.time,  # type: ignore[no-untyped-def]
+        requested_model: str | None = None,
     ) -> None:
         self.id = session_id or new_id("sess")
         self.model = model
+        #: the id the client asked for when it is an alias of the served one (``gpt-realtime``)
+        self.requested_model = requested_model if requested_model not in (None, model.id) else None
+        #: whether a model id in session.update names this session's model (the manager knows aliases)
+        self.accepts_model: Callable[[str], bool] = lambda name: name in (model.id, self.requested_model)
         self.echo = "echo" in model.capabilities
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
+        #: whether the model can call functions (session.tools, function_call items)
+        self.calls_tools = "tools" in model.capabilities
         self._latest_image: np.ndarray | None = None
         #: prepare replies during the pause before the end-of-turn decision (cascade models)
         self.speculative = not model.hears_audio
@@ -85,10 +101,13 @@ class RealtimeSession:
         self._speech_start_ms = 0
         self._vad_pending = np.zeros(0, dtype=np.int16)
         self._vad_position = 0  # stream samples already given to the VAD
+        self._idle = IdleTimer()
+        self._response_started_ms = 0.0  # input position when the current response began
         self._pending_transcripts: set[str] = set()
         # the next response's request, held until every pending transcript has arrived
         self._pending_request: ThinkRequest | None = None
         self._pending_input: list[dict[str, Any]] | None = None
+        self._pending_refs: list[tuple[int, str]] = []
         self._pending_spec: int | None = None
         self._echo_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
@@ -137,6 +156,9 @@ class RealtimeSession:
         session = self.config.to_dict(self.id, self.expires_at)
         # Extension (not in OpenAI's schema): what this model can take and give.
         session["capabilities"] = sorted(self.model.capabilities)
+        if self.requested_model is not None:
+            # Extension: ``model`` is the model that serves; this is the alias the client asked for
+            session["requested_model"] = self.requested_model
         return session
 
     @property
@@ -178,8 +200,10 @@ class RealtimeSession:
         self._reset_detector()
         for data in snapshot["items"]:
             status = data.get("status") if data.get("status") != "in_progress" else "incomplete"
-            self.conversation.add(Item(id=data["id"], role=data["role"], type=data.get("type", "message"),
-                                       status=status, content=data.get("content") or []))
+            self.conversation.add(Item(id=data["id"], role=data.get("role"), type=data.get("type", "message"),
+                                       status=status, content=data.get("content") or [],
+                                       call_id=data.get("call_id", ""), name=data.get("name", ""),
+                                       arguments=data.get("arguments", ""), output=data.get("output", "")))
         self.audio_started = any(i.role == "assistant" for i in self.conversation)
 
     # ---------------------------------------------------------------- client events
@@ -195,12 +219,19 @@ class RealtimeSession:
 
     def _on_session_update(self, event: Any) -> None:
         update = event.session.model_dump(exclude_unset=True)
+        if update.get("prompt"):
+            raise ProtocolError(errors.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
+                                "send the text as instructions", param="session.prompt")
         if update.get("type") == "transcription":
             raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
-        if update.get("model") not in (None, self.model.id):
-            raise ProtocolError(errors.INVALID_VALUE, "the model cannot change within a session", param="session.model")
+        if update.get("model") is not None and not self.accepts_model(update["model"]):
+            raise ProtocolError(errors.INVALID_VALUE, f"the model cannot change within a session (served: "
+                                f"{self.model.id!r})", param="session.model")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
+        if config.tools and not self.calls_tools:
+            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+                                param="session.tools")
         if config.turn_detection is not None and not self.has_vad:
             raise ProtocolError(
                 errors.UNSUPPORTED,
@@ -269,7 +300,10 @@ class RealtimeSession:
 
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
-        item = item_from_client(data, accepts_images=self.sees)
+        item = item_from_client(data, accepts_images=self.sees, accepts_tools=self.calls_tools)
+        if item.type == "function_call_output" and self.conversation.find_call(item.call_id) is None:
+            raise ProtocolError(errors.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
+                                param="item.call_id")
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
                 try:
@@ -323,9 +357,17 @@ class RealtimeSession:
                 f"conversation already has an active response in progress: {self.response.id}",
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
-        if params.get("tools"):
-            raise ProtocolError(errors.UNSUPPORTED, "tools are not supported by this server", param="response.tools")
-        self._create_response(params)
+        _check_metadata(params.get("metadata"))
+        if params.get("prompt"):
+            raise ProtocolError(errors.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
+                                "as instructions", param="response.prompt")
+        for index, item_id in params.get("item_references", ()):
+            self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
+        tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
+        if tools and not self.calls_tools:
+            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+                                param="response.tools")
+        self._create_response(params, tools=tools, choice=choice)
 
     def _on_response_cancel(self, event: Any) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
@@ -348,6 +390,7 @@ class RealtimeSession:
         assert td is not None
         for decision in self.detector.feed(probabilities, start_ms):
             if isinstance(decision, SpeechStarted):
+                self._idle.disarm()
                 self._speech_item_id = new_id("item")
                 self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
                 self._emit(
@@ -375,6 +418,24 @@ class RealtimeSession:
                     self._create_response({}, spec)
                 elif spec is not None:
                     self._actions.append(act.DropSpeculation(spec))
+        if self.response is None and self._speech_item_id is None:
+            self._check_idle(start_ms + len(probabilities) * self.detector.frame_ms)
+
+    def _check_idle(self, now_ms: float) -> None:
+        td = self.config.turn_detection
+        stretch = self._idle.due(now_ms, td.idle_timeout_ms if td is not None else None)
+        if stretch is None or td is None:
+            return
+        item_id = new_id("item")
+        self._emit(server_event("input_audio_buffer.timeout_triggered", audio_start_ms=stretch[0],
+                                audio_end_ms=stretch[1], item_id=item_id))
+        self._drop_speculation()
+        self._commit(item_id, self.input.take(stretch[0], stretch[1]))
+        if td.create_response:
+            self._create_response({})
+
+    def _arm_idle(self, response: Response) -> None:
+        self._idle.arm(self._response_started_ms, response.item.audio_ms, 1000.0 * self._vad_position / MODEL_RATE)
 
     def append_image(self, rgb: np.ndarray) -> None:
         """A camera frame (newest wins); it joins the next committed user turn."""
@@ -389,7 +450,8 @@ class RealtimeSession:
     def preview_request(self, transcript: str) -> ThinkRequest:
         """The request the next response would make if the pending user turn says ``transcript``
         (for speculation; the driver compares it with the real one before adopting)."""
-        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio)
+        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
+                                      self.config.tools, self.config.tool_choice)
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
 
@@ -434,8 +496,11 @@ class RealtimeSession:
         self._maybe_start_pipeline()
 
     # ---------------------------------------------------------------- responses
-    def _create_response(self, params: dict[str, Any], spec_id: int | None = None) -> None:
+    def _create_response(self, params: dict[str, Any], spec_id: int | None = None,
+                         tools: list[ToolSpec] | None = None, choice: ToolChoice | None = None) -> None:
         cfg = self.config
+        tools = cfg.tools if tools is None else tools
+        choice = choice or cfg.tool_choice
         modalities = params.get("output_modalities") or cfg.output_modalities
         modalities = ["audio"] if "audio" in modalities else ["text"]
         output_format = cfg.output_format
@@ -454,39 +519,52 @@ class RealtimeSession:
             voice=cfg.voice,
             max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
             in_conversation=in_conversation,
+            metadata=params.get("metadata"),
+            attach=self.conversation.add if in_conversation else None,
         )
-        previous = self.conversation.last_id()
-        if in_conversation:
-            self.conversation.add(item)
         self.response = response
+        self._idle.disarm()
+        self._response_started_ms = 1000.0 * self._vad_position / MODEL_RATE
         self.ledger.begin(response.id)
         if "audio" in modalities:
             self.audio_started = True
-        response.start_events(self._emit, previous)
+        response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
         if self.rate_limits is not None:
             self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
-        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens, response.wants_audio)
+        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
+                                                    response.wants_audio, tools, choice)
         self._pending_input = params.get("input")
+        self._pending_refs = params.get("item_references", [])
         self._pending_spec = spec_id
         self._maybe_start_pipeline()
 
-    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool) -> ThinkRequest:
+    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool,
+                       tools: list[ToolSpec], choice: ToolChoice) -> ThinkRequest:
         return ThinkRequest(
             instructions=self.config.instructions if instructions is None else instructions,
             messages=[],  # filled when the pipeline starts, after pending transcripts arrive
             max_output_tokens=None if limit == "inf" else int(limit),
             voice=self.config.voice,
             want_audio=want_audio,
+            tools=list(tools),
+            tool_choice=choice.mode,
+            tool_name=choice.name,
         )
 
-    def _messages(self, params_input: list[dict[str, Any]] | None) -> list[TurnMessage]:
-        if params_input is None:
+    def _messages(self, params_input: list[dict[str, Any]] | None, refs: list[tuple[int, str]]) -> list[TurnMessage]:
+        """The conversation, or the response's own ``input`` (new items and references to
+        existing ones, in the order given)."""
+        if params_input is None and not refs:
             return self.conversation.to_messages()
-        messages = []
-        for data in params_input:
-            item = item_from_client(data, self.sees)
-            messages.append(TurnMessage(role=item.role, text=item.text(), audio=item.audio16k, images=list(item.images)))
-        return messages
+        given = iter(params_input or [])
+        where = dict(refs)
+        items: list[Item] = []
+        for index in range(len(params_input or []) + len(refs)):
+            if index in where:
+                items.append(self.conversation.get(where[index], param=f"response.input.{index}.id"))
+            else:
+                items.append(item_from_client(next(given), self.sees, self.calls_tools, param=f"response.input.{index}"))
+        return [m for m in map(self.conversation.message_of, items) if m is not None]
 
     def _maybe_start_pipeline(self) -> None:
         response = self.response
@@ -496,7 +574,7 @@ class RealtimeSession:
         request = self._pending_request
         assert request is not None
         try:
-            request.messages = self._messages(self._pending_input)
+            request.messages = self._messages(self._pending_input, self._pending_refs)
         except ProtocolError as exc:  # an input item this model cannot take: fail this response only
             self.error(exc)
             response.finish(self._emit, "failed", error=exc.to_error())
@@ -530,6 +608,11 @@ class RealtimeSession:
         if response is not None and wire:
             response.audio_delta(self._emit, wire, text)
 
+    def on_response_call(self, response_id: str, epoch: int, piece: ToolCallDelta) -> None:
+        response = self._live(response_id, epoch)
+        if response is not None:
+            response.call_delta(self._emit, piece)
+
     def on_response_usage(self, response_id: str, epoch: int, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
         response = self._live(response_id, epoch)
         if response is not None:
@@ -546,6 +629,7 @@ class RealtimeSession:
             self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
+        self._arm_idle(response)
 
     def _live(self, response_id: str, epoch: int) -> Response | None:
         response = self.response
@@ -571,3 +655,19 @@ class RealtimeSession:
             out = out_fmt.encode(self._echo_resampler.process(pcm))
         self.response.audio_delta(self._emit, out, "")
 
+
+
+#: the published limits of response.metadata
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
+
+
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    if not metadata:
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise ProtocolError(errors.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
+                            param="response.metadata")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
+            raise ProtocolError(errors.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
+                                f"values at most {MAX_METADATA_VALUE}", param=f"response.metadata.{key[:64]}")

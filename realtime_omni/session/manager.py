@@ -85,7 +85,9 @@ class SessionManager:
         core = RealtimeSession(
             model.info, session_id=snapshot["id"] if snapshot else None,
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
+            requested_model=model_name,
         )
+        core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:
             core.restore(snapshot)
         runner = SessionRunner(

@@ -7,11 +7,15 @@ refuses to run twice, whichever path (completion, cancel, failure, disconnect) g
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..audio import AudioFormat
-from .conversation import Item, SpokenSpan
+from ..engines.base import ToolCallDelta
+from ..protocol.beta import CONVERSATION_ID
+from ..protocol.server_events import server_event
+from .conversation import Item, SpokenSpan, new_id
 
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 EventSink = Any  # callable(event: dict, epoch: int | None = None, audio_ms: float = 0.0, response_id: str | None = None)
@@ -35,7 +39,15 @@ class Response:
     output_tokens: int = 0
     cached_tokens: int = 0
     status_details: dict[str, Any] | None = None
-    _parts_open: bool = field(default=True, repr=False)
+    #: the client's response.metadata, echoed on response.created and response.done
+    metadata: dict[str, str] | None = None
+    #: puts an output item into the conversation and returns its predecessor's id (None when the
+    #: response is out of band)
+    attach: Callable[[Item], str | None] | None = None
+    #: output items in order: the message (``item``) and function calls, as they begin
+    outputs: list[Item] = field(default_factory=list)
+    #: the function call whose arguments are streaming now
+    _call: Item | None = field(default=None, repr=False)
 
     @property
     def wants_audio(self) -> bool:
@@ -48,8 +60,8 @@ class Response:
             "id": self.id,
             "status": self.status,
             "status_details": self.status_details,
-            "output": [self.item.to_dict()],
-            "conversation_id": "conv_default" if self.in_conversation else None,
+            "output": [item.to_dict() for item in self.outputs],
+            "conversation_id": CONVERSATION_ID if self.in_conversation else None,
             "output_modalities": list(self.modalities),
             "max_output_tokens": self.max_output_tokens,
             "audio": {"output": {"format": {"type": self.output_format.value}, "voice": self.voice}},
@@ -60,32 +72,77 @@ class Response:
                 "input_token_details": {"cached_tokens": self.cached_tokens, "text_tokens": self.input_tokens},
                 "output_token_details": {"text_tokens": self.output_tokens},
             },
-            "metadata": None,
+            "metadata": self.metadata,
         }
 
-    def _ids(self) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+    def _index(self, item: Item) -> int:
+        """The output index of ``item`` (by identity), or -1 while it is not an output."""
+        return next((index for index, output in enumerate(self.outputs) if output is item), -1)
 
-    def start_events(self, emit: EventSink, previous_item_id: str | None) -> None:
-        emit({"type": "response.created", "response": self.to_dict() | {"output": []}})
-        emit({"type": "response.output_item.added", "response_id": self.id, "output_index": 0, "item": self.item.to_dict()})
-        if self.in_conversation:
-            emit({"type": "conversation.item.added", "previous_item_id": previous_item_id, "item": self.item.to_dict()})
+    def _ids(self) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": self._index(self.item),
+                "content_index": 0}
+
+    def start_events(self, emit: EventSink, defer_message: bool = False) -> None:
+        """``response.created``, then the message item at once, or (``defer_message``, when the
+        model may call a function instead of speaking) when its first text or audio comes."""
+        emit({"type": "response.created", "response": self.to_dict()})
+        if not defer_message:
+            self._open_message(emit)
+
+    def _add_output(self, emit: EventSink, item: Item) -> None:
+        self.outputs.append(item)
+        emit({"type": "response.output_item.added", "response_id": self.id, "output_index": len(self.outputs) - 1,
+              "item": item.to_dict()})
+        if self.attach is not None:
+            emit({"type": "conversation.item.added", "previous_item_id": self.attach(item), "item": item.to_dict()})
+
+    def _open_message(self, emit: EventSink) -> None:
+        if self._index(self.item) >= 0:
+            return
+        self._add_output(emit, self.item)
         # Items use the output_* part types; the content_part events use plain audio/text (GA SDK).
         self.item.content = [{"type": "output_audio", "transcript": ""} if self.wants_audio else {"type": "output_text", "text": ""}]
         part = {"type": "audio", "transcript": ""} if self.wants_audio else {"type": "text", "text": ""}
         emit({"type": "response.content_part.added", **self._ids(), "part": part})
 
+    def call_delta(self, emit: EventSink, piece: ToolCallDelta) -> None:
+        """A piece of a function call: the first opens a ``function_call`` item, the last closes it."""
+        call = self._call
+        if call is None:
+            call = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
+                        call_id=new_id("call"), name=piece.name)
+            self._call = call
+            self._add_output(emit, call)
+        ids = {"response_id": self.id, "item_id": call.id, "output_index": self._index(call), "call_id": call.call_id}
+        if piece.delta:
+            call.arguments += piece.delta
+            emit(server_event("response.function_call_arguments.delta", **ids, delta=piece.delta), epoch=self.epoch)
+        if piece.done:
+            call.arguments = piece.arguments or call.arguments
+            call.status = "completed"
+            self._call = None
+            emit(server_event("response.function_call_arguments.done", **ids, name=call.name, arguments=call.arguments))
+            self._close_output(emit, call)
+
+    def _close_output(self, emit: EventSink, item: Item) -> None:
+        emit({"type": "response.output_item.done", "response_id": self.id, "output_index": self._index(item),
+              "item": item.to_dict()})
+        if self.attach is not None:
+            emit({"type": "conversation.item.done", "item": item.to_dict()})
+
     def text_delta(self, emit: EventSink, text: str) -> None:
         """Reply text: a transcript delta in audio mode, a text delta in text mode."""
         if not text:
             return
+        self._open_message(emit)
         self.text += text
         kind = "response.output_audio_transcript.delta" if self.wants_audio else "response.output_text.delta"
         emit({"type": kind, **self._ids(), "delta": text}, epoch=self.epoch)
 
     def audio_delta(self, emit: EventSink, wire: bytes, text: str) -> None:
         """A chunk of encoded audio (and the reply text it begins to speak, if any)."""
+        self._open_message(emit)
         duration = self.output_format.duration_ms(len(wire))
         start = self.item.audio_ms
         self.item.audio_ms += duration
@@ -114,10 +171,17 @@ class Response:
         """Close the response once; returns the heard text when it was cut short, else None."""
         if self.status != "in_progress":
             return None
+        if status == "completed" and self._call is not None:
+            # the model stopped inside a call's arguments: only the token limit does that
+            status, reason = "incomplete", "max_output_tokens"
         self.status = status
+        if not self.outputs:
+            self._open_message(emit)  # a reply with nothing in it is still a (empty) message
         heard: str | None = None
         if status == "cancelled" and self.wants_audio and heard_ms is not None and heard_ms < self.item.audio_ms:
             heard = self.item.truncate_audio(heard_ms)
+        elif self._index(self.item) < 0:
+            pass
         elif self.wants_audio:
             self.item.content[0]["transcript"] = self.text
         else:
@@ -128,6 +192,16 @@ class Response:
             self.status_details = {"type": "incomplete", "reason": reason or "max_output_tokens"}
         elif status == "failed":
             self.status_details = {"type": "failed", "error": error}
+        if self._index(self.item) >= 0:
+            self._close_message(emit, status)
+        if self._call is not None:  # cut off while its arguments streamed: never called
+            call, self._call = self._call, None
+            call.status = "incomplete"
+            self._close_output(emit, call)
+        emit({"type": "response.done", "response": self.to_dict()})
+        return heard
+
+    def _close_message(self, emit: EventSink, status: Status) -> None:
         self.item.status = "completed" if status == "completed" else "incomplete"
         part = dict(self.item.content[0])
         part["type"] = "audio" if self.wants_audio else "text"
@@ -137,8 +211,4 @@ class Response:
         else:
             emit({"type": "response.output_text.done", **self._ids(), "text": part["text"]})
         emit({"type": "response.content_part.done", **self._ids(), "part": part})
-        emit({"type": "response.output_item.done", "response_id": self.id, "output_index": 0, "item": self.item.to_dict()})
-        if self.in_conversation:
-            emit({"type": "conversation.item.done", "item": self.item.to_dict()})
-        emit({"type": "response.done", "response": self.to_dict()})
-        return heard
+        self._close_output(emit, self.item)

@@ -286,6 +286,8 @@ class SessionRunner(SpeculativeTurns):
             core.on_response_text(message[1], message[2], message[3])
         elif kind == "audio":
             core.on_response_audio(message[1], message[2], message[3], message[4])
+        elif kind == "call":
+            core.on_response_call(message[1], message[2], message[3])
         elif kind == "usage":
             core.on_response_usage(*message[1:])
         elif kind == "end":
@@ -398,6 +400,7 @@ class SessionRunner(SpeculativeTurns):
             text=lambda text: self.mailbox.put(("text", rid, epoch, text)),
             audio=lambda wire, text: self.mailbox.put(("audio", rid, epoch, wire, text)),
             usage=lambda i, o, c: self.mailbox.put(("usage", rid, epoch, i, o, c)),
+            call=lambda piece: self.mailbox.put(("call", rid, epoch, piece)),
         )
         try:
             status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)

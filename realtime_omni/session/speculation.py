@@ -31,7 +31,8 @@ def same_request(a: ThinkRequest, b: ThinkRequest) -> bool:
         and a.want_audio == b.want_audio
         and a.voice == b.voice
         and a.max_output_tokens == b.max_output_tokens
-        and [(m.role, m.text.strip()) for m in a.messages] == [(m.role, m.text.strip()) for m in b.messages]
+        and (a.tools, a.tool_choice, a.tool_name) == (b.tools, b.tool_choice, b.tool_name)
+        and [(m.role, m.text.strip(), m.call) for m in a.messages] == [(m.role, m.text.strip(), m.call) for m in b.messages]
     )
 
 
@@ -41,7 +42,7 @@ class Speculation:
     transcript: asyncio.Future[str | None]
     request: ThinkRequest | None = None
     task: asyncio.Task[None] | None = None
-    #: outputs held back until adoption: ("text", t) / ("audio", wire, t) / ("usage", i, o, c)
+    #: outputs held back until adoption: ("text", t) / ("audio", wire, t) / ("usage", i, o, c) / ("call", piece)
     held: list[tuple[Any, ...]] = field(default_factory=list)
     #: (status, error, reason) once the prepared pipeline finished before adoption
     finished: tuple[str, str | None, str | None] | None = None
@@ -96,7 +97,8 @@ class SpeculativeTurns:
                 spec.held.append(item)
 
         sink = Sink(
-            text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c)
+            text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c),
+            call=lambda piece: emit("call", piece),
         )
         pipeline = ResponsePipeline(self.model, self.core.model, self.executor, self.pipeline_settings, current,
                                     self.observer)
@@ -136,6 +138,8 @@ class SpeculativeTurns:
                 core.on_response_text(action.response_id, action.epoch, *args)
             elif kind == "audio":
                 core.on_response_audio(action.response_id, action.epoch, *args)
+            elif kind == "call":
+                core.on_response_call(action.response_id, action.epoch, *args)
             else:
                 core.on_response_usage(action.response_id, action.epoch, *args)
         spec.held.clear()

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ..protocol.beta import to_beta
+from ..protocol.beta import beta_followers, to_beta
 from ..security import AuthError, Guard
 from ..session.core import Outgoing
 from ..session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
@@ -118,6 +118,8 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
             # asyncio.timeout, not wait_for: no extra task per message on the hot path
             async with asyncio.timeout(SEND_TIMEOUT_S):
                 await websocket.send_text(json.dumps(event))
+                for follower in beta_followers(out.event) if beta else ():
+                    await websocket.send_text(json.dumps(follower))
 
     try:
         for out in replay:

@@ -88,3 +88,20 @@ def test_beta_dialect_renames_server_events():
                      "item": {"id": "i", "type": "message", "role": "assistant", "content": [{"type": "output_audio"}]}})
     assert added["type"] == "conversation.item.created"
     assert added["item"]["content"][0]["type"] == "audio"
+
+
+def test_every_client_event_of_the_ga_and_beta_sdks_is_known_or_refused_precisely():
+    import typing
+
+    from openai.types.beta.realtime import RealtimeClientEvent as BetaEvent
+    from openai.types.realtime import RealtimeClientEvent as GAEvent
+
+    from realtime_omni.protocol.client_events import KNOWN_TYPES, UNSUPPORTED_TYPES
+
+    def types(union):  # type: ignore[no-untyped-def]
+        return {typing.get_args(m.model_fields["type"].annotation)[0] for m in typing.get_args(typing.get_args(union)[0])}
+
+    assert types(GAEvent) | types(BetaEvent) <= KNOWN_TYPES | set(UNSUPPORTED_TYPES)
+    with pytest.raises(ProtocolError) as refused:
+        parse_client_event(json.dumps({"type": "transcription_session.update", "event_id": "e1", "session": {}}))
+    assert (refused.value.code, refused.value.param, refused.value.event_id) == ("unsupported_feature", "type", "e1")

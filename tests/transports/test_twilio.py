@@ -24,6 +24,7 @@ from realtime_omni.audio import g711
 from realtime_omni.bench.telephony import SimulatedCarrier, to_ulaw8k, trim_silence
 from realtime_omni.transports.twilio import STREAM_PATH, VOICE_PATH, CarrierPlayback, set_call_hook
 from realtime_omni.transports.twilio import messages as tw
+from tests.helpers import assert_valid_server_event
 
 on_session_loop = pytest.mark.asyncio(loop_scope="session")
 
@@ -356,6 +357,10 @@ async def test_dtmf_reaches_model_context_and_application(server, calls):
         dtmf = await calls.wait_for(sid, "telephony.dtmf", count=2, timeout=10)
         assert [e["digit"] for e in dtmf] == ["5", "#"]
         assert dtmf[0]["call_sid"] == carrier.call_sid and dtmf[0]["stream_sid"] == sid
+        ga = await calls.wait_for(sid, "input_audio_buffer.dtmf_event_received", count=2, timeout=10)
+        for event in ga:
+            assert_valid_server_event(event)
+        assert [e["event"] for e in ga] == ["5", "#"] and abs(ga[0]["received_at"] - time.time()) < 60
         await calls.wait_for(sid, "conversation.item.done", count=2, timeout=10)
         call = calls.calls[sid]
         texts = await calls.on_server(lambda: [(i.role, i.text()) for i in call.runner.core.conversation])

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import llama_cpp
 import llama_cpp.llama_cpp as llama_c
+from llama_cpp.llama_grammar import LlamaGrammar
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
+from .tool_calls import CALL_PREFIX, MARKER, NAME_END, CallParser, call_grammar, check_grammar, render_call, tools_prompt
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful voice assistant. Your replies are spoken aloud, so answer in one or two "
@@ -31,6 +33,10 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 DEFAULT_MAX_OUTPUT_TOKENS = 200
 SAMPLING = dict(temp=0.3, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.2)
+#: a call's arguments repeat quotes and braces by nature: no repeat penalty there
+CALL_SAMPLING = {**SAMPLING, "repeat_penalty": 1.0}
+#: the least context left for the conversation after instructions and tool declarations
+_MIN_TURN_ROOM = 128
 _REPLY_CACHE = 8  # recent replies whose generated tokens are reused when they come back as history
 
 _params_lock = threading.Lock()
@@ -182,25 +188,35 @@ class LlamaThinker:
         llm = self._wait_for_instance(request.cancelled)
         if llm is None:
             return  # cancelled (or closed) before this session's instance was ready
+        mode = request.tool_choice if request.tools else "none"
         with self._lock:
             if self._closed:
                 raise RuntimeError("thinker is closed")
             self._generation += 1
             generation = self._generation
-            prompt = self._render(llm, request)
+            prompt = self._render(llm, request, with_tools=mode != "none")
             budget = request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS
             budget = max(1, min(budget, self._shared.n_ctx - len(prompt)))
-            prefilled = self._prefill_count(llm, prompt)
-            tokens_iter = llm.generate(prompt, **SAMPLING)
+            counts: dict[str, int] = {"prefilled_tokens": self._prefill_count(llm, prompt), "prompt_tokens": len(prompt)}
+        if mode == "required":
+            yield from self._call(llm, generation, prompt, request, budget, counts)
+            return
+        used = yield from self._reply(llm, generation, prompt, request, budget, counts, watch=mode == "auto")
+        if used is not None:  # the reply began a function call
+            yield from self._call(llm, generation, prompt, request, budget - used, counts)
 
+    def _reply(self, llm: llama_cpp.Llama, generation: int, prompt: list[int], request: ThinkRequest, budget: int,
+               counts: dict[str, int], watch: bool) -> Iterator[ThinkerOutput]:
+        """Free text. With ``watch``, a reply that opens with the call marker stops here and
+        returns the tokens it used (the caller continues with the constrained call); else None."""
+        with self._lock:
+            tokens_iter = llm.generate(prompt, **SAMPLING)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         generated: list[int] = []
         text = ""
+        held = ""  # the reply's opening while it may still be the call marker
         superseded = False
-        counts: dict[str, int] | None = {
-            "prefilled_tokens": prefilled,
-            "prompt_tokens": len(prompt),
-        }
+        first: dict[str, int] | None = dict(counts)
         try:
             while len(generated) < budget and not request.cancelled.is_set():
                 with self._lock:
@@ -214,21 +230,69 @@ class LlamaThinker:
                 generated.append(token)
                 if not piece:
                     continue  # an incomplete multi-byte character: wait for the next token
+                if watch:
+                    held += piece
+                    opening = held.lstrip()
+                    if opening.startswith(MARKER):
+                        used, generated = len(generated), []  # a call is not a reply to remember
+                        return used
+                    if MARKER.startswith(opening):
+                        continue
+                    watch, piece = False, held
                 text += piece
-                yield ThinkerOutput(text=piece, **(counts or {}))
-                counts = None
-            tail = decoder.decode(b"", final=True)
+                yield ThinkerOutput(text=piece, **(first or {}))
+                first = None
+            tail = held if watch else ""
+            tail += decoder.decode(b"", final=True)
             if tail:
                 text += tail
-                yield ThinkerOutput(text=tail, **(counts or {}))
-                counts = None
-            if counts is not None and not (superseded or request.cancelled.is_set()):
-                yield ThinkerOutput(text="", **counts)  # an empty reply still reports its prefill
+                yield ThinkerOutput(text=tail, **(first or {}))
+                first = None
+            if first is not None and not (superseded or request.cancelled.is_set()):
+                yield ThinkerOutput(text="", **first)  # an empty reply still reports its prefill
         finally:
             with self._lock:
                 tokens_iter.close()
                 if generated and generation == self._generation:
                     self._remember(text, generated)
+        return None
+
+    def _call(self, llm: llama_cpp.Llama, generation: int, prompt: list[int], request: ThinkRequest, budget: int,
+              counts: dict[str, int]) -> Iterator[ThinkerOutput]:
+        """A function call: the server writes the opening, the grammar holds the model to a
+        declared name and to arguments that fit its schema."""
+        named = request.tool_name
+        tools = [t for t in request.tools if t.name == named] if named else request.tools
+        parser = CallParser([t.name for t in tools])
+        forced = CALL_PREFIX + (named + NAME_END if named else "")
+        grammar = call_grammar(tools, named=named is not None)
+        with self._lock:
+            check_grammar(llm, grammar)
+            tokens_iter = llm.generate(prompt + self._shared.text_tokens(llm, forced),
+                                       grammar=LlamaGrammar.from_string(grammar, verbose=False), **CALL_SAMPLING)
+        first: dict[str, int] | None = dict(counts)
+        pieces = parser.feed(named + NAME_END) if named else []
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        generated = 0
+        finished = False
+        try:
+            while True:
+                for delta in pieces:
+                    yield ThinkerOutput(text="", call=delta, **(first or {}))
+                    first = None
+                if finished or generated >= budget or request.cancelled.is_set():
+                    break
+                with self._lock:
+                    if self._closed or generation != self._generation:
+                        break
+                    token = next(tokens_iter, None)
+                    finished = token is None or token in self._shared.stop_tokens
+                    piece = "" if finished else decoder.decode(llm.detokenize([token]))  # type: ignore[list-item]
+                generated += 1
+                pieces = [parser.finish()] if finished else parser.feed(piece)
+        finally:
+            with self._lock:
+                tokens_iter.close()
 
     def confirm(self, spoken_text: str) -> None:
         """Only ``spoken_text`` of the last reply was heard: the next prompt renders just that.
@@ -283,17 +347,22 @@ class LlamaThinker:
             except FutureCancelled:
                 return None
 
-    def _render(self, llm: llama_cpp.Llama, request: ThinkRequest) -> list[int]:
+    def _render(self, llm: llama_cpp.Llama, request: ThinkRequest, with_tools: bool = False) -> list[int]:
         shared = self._shared
         system = shared.render_header(llm, "system")
         system += shared.text_tokens(llm, DEFAULT_SYSTEM_PROMPT)
         if request.instructions.strip():
             system += shared.text_tokens(llm, "\n\n" + request.instructions.strip())
+        if with_tools:
+            system += shared.text_tokens(llm, "\n\n" + tools_prompt(request.tools))
         system += shared.im_end + shared.newline
-        turns = [self._render_message(llm, m) for m in request.messages]
         tail = shared.render_header(llm, "assistant")
         # keep room for the reply
         room = shared.n_ctx - min(request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS, 512)
+        if len(system) + len(tail) + _MIN_TURN_ROOM > room:
+            raise ValueError(f"instructions and tools take {len(system)} tokens; this model's context holds "
+                             f"{shared.n_ctx}, with room kept for the reply and the conversation")
+        turns = [self._render_message(llm, m) for m in request.messages]
         turns = self._window(turns, len(system) + len(tail), room)
         prompt = system + [t for turn in turns for t in turn] + tail
         if len(prompt) > room:  # one huge message: keep its end
@@ -327,7 +396,9 @@ class LlamaThinker:
         shared = self._shared
         text = message.text.strip()
         content: list[int] | None = None
-        if message.role == "assistant":
+        if message.call is not None:
+            text = render_call(message.call)
+        elif message.role == "assistant":
             text = self._truncated.get(text, text)
             content = self._replies.get(text.strip())
         if content is None:

@@ -55,7 +55,7 @@ class EmbeddedSession(ModelSession):
 class EmbeddedModel(VoiceModel):
     info = ModelInfo(
         id="embedded",
-        capabilities=frozenset({"audio_in", "text_in", "audio_out", "text_out", "transcription", "vad"}),
+        capabilities=frozenset({"audio_in", "text_in", "audio_out", "text_out", "transcription", "vad", "tools"}),
         output_rate=SAMPLE_RATE,
         hears_audio=False,
     )

@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ...protocol.server_events import server_event
 from ...session.core import Outgoing
 from ...session.manager import SessionLimitError, SessionManager, UnknownModelError
 from ...session.runner import SessionRunner
@@ -226,7 +227,11 @@ class TwilioCall:
         # The model's context sees the key press as a user turn...
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": f"[DTMF {digit}]"}]}
         await self.runner.submit(json.dumps({"type": "conversation.item.create", "item": item}))
-        # ...and the application gets an extension event.
+        # ...and the application gets the GA event (OpenAI sends it on SIP calls) and the extension
+        # event, which also names the call.
+        received = time.time()
+        self._notify({"event_id": f"event_dtmf_{int(received * 1000)}",
+                      **server_event("input_audio_buffer.dtmf_event_received", event=digit, received_at=int(received))})
         self._notify(self._extension("telephony.dtmf", digit=digit))
 
     # ------------------------------------------------------------------ writer
