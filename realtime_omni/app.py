@@ -133,8 +133,14 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         try:
             yield
         finally:
-            await webrtc.shutdown(app)
-            await app.state.manager.shutdown()
+            # uvicorn has had half of shutdown_timeout_s for the connections; this is the rest
+            deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout_s / 2
+            try:
+                async with asyncio.timeout_at(deadline - settings.shutdown_timeout_s / 4):
+                    await webrtc.shutdown(app)
+            except TimeoutError:
+                log.warning("shutdown: WebRTC calls did not hang up in time; going on")
+            await app.state.manager.shutdown(max(deadline - asyncio.get_running_loop().time(), 0.5))
             if registry is None:
                 reg.close()
 

@@ -34,6 +34,8 @@ def _serve(args: argparse.Namespace) -> int:
         ws_max_size=32 * 1024 * 1024,
         ws_ping_interval=20,
         ws_ping_timeout=20,
+        # connections get half the shutdown deadline; the app's lifespan closes sessions in the rest
+        timeout_graceful_shutdown=settings.shutdown_timeout_s / 2,
     )
     return 0
 

@@ -43,6 +43,8 @@ class ServerSettings(BaseSettings):
     session_store: str = "sqlite:///realtime_omni_sessions.db"
     #: how long a stored session can be resumed after its last change (e.g. across a restart)
     persist_ttl_s: float = 3600.0
+    #: SIGTERM to exit, at most: half for connections to finish, half to close sessions and the store
+    shutdown_timeout_s: float = 10.0
     # --- WebRTC (/v1/realtime/calls) ---
     #: STUN/TURN servers as RTCIceServer dicts (JSON in REALTIME_OMNI_ICE_SERVERS); empty: host
     #: candidates only, nothing outside the machine is contacted. Also handed to browsers.

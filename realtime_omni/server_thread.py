@@ -33,7 +33,8 @@ class ServerThread:
         self.settings = ServerSettings(host=host, port=self.port, **settings)
         self.app = create_app(self.settings, registry=registry)
         config = uvicorn.Config(
-            self.app, host=host, port=self.port, log_level="warning", ws_max_size=32 * 1024 * 1024, lifespan="on"
+            self.app, host=host, port=self.port, log_level="warning", ws_max_size=32 * 1024 * 1024, lifespan="on",
+            timeout_graceful_shutdown=self.settings.shutdown_timeout_s / 2,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"server-{self.port}", daemon=True)

@@ -156,16 +156,34 @@ class SessionManager:
             self.store_executor.submit(self.store.delete, runner.core.id).add_done_callback(_log_failure)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
+        """Close every session and the store within ``timeout`` seconds, whatever is stuck.
+
+        Sessions end as ``server_shutdown`` (their snapshots stay: resumable after a restart).
+        What the store has not written by the deadline is given up, and said so in the log.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         runners = list(self.sessions.values())
         if runners:
-            await asyncio.wait_for(
-                asyncio.gather(*(r.close("server_shutdown") for r in runners), return_exceptions=True), timeout
-            )
-        self.store_executor.shutdown(wait=True)
-        if self.store is not None:
-            self.store.close()
+            closing = [asyncio.ensure_future(r.close("server_shutdown")) for r in runners]
+            _, pending = await asyncio.wait(closing, timeout=timeout * 0.6)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("shutdown: %d sessions did not close in time; cancelled", len(pending))
+                await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0.0) / 2)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
+        # pending snapshots are written in order; the deadline bounds how long that may take
+        flushed = loop.run_in_executor(None, self.store_executor.shutdown, True)
+        try:
+            await asyncio.wait_for(asyncio.shield(flushed), max(deadline - loop.time(), 0.1))
+        except asyncio.TimeoutError:
+            log.warning("shutdown: the session store did not finish its writes in time; the rest is lost")
+            self.store_executor.shutdown(wait=False, cancel_futures=True)
+            return
+        if self.store is not None:
+            self.store.close()
 
 
 def _log_failure(future: concurrent.futures.Future) -> None:  # type: ignore[type-arg]

@@ -87,24 +87,50 @@ class SessionRunner(SpeculativeTurns):
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
         self._spec: Speculation | None = None
         self.speculations_adopted = 0
+        #: when the last client event or audio was accepted (the idle clock)
+        self.last_client = time.monotonic()
+        #: the lifetime limit (monotonic clock)
+        self.deadline = self.started_at + self.limits.max_session_s
 
     # ------------------------------------------------------------ transport-facing API
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"session-{self.core.id}")
 
     async def submit(self, raw: str | bytes) -> None:
-        """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure)."""
+        """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure),
+        but never past the session's end."""
         if self.closed.is_set():
             return
         if not self._bucket.take():
-            await self.mailbox.put(("rate_limited", len(raw)))
+            await self._offer(("rate_limited", len(raw)))
             return
-        await self.mailbox.put(("client", raw))
+        if await self._offer(("client", raw)):
+            self.last_client = time.monotonic()
 
     async def submit_audio(self, wire: bytes) -> None:
         """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
-        if not self.closed.is_set():
-            await self.mailbox.put(("audio_in", wire))
+        if await self._offer(("audio_in", wire)):
+            self.last_client = time.monotonic()
+
+    async def _offer(self, message: tuple[Any, ...]) -> bool:
+        """Put ``message`` in the mailbox, waiting while it is full until the session closes
+        (a transport blocked here must still see its session end). False: not delivered."""
+        if self.closed.is_set():
+            return False
+        try:
+            self.mailbox.put_nowait(message)
+            return True
+        except asyncio.QueueFull:
+            pass
+        put = asyncio.ensure_future(self.mailbox.put(message))
+        closed = asyncio.ensure_future(self.closed.wait())
+        try:
+            await asyncio.wait({put, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            if not put.done():
+                put.cancel()
+        return put.done() and not put.cancelled()
 
     def submit_image(self, rgb: Any) -> bool:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
@@ -204,9 +230,8 @@ class SessionRunner(SpeculativeTurns):
             self.core.rate_limits = self._bucket.report
             self.core.start()
             await self._flush()
-            deadline = self.started_at + self.limits.max_session_s
+            deadline = self.deadline
             warn_at: float | None = deadline - self.limits.expiry_warning_s
-            last_client = time.monotonic()
             while not self.core.closed:
                 # Deadlines are checked on every turn of the loop, so a busy session expires too.
                 now = time.monotonic()
@@ -214,24 +239,26 @@ class SessionRunner(SpeculativeTurns):
                     warn_at = None
                     self.core.warn_expiring(max(int(deadline - now), 0))
                     await self._flush()
-                idle = now - last_client >= self.limits.idle_timeout_s
-                if now >= deadline or idle:
-                    code, text = ("session_idle_timeout", "session closed after being idle") if idle and now < deadline else (
-                        "session_expired", "session reached its maximum duration")
+                reason = self._expired(now)
+                if reason is not None:
+                    code, text = _EXPIRY[reason]
                     self.core.error(ProtocolError(code, text, type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
                     break
-                wake = min(deadline, last_client + self.limits.idle_timeout_s, warn_at or deadline)
+                wake = min(self._expires_at(), warn_at or deadline)
                 try:
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
-                if message[0] in ("client", "audio_in"):
-                    last_client = time.monotonic()
                 await self._handle(message)
                 await self._flush()
+        except _Wedged as exc:
+            # Nobody takes what the session sends (a client that never reads, a writer stuck on
+            # a dead peer) and a limit passed meanwhile: it ends here, whatever its outbox holds.
+            log.info("session %s ended by %s while its outbox was full", self.core.id, exc.reason)
+            self.close_reason = self.close_reason or exc.reason
         except asyncio.CancelledError:
             pass
         except Exception:  # noqa: BLE001 - a bug here must not take the server down
@@ -290,7 +317,7 @@ class SessionRunner(SpeculativeTurns):
             events = self.core.drain_events()
             for out in events:
                 changed = changed or out.event["type"] in _STATE_CHANGES
-                await self.outbox.put(out)
+                await self._emit(out)
             actions = self.core.drain_actions()
             if not events and not actions:
                 break
@@ -298,6 +325,36 @@ class SessionRunner(SpeculativeTurns):
                 await self._perform(action)
         if changed and self._on_change is not None:
             self._on_change(self)
+
+    def _expires_at(self) -> float:
+        return min(self.deadline, self.last_client + self.limits.idle_timeout_s)
+
+    def _expired(self, now: float) -> str | None:
+        """``session_expired`` or ``session_idle_timeout`` once a limit has passed, else None."""
+        if now >= self.deadline:
+            return "session_expired"
+        if now >= self.last_client + self.limits.idle_timeout_s:
+            return "session_idle_timeout"
+        return None
+
+    async def _emit(self, out: Outgoing) -> None:
+        """Queue one event for the writer; a full outbox is waited on only until the session's
+        idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        try:
+            self.outbox.put_nowait(out)
+            return
+        except asyncio.QueueFull:
+            pass
+        while True:
+            now = time.monotonic()
+            reason = self._expired(now)
+            if reason is not None:
+                raise _Wedged(reason)
+            try:
+                await asyncio.wait_for(self.outbox.put(out), self._expires_at() - now)
+                return
+            except asyncio.TimeoutError:
+                continue  # the idle clock may have moved meanwhile: look again
 
     async def _perform(self, action: act.Action) -> None:
         loop = asyncio.get_running_loop()
@@ -424,6 +481,18 @@ class SessionRunner(SpeculativeTurns):
             self._on_close(self)
 
 
+class _Wedged(Exception):
+    """A limit passed while the session waited for room in its outbox."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_EXPIRY = {
+    "session_idle_timeout": ("session_idle_timeout", "session closed after being idle"),
+    "session_expired": ("session_expired", "session reached its maximum duration"),
+}
 
 # Events after which the stored snapshot is out of date.
 _STATE_CHANGES = frozenset({
