@@ -119,7 +119,8 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         limits = RunnerLimits(
             idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
             max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,
-            expiry_warning_s=settings.expiry_warning_s,
+            expiry_warning_s=settings.expiry_warning_s, max_session_bytes=settings.max_session_bytes,
+            journal_bytes=settings.journal_bytes, queue_bytes=settings.queue_bytes,
         )
         app.state.loop = asyncio.get_running_loop()
         lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None

@@ -23,6 +23,12 @@ class ServerSettings(BaseSettings):
     #: a session.expiring warning goes out this long before max_session_s closes a session
     expiry_warning_s: float = 60.0
     max_event_bytes: int = 15 * 1024 * 1024
+    #: per session: conversation items and instructions together (past it: session_memory_exceeded)
+    max_session_bytes: int = 64 * 1024 * 1024
+    #: per session: the resume journal (the oldest events leave first; a resume then reports a gap)
+    journal_bytes: int = 16 * 1024 * 1024
+    #: per session: client frames waiting to be processed, and events waiting to be sent, each
+    queue_bytes: int = 32 * 1024 * 1024
     #: audio is sent at most this far ahead of real time (ms); negative disables pacing
     output_lead_ms: float = 1500.0
     model_threads: int = 4

@@ -45,6 +45,8 @@ class Outgoing:
     response_id: str | None = None
     #: the raw wire audio of an audio delta, for transports that carry audio off the JSON channel
     audio: bytes | None = None
+    #: what it holds, roughly (set by the driver when queued; 0: not measured yet)
+    nbytes: int = 0
 
 
 class RealtimeSession:
@@ -55,6 +57,7 @@ class RealtimeSession:
         session_id: str | None = None,
         has_vad: bool = True,
         max_session_seconds: float = 3600.0,
+        max_bytes: int | None = None,
         clock=time.time,  # type: ignore[no-untyped-def]
     ) -> None:
         self.id = session_id or new_id("sess")
@@ -73,7 +76,8 @@ class RealtimeSession:
             self.config.turn_detection = None
         self.created_at = clock()
         self.expires_at = int(self.created_at + max_session_seconds)
-        self.conversation = Conversation()
+        #: ``max_bytes`` bounds the conversation and the instructions together
+        self.conversation = Conversation(max_bytes)
         self.input = InputAudioBuffer(self.config.input_format)
         self.detector: TurnDetector | None = None
         self.ledger = PlaybackLedger()
@@ -194,6 +198,10 @@ class RealtimeSession:
             raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
         if update.get("model") not in (None, self.model.id):
             raise ProtocolError(errors.INVALID_VALUE, "the model cannot change within a session", param="session.model")
+        instructions = update.get("instructions")
+        if instructions is not None and len(instructions) > len(self.config.instructions):
+            self.conversation.check_room(len(instructions) - len(self.config.instructions),
+                                         len(self.config.instructions), param="session.instructions")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
         if config.turn_detection is not None and not self.has_vad:
@@ -280,6 +288,12 @@ class RealtimeSession:
                 if not part.get("transcript") and not self.model.hears_audio:
                     self._pending_transcripts.add(item.id)
                     self._actions.append(act.Transcribe(item.id, pcm))
+        try:
+            self.conversation.check_room(item.nbytes(), len(self.config.instructions), param="item")
+        except ProtocolError:
+            self._pending_transcripts.discard(item.id)
+            self._actions = [a for a in self._actions if not (isinstance(a, act.Transcribe) and a.item_id == item.id)]
+            raise
         previous = self.conversation.add(item, event.previous_item_id)
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if item.id not in self._pending_transcripts:
@@ -365,8 +379,10 @@ class RealtimeSession:
                 audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
                 spec = self._spec_id if self._spec_active else None
                 self._spec_active = False  # from here the driver adopts the prepared reply or drops it
-                self._commit(item_id, audio, spec)
-                if td.create_response and self.response is None:
+                if not self._commit(item_id, audio, spec):
+                    if spec is not None:
+                        self._actions.append(act.DropSpeculation(spec))
+                elif td.create_response and self.response is None:
                     self._create_response({}, spec)
                 elif spec is not None:
                     self._actions.append(act.DropSpeculation(spec))
@@ -388,18 +404,26 @@ class RealtimeSession:
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
 
-    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> None:
+    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> bool:
+        """Add a user audio turn; False (and an error event) when the session has no room for it."""
         item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
         if self._latest_image is not None:
             item.images, self._latest_image = [self._latest_image], None
+        try:  # also reached from the VAD's decision, outside receive(): report, never raise
+            self.conversation.check_room(item.nbytes(), len(self.config.instructions))
+        except ProtocolError as exc:
+            self.error(exc)
+            self._emit({"type": "input_audio_buffer.cleared"})
+            return False
         previous = self.conversation.add(item)
         self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if self.model.hears_audio and self.config.transcription is None:
             self._emit({"type": "conversation.item.done", "item": item.to_dict()})
-            return
+            return True
         self._pending_transcripts.add(item_id)
         self._actions.append(act.Transcribe(item_id, audio, spec_id))
+        return True
 
     def on_transcription(self, item_id: str, transcript: str | None, error: str | None = None) -> None:
         """Driver callback: the transcript of a committed item (or why there is none)."""

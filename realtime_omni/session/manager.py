@@ -81,6 +81,7 @@ class SessionManager:
         core = RealtimeSession(
             model.info, session_id=snapshot["id"] if snapshot else None,
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
+            max_bytes=self.limits.max_session_bytes,
         )
         if snapshot is not None:
             core.restore(snapshot)
@@ -91,7 +92,7 @@ class SessionManager:
         runner.owner = owner if snapshot is None else snapshot.get("owner")
         if token is not None:
             runner.resume_token = token
-            runner.journal = Journal(self.limits.journal_events, last_seq)
+            runner.journal = Journal(self.limits.journal_events, last_seq, self.limits.journal_bytes)
         self.sessions[core.id] = runner
         self._by_token[runner.resume_token] = runner
         self.total_opened += 1

@@ -23,6 +23,7 @@ from ..protocol.errors import ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .memory import approx_bytes
 from .speculation import Speculation, SpeculativeTurns, same_request
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,12 @@ class RunnerLimits:
     #: client events per second (token bucket; burst = 2 s worth); excess events get an error
     max_events_per_s: float = 500.0
     journal_events: int = 8192
+    #: the resume journal's bound in bytes (the oldest events leave first: a resume reports the gap)
+    journal_bytes: int = 16 * 1024 * 1024
+    #: conversation items and instructions together; past it a client's additions are refused
+    max_session_bytes: int = 64 * 1024 * 1024
+    #: client frames waiting in the mailbox, and events waiting in the outbox, each at most this
+    queue_bytes: int = 32 * 1024 * 1024
 
 
 class SessionRunner(SpeculativeTurns):
@@ -71,7 +78,12 @@ class SessionRunner(SpeculativeTurns):
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.started_at = time.monotonic()
-        self.journal = Journal(self.limits.journal_events)
+        self.journal = Journal(self.limits.journal_events, max_bytes=self.limits.journal_bytes)
+        #: bytes of the client frames in the mailbox / of the events in the outbox
+        self.inbox_bytes = 0
+        self.outbox_bytes = 0
+        self._inbox_room = asyncio.Event()
+        self._outbox_room = asyncio.Event()
         self.resume_token = secrets.token_urlsafe(24)
         self.detached_since: float | None = None
         self.detached = asyncio.Event()
@@ -117,6 +129,13 @@ class SessionRunner(SpeculativeTurns):
         (a transport blocked here must still see its session end). False: not delivered."""
         if self.closed.is_set():
             return False
+        size = len(message[1]) if message[0] in _SIZED else 0
+        # bytes first: one 15 MiB frame after another would fill memory long before the count
+        while size and self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
+            self._inbox_room.clear()
+            if not await _first(self._inbox_room.wait(), self.closed.wait()) or self.closed.is_set():
+                return False
+        self.inbox_bytes += size
         try:
             self.mailbox.put_nowait(message)
             return True
@@ -130,7 +149,10 @@ class SessionRunner(SpeculativeTurns):
             closed.cancel()
             if not put.done():
                 put.cancel()
-        return put.done() and not put.cancelled()
+        if put.done() and not put.cancelled():
+            return True
+        self.inbox_bytes -= size
+        return False
 
     def submit_image(self, rgb: Any) -> bool:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
@@ -148,6 +170,8 @@ class SessionRunner(SpeculativeTurns):
             out = await self.outbox.get()
             if out is None:
                 return None
+            self.outbox_bytes -= out.nbytes
+            self._outbox_room.set()
             if out.epoch is not None and out.epoch != self.core.epoch:
                 continue  # fenced off by a cancel/barge-in after it was queued
             self.journal.record(out)
@@ -252,6 +276,9 @@ class SessionRunner(SpeculativeTurns):
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
+                if message[0] in _SIZED:
+                    self.inbox_bytes -= len(message[1])
+                    self._inbox_room.set()
                 await self._handle(message)
                 await self._flush()
         except _Wedged as exc:
@@ -338,20 +365,27 @@ class SessionRunner(SpeculativeTurns):
         return None
 
     async def _emit(self, out: Outgoing) -> None:
-        """Queue one event for the writer; a full outbox is waited on only until the session's
-        idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
+        until the session's idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
+        while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
+            self._outbox_room.clear()
+            await self._until_expiry(self._outbox_room.wait)
         try:
             self.outbox.put_nowait(out)
-            return
         except asyncio.QueueFull:
-            pass
+            await self._until_expiry(lambda: self.outbox.put(out))
+        self.outbox_bytes += out.nbytes
+
+    async def _until_expiry(self, wait: Callable[[], Any]) -> None:
+        """Await ``wait()`` until it completes, or raise :class:`_Wedged` once a limit passes."""
         while True:
             now = time.monotonic()
             reason = self._expired(now)
             if reason is not None:
                 raise _Wedged(reason)
             try:
-                await asyncio.wait_for(self.outbox.put(out), self._expires_at() - now)
+                await asyncio.wait_for(wait(), self._expires_at() - now)
                 return
             except asyncio.TimeoutError:
                 continue  # the idle clock may have moved meanwhile: look again
@@ -479,6 +513,21 @@ class SessionRunner(SpeculativeTurns):
                 self.outbox.get_nowait()
         if self._on_close is not None:
             self._on_close(self)
+
+
+#: mailbox messages whose payload (raw client frame, wire audio) counts against queue_bytes
+_SIZED = frozenset({"client", "audio_in"})
+
+
+async def _first(*waits: Any) -> bool:
+    """Wait for the first of several coroutines; the rest are cancelled. True when one finished."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return bool(done)
 
 
 class _Wedged(Exception):

@@ -25,8 +25,8 @@ def _wedge(port: int, clients: int) -> list[RawClient]:
     wedged = []
     for _ in range(clients):
         client = RawClient(port)
-        sent = client.flood(BIG_UPDATE, 5000, timeout=1.0)
-        assert sent < 5000, "the server never pushed back"
+        sent = client.flood(BIG_UPDATE, 20000, timeout=1.0)
+        assert sent < 20000, "the server never pushed back"
         wedged.append(client)
     return wedged
 
