@@ -129,7 +129,9 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             reg, max_sessions=settings.max_sessions, limits=limits,
             pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
             store=store, resume_grace_s=settings.resume_grace_s, persist_ttl_s=settings.persist_ttl_s,
+            store_transcripts=settings.store_transcripts,
         )
+        app.state.manager.start()
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
         try:
             yield

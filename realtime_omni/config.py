@@ -49,6 +49,8 @@ class ServerSettings(BaseSettings):
     session_store: str = "sqlite:///realtime_omni_sessions.db"
     #: how long a stored session can be resumed after its last change (e.g. across a restart)
     persist_ttl_s: float = 3600.0
+    #: store what was said (texts, transcripts); off: stored items keep only their shape
+    store_transcripts: bool = True
     #: SIGTERM to exit, at most: half for connections to finish, half to close sessions and the store
     shutdown_timeout_s: float = 10.0
     # --- WebRTC (/v1/realtime/calls) ---

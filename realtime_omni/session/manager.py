@@ -12,13 +12,10 @@ from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .runner import RunnerLimits, SessionRunner
+from .retention import keeps_row, purge_forever, without_transcripts
 from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
-
-# Close reasons after which a session is over for good (its stored snapshot goes too).
-_FINAL = frozenset({"client_closed", "resume_grace_expired", "session_expired", "session_idle_timeout", "call_ended"})
-
 
 class SessionLimitError(Exception):
     """The server is at its session cap (HTTP 503 / WebSocket close 1013)."""
@@ -44,6 +41,7 @@ class SessionManager:
         store: SessionStore | None = None,
         resume_grace_s: float = 30.0,
         persist_ttl_s: float = 3600.0,
+        store_transcripts: bool = True,
     ) -> None:
         self.registry = registry
         self.max_sessions = max_sessions
@@ -52,6 +50,9 @@ class SessionManager:
         self.store = store
         self.resume_grace_s = resume_grace_s
         self.persist_ttl_s = persist_ttl_s
+        #: False: stored items keep their shape but not their words (see retention.py)
+        self.store_transcripts = store_transcripts
+        self._purger: asyncio.Task[None] | None = None
         # Models never run on the event loop: heavy steps (ASR/LLM/TTS) and the per-frame VAD get
         # separate pools so a long synthesis cannot delay barge-in detection.
         self.executor = concurrent.futures.ThreadPoolExecutor(model_threads, thread_name_prefix="model")
@@ -63,6 +64,13 @@ class SessionManager:
         self.total_opened = 0
         #: replies prepared during the user's pause and released at the end-of-turn decision
         self.speculations_adopted = 0
+
+    def start(self) -> None:
+        """Begin the store's retention (on the event loop, once): expired rows are purged now,
+        whatever ended their sessions, and periodically after."""
+        if self.store is not None and self._purger is None:
+            self._purger = asyncio.create_task(
+                purge_forever(self.store, self.store_executor, self.persist_ttl_s), name="session-store-purge")
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0, owner: str | None = None) -> SessionRunner:
@@ -146,6 +154,8 @@ class SessionManager:
         snapshot["owner"] = runner.owner
         digest = token_hash(runner.resume_token)
         snapshot["token_digest"] = digest
+        if not self.store_transcripts:
+            snapshot = without_transcripts(snapshot)
         future = self.store_executor.submit(store.save, runner.core.id, digest, snapshot)
         future.add_done_callback(_log_failure)
 
@@ -153,7 +163,7 @@ class SessionManager:
         self.speculations_adopted += runner.speculations_adopted
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
-        if self.store is not None and runner.close_reason in _FINAL:
+        if self.store is not None and not keeps_row(runner.close_reason):
             self.store_executor.submit(self.store.delete, runner.core.id).add_done_callback(_log_failure)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
@@ -164,6 +174,8 @@ class SessionManager:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        if self._purger is not None:
+            self._purger.cancel()
         runners = list(self.sessions.values())
         if runners:
             closing = [asyncio.ensure_future(r.close("server_shutdown")) for r in runners]

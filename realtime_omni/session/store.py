@@ -34,6 +34,10 @@ class SessionStore(abc.ABC):
     @abc.abstractmethod
     def delete(self, session_id: str) -> None: ...
 
+    def purge(self, max_age_s: float) -> int:
+        """Remove what was last saved more than ``max_age_s`` ago; how many sessions went."""
+        return 0
+
     def close(self) -> None:
         pass
 
@@ -86,7 +90,7 @@ class SQLiteStore(SessionStore):
 
 
 class RedisStore(SessionStore):
-    """Shared by replicas; keys expire on their own after ``ttl_s``."""
+    """Shared by replicas; keys expire on their own after ``ttl_s`` (so ``purge`` has nothing to do)."""
 
     def __init__(self, url: str, ttl_s: float = 3600.0, prefix: str = "realtime_omni") -> None:
         import redis  # optional dependency
