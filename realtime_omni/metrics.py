@@ -54,6 +54,17 @@ class _SessionCollector:
         adopted.add_metric([], manager.speculations_adopted
                            + sum(r.speculations_adopted for r in manager.sessions.values()))
         yield from (active, opened, adopted)
+        persister = getattr(manager, "persister", None)
+        if persister is not None:
+            backlog = GaugeMetricFamily("realtime_omni_store_backlog_sessions",
+                                        "Sessions with changes not yet written to the session store")
+            backlog.add_metric([], persister.backlog)
+            age = GaugeMetricFamily("realtime_omni_store_backlog_age_seconds",
+                                    "Age of the oldest change not yet written to the session store")
+            age.add_metric([], persister.oldest_change_age())
+            written = CounterMetricFamily("realtime_omni_store_items_written", "Conversation items written to the store")
+            written.add_metric([], persister.items_written)
+            yield from (backlog, age, written)
 
 
 def render(manager: "SessionManager", engine_stats: dict | None = None) -> tuple[bytes, str]:

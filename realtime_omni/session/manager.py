@@ -12,7 +12,8 @@ from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .runner import RunnerLimits, SessionRunner
-from .retention import keeps_row, purge_forever, without_transcripts
+from .persist import Persister, restoration
+from .retention import keeps_row, purge_forever
 from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
@@ -50,15 +51,15 @@ class SessionManager:
         self.store = store
         self.resume_grace_s = resume_grace_s
         self.persist_ttl_s = persist_ttl_s
-        #: False: stored items keep their shape but not their words (see retention.py)
-        self.store_transcripts = store_transcripts
         self._purger: asyncio.Task[None] | None = None
         # Models never run on the event loop: heavy steps (ASR/LLM/TTS) and the per-frame VAD get
         # separate pools so a long synthesis cannot delay barge-in detection.
         self.executor = concurrent.futures.ThreadPoolExecutor(model_threads, thread_name_prefix="model")
         self.vad_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vad")
-        # One thread for store writes keeps snapshots of a session in order.
+        # One thread for store writes keeps the writes of a session in order.
         self.store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
+        #: incremental, debounced writes (store_transcripts False: items keep their shape, not their words)
+        self.persister = Persister(store, self.store_executor, store_transcripts=store_transcripts) if store else None
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
         self.total_opened = 0
@@ -71,6 +72,8 @@ class SessionManager:
         if self.store is not None and self._purger is None:
             self._purger = asyncio.create_task(
                 purge_forever(self.store, self.store_executor, self.persist_ttl_s), name="session-store-purge")
+        if self.persister is not None:
+            self.persister.start()
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0, owner: str | None = None) -> SessionRunner:
@@ -95,9 +98,10 @@ class SessionManager:
             core.restore(snapshot)
         runner = SessionRunner(
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
-            on_close=self._forget, on_change=self._persist if self.store else None,
+            on_close=self._forget, on_change=self.persister.changed if self.persister else None,
         )
         runner.owner = owner if snapshot is None else snapshot.get("owner")
+        runner.from_store = snapshot is not None
         if token is not None:
             runner.resume_token = token
             runner.journal = Journal(self.limits.journal_events, last_seq, self.limits.journal_bytes)
@@ -105,8 +109,8 @@ class SessionManager:
         self._by_token[runner.resume_token] = runner
         self.total_opened += 1
         runner.start()
-        if self.store is not None and snapshot is None:
-            self._persist(runner)
+        if self.persister is not None and snapshot is None:
+            self.persister.opened(runner)
         return runner
 
     async def resume(self, token: str, last_seq: int, owner: str | None = None
@@ -141,30 +145,18 @@ class SessionManager:
                 stored_seq = int(snapshot.get("last_seq", 0))
                 # Number on from whatever the client saw last, so no number is ever reused.
                 runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq))
-                # Events after the snapshot died with the old process: say so if any were missed.
-                return runner, [], last_seq < stored_seq
+                # The journal died with the old process: say precisely what cannot be replayed
+                # and what the store never got (see persist.restoration).
+                runner.restored = restoration(stored_seq, last_seq, [item.id for item in runner.core.conversation])
+                return runner, [], last_seq != stored_seq
         raise ResumeError("unknown or expired resume token")
-
-    def _persist(self, runner: SessionRunner) -> None:
-        store = self.store
-        if store is None:
-            return
-        snapshot = runner.core.snapshot()
-        snapshot["last_seq"] = runner.journal.last_seq
-        snapshot["owner"] = runner.owner
-        digest = token_hash(runner.resume_token)
-        snapshot["token_digest"] = digest
-        if not self.store_transcripts:
-            snapshot = without_transcripts(snapshot)
-        future = self.store_executor.submit(store.save, runner.core.id, digest, snapshot)
-        future.add_done_callback(_log_failure)
 
     def _forget(self, runner: SessionRunner) -> None:
         self.speculations_adopted += runner.speculations_adopted
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
-        if self.store is not None and not keeps_row(runner.close_reason):
-            self.store_executor.submit(self.store.delete, runner.core.id).add_done_callback(_log_failure)
+        if self.persister is not None:
+            self.persister.ended(runner, keep=keeps_row(runner.close_reason))
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Close every session and the store within ``timeout`` seconds, whatever is stuck.
@@ -187,18 +179,12 @@ class SessionManager:
                 await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0.0) / 2)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
-        # pending snapshots are written in order; the deadline bounds how long that may take
-        flushed = loop.run_in_executor(None, self.store_executor.shutdown, True)
-        try:
-            await asyncio.wait_for(asyncio.shield(flushed), max(deadline - loop.time(), 0.1))
-        except asyncio.TimeoutError:
+        # what is marked is written in one last batch; the deadline bounds how long that may take
+        if self.persister is not None and not await self.persister.close(max(deadline - loop.time(), 0.1)):
             log.warning("shutdown: the session store did not finish its writes in time; the rest is lost")
             self.store_executor.shutdown(wait=False, cancel_futures=True)
             return
+        self.store_executor.shutdown(wait=False)
         if self.store is not None:
             self.store.close()
 
-
-def _log_failure(future: concurrent.futures.Future) -> None:  # type: ignore[type-arg]
-    if future.exception() is not None:
-        log.error("session store operation failed: %s", future.exception())

@@ -59,7 +59,7 @@ class SessionRunner(SpeculativeTurns):
         limits: RunnerLimits | None = None,
         pipeline: PipelineSettings | None = None,
         on_close: Callable[["SessionRunner"], None] | None = None,
-        on_change: Callable[["SessionRunner"], None] | None = None,
+        on_change: Callable[["SessionRunner", list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.core = core
         self.model = model
@@ -95,6 +95,10 @@ class SessionRunner(SpeculativeTurns):
         self.owner: str | None = None
         #: resumes of this session attach one at a time
         self.attach_lock = asyncio.Lock()
+        #: rebuilt from the store after a restart (no second session.created)
+        self.from_store = False
+        #: set when rebuilt from the store: what the first resume reports (persist.restoration)
+        self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
         self._spec: Speculation | None = None
@@ -202,9 +206,12 @@ class SessionRunner(SpeculativeTurns):
 
     def resumed_event(self, replayed: int, gap: bool) -> dict[str, Any]:
         """Extension event opening a resumed connection (not numbered: it belongs to the link)."""
-        return {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
-                "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
-                "last_client_event_id": self.last_client_event_id}
+        event = {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
+                 "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
+                 "last_client_event_id": self.last_client_event_id}
+        if self.restored is not None:
+            event["restored"], self.restored = self.restored, None
+        return event
 
     async def attach(self, last_seq: int) -> tuple[list[Outgoing], bool]:
         """A client resumed: stop journaling on its behalf; returns (missed events, gap)."""
@@ -252,7 +259,8 @@ class SessionRunner(SpeculativeTurns):
                 self.vad = self.model.new_vad() if self.core.has_vad else None
             self.core.resume_token = self.resume_token
             self.core.rate_limits = self._bucket.report
-            self.core.start()
+            if not self.from_store:  # a session rebuilt from the store was created long ago
+                self.core.start()
             await self._flush()
             deadline = self.deadline
             warn_at: float | None = deadline - self.limits.expiry_warning_s
@@ -339,11 +347,12 @@ class SessionRunner(SpeculativeTurns):
     async def _flush(self) -> None:
         """Send what the core emitted and perform what it asked, until both are empty (an
         action may emit more, e.g. adopting a prepared reply)."""
-        changed = False
+        changed: list[dict[str, Any]] = []
         while True:
             events = self.core.drain_events()
             for out in events:
-                changed = changed or out.event["type"] in _STATE_CHANGES
+                if out.event["type"] in _STATE_CHANGES:
+                    changed.append(out.event)
                 await self._emit(out)
             actions = self.core.drain_actions()
             if not events and not actions:
@@ -351,7 +360,7 @@ class SessionRunner(SpeculativeTurns):
             for action in actions:
                 await self._perform(action)
         if changed and self._on_change is not None:
-            self._on_change(self)
+            self._on_change(self, changed)
 
     def _expires_at(self) -> float:
         return min(self.deadline, self.last_client + self.limits.idle_timeout_s)
@@ -543,9 +552,11 @@ _EXPIRY = {
     "session_expired": ("session_expired", "session reached its maximum duration"),
 }
 
-# Events after which the stored snapshot is out of date.
+# Events after which the stored state is out of date (session/persist.py says what each touches).
 _STATE_CHANGES = frozenset({
-    "session.updated", "conversation.item.done", "conversation.item.deleted", "conversation.item.truncated", "response.done",
+    "session.updated", "conversation.item.added", "conversation.item.done", "conversation.item.deleted",
+    "conversation.item.truncated", "conversation.item.input_audio_transcription.completed",
+    "response.output_item.done", "response.done",
 })
 
 

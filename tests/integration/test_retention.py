@@ -25,8 +25,12 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 def rows(db: Path) -> int:
+    """Stored sessions; none may leave items behind."""
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        return int(conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0])
+        sessions = int(conn.execute("SELECT COUNT(*) FROM session_meta").fetchone()[0])
+        orphans = conn.execute("SELECT COUNT(*) FROM session_items WHERE session_id NOT IN (SELECT id FROM session_meta)")
+        assert orphans.fetchone()[0] == 0
+        return sessions
 
 
 async def until_rows(db: Path, count: int, timeout: float) -> float:
@@ -56,6 +60,7 @@ async def _websocket_session(srv, ending: str) -> None:
     await recv_type(ws, "session.created")
     await ws.send(ITEM)
     await recv_type(ws, "conversation.item.done")
+    await until_rows(srv.db, 1, timeout=5)
     if ending == "client_closed":
         await ws.close()
     elif ending == "idle":
@@ -68,7 +73,7 @@ async def _websocket_session(srv, ending: str) -> None:
 async def _phone_call(srv, ending: str) -> None:
     carrier = SimulatedCarrier(srv.ws + STREAM_PATH, custom_parameters={"model": "echo"})
     await carrier.connect()
-    await asyncio.sleep(0.5)
+    await until_rows(srv.db, 1, timeout=5)
     if ending == "twilio_stop":
         await carrier.stop()
         await carrier.close()
@@ -83,6 +88,7 @@ async def test_every_ending_removes_the_stored_session(registry, tmp_path, endin
     if ending == "idle":
         settings["idle_timeout_s"] = 1.0
     with ServerThread(registry, **settings) as srv:
+        srv.db = db
         if ending.startswith("twilio"):
             await _phone_call(srv, ending)
         else:
