@@ -18,7 +18,7 @@ import websockets
 
 from realtime_omni.bench.telephony import SimulatedCarrier
 from realtime_omni.transports.twilio import STREAM_PATH
-from tests.hostile import ServerProcess
+from realtime_omni.bench.hostile import ServerProcess
 from tests.server import ServerThread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -1,4 +1,5 @@
-"""Hostile clients on real sockets, and a real server process to point them at.
+"""Hostile clients on real sockets, and a real server process to point them at (for the tests
+and ``benchmarks/hardening.py``).
 
 A :class:`RawClient` speaks just enough WebSocket (RFC 6455 handshake, masked text frames) to
 do what a well-behaved library never does: flood events without ever reading a byte back, then
@@ -21,7 +22,8 @@ from pathlib import Path
 
 from realtime_omni.server_thread import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+#: the folder holding this copy of the package: the server process imports the same code
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 class RawClient:
@@ -88,6 +90,7 @@ class ServerProcess:
     """``python -m realtime_omni serve`` in a process of its own, settings from the environment."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = args
         self.port = free_port()
         environ = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
@@ -108,6 +111,12 @@ class ServerProcess:
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
 
     def metric(self, name: str) -> float:
         body = urllib.request.urlopen(f"{self.http}/metrics", timeout=5).read().decode()
