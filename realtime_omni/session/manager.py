@@ -71,7 +71,8 @@ class SessionManager:
         whatever ended their sessions, and periodically after."""
         if self.store is not None and self._purger is None:
             self._purger = asyncio.create_task(
-                purge_forever(self.store, self.store_executor, self.persist_ttl_s), name="session-store-purge")
+                purge_forever(self.store, self.store_executor, self.persist_ttl_s, lambda: list(self.sessions)),
+                name="session-store-purge")
         if self.persister is not None:
             self.persister.start()
 

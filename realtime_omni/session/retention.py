@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .store import SessionStore
@@ -46,12 +47,14 @@ def without_transcripts(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {**snapshot, "items": items}
 
 
-async def purge_forever(store: SessionStore, executor: concurrent.futures.Executor, ttl_s: float) -> None:
-    """Delete expired rows now and then every :func:`purge_interval` until cancelled."""
+async def purge_forever(store: SessionStore, executor: concurrent.futures.Executor, ttl_s: float,
+                        live: Callable[[], Collection[str]] = tuple) -> None:
+    """Delete expired rows now and then every :func:`purge_interval` until cancelled; the
+    sessions ``live()`` names are kept (a long quiet session is still resumable)."""
     loop = asyncio.get_running_loop()
     while True:
         try:
-            removed = await loop.run_in_executor(executor, store.purge, ttl_s)
+            removed = await loop.run_in_executor(executor, store.purge, ttl_s, list(live()))
             if removed:
                 log.info("session store: purged %d sessions older than %.0f s", removed, ttl_s)
         except Exception as exc:  # noqa: BLE001 - a failed purge is retried next time

@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,9 @@ class SessionStore(abc.ABC):
     def delete(self, session_id: str) -> None:
         self.apply([], [session_id])
 
-    def purge(self, max_age_s: float) -> int:
-        """Remove what was last saved more than ``max_age_s`` ago; how many sessions went."""
+    def purge(self, max_age_s: float, keep: Collection[str] = ()) -> int:
+        """Remove sessions last saved more than ``max_age_s`` ago, except those in ``keep`` (the
+        live ones: a later write must not find its older items gone); how many went."""
         return 0
 
     def close(self) -> None:
@@ -153,14 +155,18 @@ class SQLiteStore(SessionStore):
             items = self._db.execute("SELECT item_id, data FROM session_items WHERE session_id = ?", (row[0],)).fetchall()
         return assemble(json.loads(row[1]), {item_id: json.loads(data) for item_id, data in items})
 
-    def purge(self, max_age_s: float) -> int:
-        cutoff = time.time() - max_age_s
+    def purge(self, max_age_s: float, keep: Collection[str] = ()) -> int:
+        expired = "SELECT id FROM session_meta WHERE updated < ? AND id NOT IN (SELECT value FROM json_each(?))"
+        args = (time.time() - max_age_s, json.dumps(list(keep)))
         with self._lock:
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM session_items WHERE session_id IN (SELECT id FROM session_meta WHERE updated < ?)",
-                             (cutoff,))
-            removed = self._db.execute("DELETE FROM session_meta WHERE updated < ?", (cutoff,)).rowcount
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute(f"DELETE FROM session_items WHERE session_id IN ({expired})", args)
+                removed = self._db.execute(f"DELETE FROM session_meta WHERE id IN ({expired})", args).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         return removed
 
     def close(self) -> None:

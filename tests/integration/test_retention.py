@@ -138,3 +138,19 @@ async def test_transcripts_can_be_kept_out_of_the_store(registry, tmp_path):
         item = (await recv_type(ws, "conversation.item.retrieved"))["item"]
         assert item["content"] == [{"type": "input_text"}]
         await ws.close()
+
+
+async def test_a_live_session_is_not_purged_however_quiet(registry, tmp_path):
+    db = tmp_path / "sessions.db"
+    with ServerThread(registry, session_store=f"sqlite:///{db}", persist_ttl_s=1.0) as srv:
+        ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo")
+        await recv_type(ws, "session.created")
+        await ws.send(ITEM)
+        await recv_type(ws, "conversation.item.done")
+        await until_rows(db, 1, timeout=5)
+        await asyncio.sleep(2.5)  # past the TTL, several purges later: still live, still stored
+        assert rows(db) == 1
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            assert conn.execute("SELECT COUNT(*) FROM session_items").fetchone()[0] == 1
+        await ws.close()
+        await until_rows(db, 0, timeout=5)
