@@ -81,7 +81,7 @@ async def large_items(items: int, db: Path) -> dict[str, Any]:
         rss_before = server.rss_mb()
         wchar_before = _wchar(server.proc.pid)
         refused = 0
-        for index in range(items):
+        for _ in range(items):
             await ws.send(json.dumps({"type": "conversation.item.create", "item": {
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "m" * MIB}]}}))
             if (await _recv(ws, "conversation.item.done"))["type"] == "error":

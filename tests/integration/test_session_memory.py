@@ -79,7 +79,7 @@ async def test_server_memory_stays_flat_while_a_client_sends_large_items():
 
             async def send(count: int) -> None:
                 nonlocal refused
-                for index in range(count):
+                for _ in range(count):
                     await ws.send(text_item("z" * MIB))
                     if (await recv_type(ws, "conversation.item.done"))["type"] == "error":
                         refused += 1
@@ -120,7 +120,7 @@ async def test_the_journal_is_bounded_in_bytes_and_a_resume_past_it_reports_the_
         ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo", max_size=None)
         created = await recv_type(ws, "session.created")
         token = created["session"]["resume_token"]
-        for index in range(4):  # 4 items, each echoed twice (added, done): ~4 MiB of events
+        for _ in range(4):  # 4 items, each echoed twice (added, done): ~4 MiB of events
             await ws.send(text_item("w" * (512 * 1024)))
             await recv_type(ws, "conversation.item.done")
         runner = next(iter(srv.manager.sessions.values()))
