@@ -100,6 +100,8 @@ class Conversation:
         self._order: list[str] = []
         #: the budget of what a client adds (items, plus the instructions it sets); None: none
         self.max_bytes = max_bytes
+        #: ids of items that left because the conversation was full, not yet announced
+        self.evicted: list[str] = []
 
     def nbytes(self) -> int:
         return sum(item.nbytes() for item in self._items.values())
@@ -139,7 +141,9 @@ class Conversation:
         if item.id in self._items:
             raise ProtocolError(errors.INVALID_VALUE, f"item id {item.id!r} already exists", param="item.id")
         if len(self._order) >= MAX_ITEMS:
-            self.delete(self._order[0])  # bounded: the oldest item leaves the context first
+            # bounded: the oldest item leaves the context first (the session announces it)
+            self.evicted.append(self._order[0])
+            self.delete(self._order[0])
         if previous_item_id is None or previous_item_id == self.last_id():
             self._order.append(item.id)
         elif previous_item_id == "root":

@@ -294,10 +294,19 @@ class RealtimeSession:
             self._pending_transcripts.discard(item.id)
             self._actions = [a for a in self._actions if not (isinstance(a, act.Transcribe) and a.item_id == item.id)]
             raise
-        previous = self.conversation.add(item, event.previous_item_id)
+        previous = self._add_item(item, event.previous_item_id)
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if item.id not in self._pending_transcripts:
             self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+
+    def _add_item(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Add to the conversation; items it had to let go (MAX_ITEMS) are announced as deleted,
+        so clients, the resume journal and the store all forget them."""
+        previous = self.conversation.add(item, previous_item_id)
+        evicted, self.conversation.evicted = self.conversation.evicted, []
+        for item_id in evicted:
+            self._emit({"type": "conversation.item.deleted", "item_id": item_id})
+        return previous
 
     def _on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
@@ -415,7 +424,7 @@ class RealtimeSession:
             self.error(exc)
             self._emit({"type": "input_audio_buffer.cleared"})
             return False
-        previous = self.conversation.add(item)
+        previous = self._add_item(item)
         self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if self.model.hears_audio and self.config.transcription is None:
@@ -476,7 +485,7 @@ class RealtimeSession:
         )
         previous = self.conversation.last_id()
         if in_conversation:
-            self.conversation.add(item)
+            self._add_item(item)
         self.response = response
         self.ledger.begin(response.id)
         if "audio" in modalities:

@@ -6,7 +6,8 @@
 - Ended by the server shutting down (``server_shutdown``): kept, so the client can resume
   after the restart, until ``persist_ttl_s`` after its last change.
 - Never ended (the process was killed, the machine lost power): same as a shutdown. Rows past
-  ``persist_ttl_s`` are purged when the server starts and every ``purge_interval(ttl)`` after.
+  ``persist_ttl_s`` are purged when the server starts and every ``purge_interval(ttl)`` after;
+  the sessions live in this process are never purged, however quiet.
 
 With ``store_transcripts`` off, what is stored of each item is its id, role, type, status and
 the types of its content parts: settings and the shape of the conversation survive a restart,

@@ -133,3 +133,29 @@ async def test_the_journal_is_bounded_in_bytes_and_a_resume_past_it_reports_the_
         assert hello["type"] == "session.resumed"
         assert hello["gap"] is True
         assert hello["replayed"] < 8
+
+
+async def test_items_the_full_conversation_lets_go_are_announced_and_leave_the_journal(registry):
+    from realtime_omni.session.conversation import MAX_ITEMS
+
+    with ServerThread(registry, resume_grace_s=10.0) as srv:
+        ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo", max_size=None)
+        created = await recv_type(ws, "session.created")
+        token = created["session"]["resume_token"]
+        for index in range(MAX_ITEMS):
+            await ws.send(text_item(f"note {index} swordfish" if index == 0 else f"note {index}", f"item_{index:05d}"))
+        for _ in range(MAX_ITEMS):
+            await recv_type(ws, "conversation.item.done")
+        await ws.send(text_item("one too many", "item_last"))
+        seen: list = []
+        await recv_type(ws, "conversation.item.done", seen)
+        deleted = [e for e in seen if e["type"] == "conversation.item.deleted"]
+        assert [e["item_id"] for e in deleted] == ["item_00000"]
+        ws.transport.abort()
+        resumed = await websockets.connect(
+            f"{srv.ws}/v1/realtime?resume_token={token}&last_sequence_number={created['sequence_number']}", max_size=None)
+        hello = json.loads(await asyncio.wait_for(resumed.recv(), 10))
+        replay = [json.loads(await asyncio.wait_for(resumed.recv(), 10)) for _ in range(hello["replayed"])]
+        await resumed.close()
+        assert hello["gap"] is False
+        assert replay[0]["item"]["id"] == "item_00000" and "swordfish" not in json.dumps(replay)
