@@ -133,7 +133,7 @@ class SessionRunner(SpeculativeTurns):
         (a transport blocked here must still see its session end). False: not delivered."""
         if self.closed.is_set():
             return False
-        size = len(message[1]) if message[0] in _SIZED else 0
+        size = _payload_bytes(message)
         # bytes first: one 15 MiB frame after another would fill memory long before the count
         while size and self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             self._inbox_room.clear()
@@ -162,10 +162,15 @@ class SessionRunner(SpeculativeTurns):
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
         if self.closed.is_set() or not self.core.sees:
             return False
+        message = ("image", rgb)
+        size = _payload_bytes(message)
+        if self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
+            return False
         try:
-            self.mailbox.put_nowait(("image", rgb))
+            self.mailbox.put_nowait(message)
         except asyncio.QueueFull:
             return False
+        self.inbox_bytes += size
         return True
 
     async def next_outgoing(self) -> Outgoing | None:
@@ -284,8 +289,9 @@ class SessionRunner(SpeculativeTurns):
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
-                if message[0] in _SIZED:
-                    self.inbox_bytes -= len(message[1])
+                size = _payload_bytes(message)
+                if size:
+                    self.inbox_bytes -= size
                     self._inbox_room.set()
                 await self._handle(message)
                 await self._flush()
@@ -524,8 +530,15 @@ class SessionRunner(SpeculativeTurns):
             self._on_close(self)
 
 
-#: mailbox messages whose payload (raw client frame, wire audio) counts against queue_bytes
-_SIZED = frozenset({"client", "audio_in"})
+def _payload_bytes(message: tuple[Any, ...]) -> int:
+    """What a mailbox message from the client side holds (frames, wire audio, camera frames);
+    counted against queue_bytes. Messages from the session's own tasks count 0."""
+    kind = message[0]
+    if kind in ("client", "audio_in"):
+        return len(message[1])
+    if kind == "image":
+        return int(getattr(message[1], "nbytes", 0))
+    return 0
 
 
 async def _first(*waits: Any) -> bool:
