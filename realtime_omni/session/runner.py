@@ -29,6 +29,10 @@ from .speculation import Speculation, SpeculativeTurns, same_request
 log = logging.getLogger(__name__)
 
 
+#: how long a resume waits for the session to process what the client sent before the drop
+SYNC_TIMEOUT_S = 10.0
+
+
 @dataclass
 class RunnerLimits:
     mailbox_size: int = 256
@@ -228,9 +232,15 @@ class SessionRunner(SpeculativeTurns):
         self.detached.clear()
         # Let every client event accepted before the drop be processed, so the client learns
         # exactly which of its events to send again (those after last_client_event_id).
+        # Bounded both ways: a session that cannot take the marker (full mailbox, full outbox and
+        # no writer yet) or never reaches it must not hold the resuming client for ever.
         synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.mailbox.put(("sync", synced))
-        await asyncio.wait({synced}, timeout=10.0)
+        offered = asyncio.ensure_future(self._offer(("sync", synced)))
+        await asyncio.wait({offered}, timeout=SYNC_TIMEOUT_S)
+        if offered.done() and offered.result():
+            await asyncio.wait({synced}, timeout=SYNC_TIMEOUT_S)
+        else:
+            offered.cancel()
         missed, gap = self.journal.since(last_seq)
         for out in missed:
             self.mark_sent(out)
