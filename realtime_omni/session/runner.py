@@ -422,8 +422,10 @@ class SessionRunner(SpeculativeTurns):
                 return
             # Inline (not a side task): turn decisions must follow the audio order.
             try:
-                probs = await loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k)
-            except Exception:  # noqa: BLE001 - a VAD failure costs these frames, not the session
+                probs = await asyncio.wait_for(
+                    loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k),
+                    self.pipeline_settings.step_timeout_s)
+            except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
                 log.exception("VAD failed in session %s", self.core.id)
                 return
             self.core.on_speech_probabilities(probs, action.start_ms)
@@ -463,7 +465,8 @@ class SessionRunner(SpeculativeTurns):
             if self.model is not None:
                 # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
                 try:
-                    await asyncio.to_thread(self.model.confirm, action.text)
+                    await asyncio.wait_for(asyncio.to_thread(self.model.confirm, action.text),
+                                           self.pipeline_settings.step_timeout_s)
                 except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
                     log.exception("confirm failed in session %s", self.core.id)
         elif isinstance(action, act.CloseSession):
