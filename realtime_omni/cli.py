@@ -18,6 +18,7 @@ def _serve(args: argparse.Namespace) -> int:
         "max_sessions": args.max_sessions, "output_lead_ms": args.output_lead_ms,
         "api_keys": args.api_key, "allowed_origins": args.allowed_origin, "session_store": args.session_store,
         "resume_grace_s": args.resume_grace_s, "isolate_models": args.isolate_models,
+        "store_transcripts": args.store_transcripts, "shutdown_timeout_s": args.shutdown_timeout_s,
     }.items() if v is not None}
     settings = ServerSettings(**overrides)
     problem = _model_problem(settings.models)
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--allowed-origin", action="append", help="browser Origin allowed to connect (repeatable)")
     serve.add_argument("--session-store", help="sqlite:///path.db, redis://host:port/0 or none")
     serve.add_argument("--resume-grace-s", type=float, help="how long a dropped session stays resumable")
+    serve.add_argument("--store-transcripts", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep what was said in the session store (default: on; off: items keep their shape only)")
+    serve.add_argument("--shutdown-timeout-s", type=float,
+                       help="SIGTERM to exit, at most, even with stuck clients (default: 10)")
     serve.add_argument("--isolate-models", action=argparse.BooleanOptionalAction, default=None,
                        help="run models in a supervised worker process (default: on)")
     serve.set_defaults(func=_serve)

@@ -70,8 +70,7 @@ def test_a_wedged_session_ends_when_its_client_goes_idle():
 
 @pytest.mark.parametrize("dropped", [False, True], ids=["connected", "dropped"])
 def test_sigterm_drains_within_its_deadline_with_wedged_clients(dropped):
-    env = {"REALTIME_OMNI_SHUTDOWN_TIMEOUT_S": "5"}
-    with ServerProcess("--model", "echo", "--session-store", "none", env=env) as server:
+    with ServerProcess("--model", "echo", "--session-store", "none", "--shutdown-timeout-s", "5") as server:
         clients = _wedge(server.port, 6)
         if dropped:
             for client in clients:
