@@ -123,6 +123,8 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             journal_bytes=settings.journal_bytes, queue_bytes=settings.queue_bytes,
         )
         app.state.loop = asyncio.get_running_loop()
+        #: set by the server (server_thread.DrainingServer) when it starts shutting down
+        app.state.draining = asyncio.Event()
         lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None
         store = await asyncio.to_thread(open_store, settings.session_store, settings.persist_ttl_s)
         app.state.manager = SessionManager(

@@ -12,6 +12,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import create_app
     from .config import ServerSettings
+    from .server_thread import DrainingServer
 
     overrides = {k: v for k, v in {
         "host": args.host, "port": args.port, "models": args.model, "log_level": args.log_level,
@@ -26,7 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"realtime-omni: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -38,6 +39,10 @@ def _serve(args: argparse.Namespace) -> int:
         # connections get half the shutdown deadline; the app's lifespan closes sessions in the rest
         timeout_graceful_shutdown=settings.shutdown_timeout_s / 2,
     )
+    server = DrainingServer(config)
+    server.run()
+    if not server.started:
+        return 3  # what uvicorn.run exits with when the server could not start
     return 0
 
 
