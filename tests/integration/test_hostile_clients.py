@@ -89,3 +89,31 @@ def test_sigterm_drains_within_its_deadline_with_wedged_clients(dropped):
         for client in clients:
             if not dropped:
                 client.abort()
+
+
+def test_phone_streams_that_flood_media_and_drop_leave_no_session_behind():
+    import base64
+
+    from realtime_omni.transports.twilio import STREAM_PATH
+
+    env = {"REALTIME_OMNI_IDLE_TIMEOUT_S": "600", "REALTIME_OMNI_RESUME_GRACE_S": "1"}
+    with ServerProcess("--model", "echo", "--session-store", "none", env=env) as server:
+        streams = []
+        for n in range(4):
+            stream = RawClient(server.port, STREAM_PATH)
+            sid = f"MZ{n:032d}"
+            stream.send_text(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
+            stream.send_text(json.dumps({"event": "start", "sequenceNumber": "1", "streamSid": sid, "start": {
+                "accountSid": "AC" + "0" * 32, "streamSid": sid, "callSid": f"CA{n:032d}", "tracks": ["inbound"],
+                "customParameters": {"model": "echo"},
+                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}))
+            # 1 s of μ-law per frame, echoed back to a carrier that never reads
+            media = json.dumps({"event": "media", "streamSid": sid, "media": {
+                "track": "inbound", "payload": base64.b64encode(b"\x7f" * 8000).decode()}})
+            assert stream.flood(media, 20000, timeout=0.5) < 20000, "the server never pushed back"
+            streams.append(stream)
+        assert server.metric(SESSIONS) == 4
+        for stream in streams:
+            stream.abort()
+        took = server.wait_metric(SESSIONS, 0, timeout=10)
+        print(f"4 flood-and-drop phone streams all ended {took:.1f} s after the reset")
