@@ -123,9 +123,12 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         limits = RunnerLimits(
             idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
             max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,
-            expiry_warning_s=settings.expiry_warning_s,
+            expiry_warning_s=settings.expiry_warning_s, max_session_bytes=settings.max_session_bytes,
+            journal_bytes=settings.journal_bytes, queue_bytes=settings.queue_bytes,
         )
         app.state.loop = asyncio.get_running_loop()
+        #: set by the server (server_thread.DrainingServer) when it starts shutting down
+        app.state.draining = asyncio.Event()
         lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None
         store = await asyncio.to_thread(open_store, settings.session_store, settings.persist_ttl_s)
         app.state.manager = SessionManager(
@@ -133,13 +136,21 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
             store=store, resume_grace_s=settings.resume_grace_s, persist_ttl_s=settings.persist_ttl_s,
             observer=app.state.metrics,
+            store_transcripts=settings.store_transcripts,
         )
+        app.state.manager.start()
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
         try:
             yield
         finally:
-            await webrtc.shutdown(app)
-            await app.state.manager.shutdown()
+            # uvicorn has had half of shutdown_timeout_s for the connections; this is the rest
+            deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout_s / 2
+            try:
+                async with asyncio.timeout_at(deadline - settings.shutdown_timeout_s / 4):
+                    await webrtc.shutdown(app)
+            except TimeoutError:
+                log.warning("shutdown: WebRTC calls did not hang up in time; going on")
+            await app.state.manager.shutdown(max(deadline - asyncio.get_running_loop().time(), 0.5))
             if registry is None:
                 reg.close()
 

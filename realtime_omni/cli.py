@@ -65,6 +65,8 @@ SERVE_OPTIONS = (
             "redis://host:port/0 or none", metavar="URL"),
     _Option("--resume-grace-s", "resume_grace_s", "how long a dropped session stays resumable (0: not at all)", float,
             metavar="S"),
+    _Option("--shutdown-timeout-s", "shutdown_timeout_s", "on SIGTERM, exit within this many seconds even with "
+            "stuck clients", float, metavar="S"),
 )
 
 
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--isolate-models", action=argparse.BooleanOptionalAction, default=None,
                        help="run models in a supervised worker process, so a crash fails replies, not the server "
                             f"(default: {'on' if ServerSettings.model_fields['isolate_models'].default else 'off'})")
+    serve.add_argument("--store-transcripts", action=argparse.BooleanOptionalAction, default=None,
+                       help="keep what was said in the session store; off: stored items keep their shape only "
+                            f"(default: {'on' if ServerSettings.model_fields['store_transcripts'].default else 'off'})")
     serve.set_defaults(func=_serve)
 
     try:
@@ -107,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     overrides = {option.setting: getattr(args, option.setting) for option in SERVE_OPTIONS}
     overrides["isolate_models"] = args.isolate_models
+    overrides["store_transcripts"] = args.store_transcripts
     settings = ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
     problem = _model_problem(settings.models)
     if problem:  # one sentence, before the server starts, instead of a startup traceback
@@ -123,6 +129,7 @@ def _run(settings: ServerSettings, sock: socket.socket) -> int:
     import uvicorn
 
     from .app import create_app
+    from .server_thread import DrainingServer
 
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
@@ -134,9 +141,14 @@ def _run(settings: ServerSettings, sock: socket.socket) -> int:
         ws_max_size=32 * 1024 * 1024,
         ws_ping_interval=20,
         ws_ping_timeout=20,
+        # connections get half the shutdown deadline; the app's lifespan closes sessions in the rest
+        timeout_graceful_shutdown=settings.shutdown_timeout_s / 2,
     )
+    server = DrainingServer(config)  # tells WebSocket handlers first on SIGTERM (close 1012)
     with sock:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
+    if not server.started:
+        return 3  # what uvicorn.run exits with when the server could not start
     return 0
 
 

@@ -28,6 +28,12 @@ class ServerSettings(BaseSettings):
     #: a session.expiring warning goes out this long before max_session_s closes a session
     expiry_warning_s: float = 60.0
     max_event_bytes: int = 15 * 1024 * 1024
+    #: per session: conversation items and instructions together (past it: session_memory_exceeded)
+    max_session_bytes: int = 64 * 1024 * 1024
+    #: per session: the resume journal (the oldest events leave first; a resume then reports a gap)
+    journal_bytes: int = 16 * 1024 * 1024
+    #: per session: client frames waiting to be processed, and events waiting to be sent, each
+    queue_bytes: int = 32 * 1024 * 1024
     #: audio is sent at most this far ahead of real time (ms); negative disables pacing
     output_lead_ms: float = 1500.0
     model_threads: int = 4
@@ -48,6 +54,10 @@ class ServerSettings(BaseSettings):
     session_store: str = "sqlite:///realtime_omni_sessions.db"
     #: how long a stored session can be resumed after its last change (e.g. across a restart)
     persist_ttl_s: float = 3600.0
+    #: store what was said (texts, transcripts); off: stored items keep only their shape
+    store_transcripts: bool = True
+    #: SIGTERM to exit, at most: half for connections to finish, half to close sessions and the store
+    shutdown_timeout_s: float = 10.0
     # --- WebRTC (/v1/realtime/calls) ---
     #: STUN/TURN servers as RTCIceServer dicts (JSON in REALTIME_OMNI_ICE_SERVERS); empty: host
     #: candidates only, nothing outside the machine is contacted. Also handed to browsers.

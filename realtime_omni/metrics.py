@@ -145,6 +145,17 @@ class _LiveCollector:
         adopted = CounterMetricFamily("realtime_omni_speculations_adopted", "Replies prepared during a pause and used")
         adopted.add_metric([], self.manager.speculations_adopted + sum(r.speculations_adopted for r in runners))
         yield from (active, depth, deepest, adopted)
+        persister = getattr(self.manager, "persister", None)
+        if persister is not None:
+            backlog = GaugeMetricFamily("realtime_omni_store_backlog_sessions",
+                                        "Sessions with changes not yet written to the session store")
+            backlog.add_metric([], persister.backlog)
+            age = GaugeMetricFamily("realtime_omni_store_backlog_age_seconds",
+                                    "Age of the oldest change not yet written to the session store")
+            age.add_metric([], persister.oldest_change_age())
+            written = CounterMetricFamily("realtime_omni_store_items_written", "Conversation items written to the store")
+            written.add_metric([], persister.items_written)
+            yield from (backlog, age, written)
 
 
 def _fill(queue: "asyncio.Queue[Any]") -> float:

@@ -17,6 +17,18 @@ from .config import ServerSettings
 from .engines.registry import ModelRegistry
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, telling the app first when it goes down (``app.state.draining``), so
+    connection handlers let go of their clients at once (close 1012, the session kept for the
+    lifespan to close) instead of waiting for the graceful timeout to cancel them."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        draining = getattr(getattr(self.config.app, "state", None), "draining", None)
+        if draining is not None:
+            draining.set()
+        await super().shutdown(sockets)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -33,9 +45,10 @@ class ServerThread:
         self.settings = ServerSettings(host=host, port=self.port, **settings)
         self.app = create_app(self.settings, registry=registry)
         config = uvicorn.Config(
-            self.app, host=host, port=self.port, log_level="warning", ws_max_size=32 * 1024 * 1024, lifespan="on"
+            self.app, host=host, port=self.port, log_level="warning", ws_max_size=32 * 1024 * 1024, lifespan="on",
+            timeout_graceful_shutdown=self.settings.shutdown_timeout_s / 2,
         )
-        self.server = uvicorn.Server(config)
+        self.server = DrainingServer(config)
         self.thread = threading.Thread(target=self.server.run, name=f"server-{self.port}", daemon=True)
 
     @property

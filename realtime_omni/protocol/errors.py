@@ -49,4 +49,6 @@ INVALID_TRUNCATE = "invalid_truncate"
 BUFFER_TOO_SMALL = "input_audio_buffer_commit_empty"
 UNSUPPORTED = "unsupported_feature"
 INVALID_VALUE = "invalid_value"
+#: the session's conversation (items, instructions) would pass its byte budget
+SESSION_MEMORY_EXCEEDED = "session_memory_exceeded"
 SERVER_ERROR = "server_error"

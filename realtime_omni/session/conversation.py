@@ -12,6 +12,7 @@ import numpy as np
 from ..engines.base import ToolCall, TurnMessage
 from ..protocol import errors
 from ..protocol.errors import ProtocolError
+from .memory import approx_bytes
 from .tools import check_tool_text
 
 MAX_ITEMS = 2000
@@ -52,6 +53,13 @@ class Item:
     name: str = ""
     arguments: str = ""
     output: str = ""
+
+    def nbytes(self) -> int:
+        """What this item holds in memory, roughly: its content, samples and pixels."""
+        size = approx_bytes(self.content) + sum(int(image.nbytes) for image in self.images)
+        if self.audio16k is not None:
+            size += int(self.audio16k.nbytes)
+        return size + sum(len(span.text) for span in self.spans)
 
     def text(self) -> str:
         """The item's text as a thinker should see it (transcripts for audio parts)."""
@@ -95,9 +103,29 @@ class Item:
 class Conversation:
     """The default conversation of a session."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._items: dict[str, Item] = {}
         self._order: list[str] = []
+        #: the budget of what a client adds (items, plus the instructions it sets); None: none
+        self.max_bytes = max_bytes
+        #: ids of items that left because the conversation was full, not yet announced
+        self.evicted: list[str] = []
+
+    def nbytes(self) -> int:
+        return sum(item.nbytes() for item in self._items.values())
+
+    def check_room(self, extra: int, held_elsewhere: int, param: str | None = None) -> None:
+        """Refuse (``session_memory_exceeded``) what would take the session past its budget."""
+        if self.max_bytes is None:
+            return
+        used = self.nbytes() + held_elsewhere
+        if used + extra > self.max_bytes:
+            raise ProtocolError(
+                errors.SESSION_MEMORY_EXCEEDED,
+                f"this session holds {used} bytes of conversation and instructions; {extra} more would pass its "
+                f"limit of {self.max_bytes} bytes. Delete items (conversation.item.delete) to make room.",
+                param=param, type="invalid_request_error",
+            )
 
     def __len__(self) -> int:
         return len(self._order)
@@ -121,7 +149,9 @@ class Conversation:
         if item.id in self._items:
             raise ProtocolError(errors.INVALID_VALUE, f"item id {item.id!r} already exists", param="item.id")
         if len(self._order) >= MAX_ITEMS:
-            self.delete(self._order[0])  # bounded: the oldest item leaves the context first
+            # bounded: the oldest item leaves the context first (the session announces it)
+            self.evicted.append(self._order[0])
+            self.delete(self._order[0])
         if previous_item_id is None or previous_item_id == self.last_id():
             self._order.append(item.id)
         elif previous_item_id == "root":

@@ -54,6 +54,8 @@ class Outgoing:
     response_id: str | None = None
     #: the raw wire audio of an audio delta, for transports that carry audio off the JSON channel
     audio: bytes | None = None
+    #: what it holds, roughly (set by the driver when queued; 0: not measured yet)
+    nbytes: int = 0
 
 
 class RealtimeSession:
@@ -64,6 +66,7 @@ class RealtimeSession:
         session_id: str | None = None,
         has_vad: bool = True,
         max_session_seconds: float = 3600.0,
+        max_bytes: int | None = None,
         clock=time.time,  # type: ignore[no-untyped-def]
         requested_model: str | None = None,
     ) -> None:
@@ -89,7 +92,8 @@ class RealtimeSession:
             self.config.turn_detection = None
         self.created_at = clock()
         self.expires_at = int(self.created_at + max_session_seconds)
-        self.conversation = Conversation()
+        #: ``max_bytes`` bounds the conversation and the instructions together
+        self.conversation = Conversation(max_bytes)
         self.input = InputAudioBuffer(self.config.input_format)
         self.detector: TurnDetector | None = None
         self.ledger = PlaybackLedger()
@@ -227,6 +231,10 @@ class RealtimeSession:
         if update.get("model") is not None and not self.accepts_model(update["model"]):
             raise ProtocolError(errors.INVALID_VALUE, f"the model cannot change within a session (served: "
                                 f"{self.model.id!r})", param="session.model")
+        instructions = update.get("instructions")
+        if instructions is not None and len(instructions) > len(self.config.instructions):
+            self.conversation.check_room(len(instructions) - len(self.config.instructions),
+                                         len(self.config.instructions), param="session.instructions")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
         if config.tools and not self.calls_tools:
@@ -319,10 +327,25 @@ class RealtimeSession:
                 if not part.get("transcript") and not self.model.hears_audio:
                     self._pending_transcripts.add(item.id)
                     self._actions.append(act.Transcribe(item.id, pcm))
-        previous = self.conversation.add(item, event.previous_item_id)
+        try:
+            self.conversation.check_room(item.nbytes(), len(self.config.instructions), param="item")
+        except ProtocolError:
+            self._pending_transcripts.discard(item.id)
+            self._actions = [a for a in self._actions if not (isinstance(a, act.Transcribe) and a.item_id == item.id)]
+            raise
+        previous = self._add_item(item, event.previous_item_id)
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if item.id not in self._pending_transcripts:
             self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+
+    def _add_item(self, item: Item, previous_item_id: str | None = None) -> str | None:
+        """Add to the conversation; items it had to let go (MAX_ITEMS) are announced as deleted,
+        so clients, the resume journal and the store all forget them."""
+        previous = self.conversation.add(item, previous_item_id)
+        evicted, self.conversation.evicted = self.conversation.evicted, []
+        for item_id in evicted:
+            self._emit({"type": "conversation.item.deleted", "item_id": item_id})
+        return previous
 
     def _on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
@@ -413,8 +436,10 @@ class RealtimeSession:
                 audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
                 spec = self._spec_id if self._spec_active else None
                 self._spec_active = False  # from here the driver adopts the prepared reply or drops it
-                self._commit(item_id, audio, spec)
-                if td.create_response and self.response is None:
+                if not self._commit(item_id, audio, spec):
+                    if spec is not None:
+                        self._actions.append(act.DropSpeculation(spec))
+                elif td.create_response and self.response is None:
                     self._create_response({}, spec)
                 elif spec is not None:
                     self._actions.append(act.DropSpeculation(spec))
@@ -455,18 +480,26 @@ class RealtimeSession:
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
 
-    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> None:
+    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> bool:
+        """Add a user audio turn; False (and an error event) when the session has no room for it."""
         item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
         if self._latest_image is not None:
             item.images, self._latest_image = [self._latest_image], None
-        previous = self.conversation.add(item)
+        try:  # also reached from the VAD's decision, outside receive(): report, never raise
+            self.conversation.check_room(item.nbytes(), len(self.config.instructions))
+        except ProtocolError as exc:
+            self.error(exc)
+            self._emit({"type": "input_audio_buffer.cleared"})
+            return False
+        previous = self._add_item(item)
         self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
         self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
         if self.model.hears_audio and self.config.transcription is None:
             self._emit({"type": "conversation.item.done", "item": item.to_dict()})
-            return
+            return True
         self._pending_transcripts.add(item_id)
         self._actions.append(act.Transcribe(item_id, audio, spec_id))
+        return True
 
     def on_transcription(self, item_id: str, transcript: str | None, error: str | None = None) -> None:
         """Driver callback: the transcript of a committed item (or why there is none)."""
@@ -520,7 +553,7 @@ class RealtimeSession:
             max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
             in_conversation=in_conversation,
             metadata=params.get("metadata"),
-            attach=self.conversation.add if in_conversation else None,
+            attach=self._add_item if in_conversation else None,
         )
         self.response = response
         self._idle.disarm()

@@ -13,13 +13,11 @@ from ..pipeline import PipelineSettings
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .runner import RunnerLimits, SessionRunner
+from .persist import Persister, restoration
+from .retention import keeps_row, purge_forever
 from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
-
-# Close reasons after which a session is over for good (its stored snapshot goes too).
-_FINAL = frozenset({"client_closed", "resume_grace_expired", "session_expired", "session_idle_timeout", "call_ended"})
-
 
 class SessionLimitError(Exception):
     """The server is at its session cap (HTTP 503 / WebSocket close 1013)."""
@@ -46,6 +44,7 @@ class SessionManager:
         resume_grace_s: float = 30.0,
         persist_ttl_s: float = 3600.0,
         observer: Observer | None = None,
+        store_transcripts: bool = True,
     ) -> None:
         self.registry = registry
         self.max_sessions = max_sessions
@@ -55,17 +54,30 @@ class SessionManager:
         self.resume_grace_s = resume_grace_s
         self.persist_ttl_s = persist_ttl_s
         self.observer: Observer = observer or NullObserver()
+        self._purger: asyncio.Task[None] | None = None
         # Models never run on the event loop: heavy steps (ASR/LLM/TTS) and the per-frame VAD get
         # separate pools so a long synthesis cannot delay barge-in detection.
         self.executor = concurrent.futures.ThreadPoolExecutor(model_threads, thread_name_prefix="model")
         self.vad_executor = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="vad")
-        # One thread for store writes keeps snapshots of a session in order.
+        # One thread for store writes keeps the writes of a session in order.
         self.store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
+        #: incremental, debounced writes (store_transcripts False: items keep their shape, not their words)
+        self.persister = Persister(store, self.store_executor, store_transcripts=store_transcripts) if store else None
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
         self.total_opened = 0
         #: replies prepared during the user's pause and released at the end-of-turn decision
         self.speculations_adopted = 0
+
+    def start(self) -> None:
+        """Begin the store's retention (on the event loop, once): expired rows are purged now,
+        whatever ended their sessions, and periodically after."""
+        if self.store is not None and self._purger is None:
+            self._purger = asyncio.create_task(
+                purge_forever(self.store, self.store_executor, self.persist_ttl_s, lambda: list(self.sessions)),
+                name="session-store-purge")
+        if self.persister is not None:
+            self.persister.start()
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0, owner: str | None = None, transport: str = "internal") -> SessionRunner:
@@ -86,26 +98,28 @@ class SessionManager:
             model.info, session_id=snapshot["id"] if snapshot else None,
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
             requested_model=model_name,
+            max_bytes=self.limits.max_session_bytes,
         )
         core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:
             core.restore(snapshot)
         runner = SessionRunner(
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
-            on_close=self._forget, on_change=self._persist if self.store else None,
+            on_close=self._forget, on_change=self.persister.changed if self.persister else None,
             observer=self.observer, transport=transport,
         )
         runner.owner = owner if snapshot is None else snapshot.get("owner")
+        runner.from_store = snapshot is not None
         if token is not None:
             runner.resume_token = token
-            runner.journal = Journal(self.limits.journal_events, last_seq)
+            runner.journal = Journal(self.limits.journal_events, last_seq, self.limits.journal_bytes)
         self.sessions[core.id] = runner
         self._by_token[runner.resume_token] = runner
         self.total_opened += 1
         self.observer.session_opened(transport)
         runner.start()
-        if self.store is not None and snapshot is None:
-            self._persist(runner)
+        if self.persister is not None and snapshot is None:
+            self.persister.opened(runner)
         return runner
 
     async def resume(self, token: str, last_seq: int, owner: str | None = None, transport: str = "internal"
@@ -143,43 +157,47 @@ class SessionManager:
                 runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
                                    transport=transport)
                 self.observer.session_resumed(transport)
-                # Events after the snapshot died with the old process: say so if any were missed.
-                return runner, [], last_seq < stored_seq
+                # The journal died with the old process: say precisely what cannot be replayed
+                # and what the store never got (see persist.restoration).
+                runner.restored = restoration(stored_seq, last_seq, [item.id for item in runner.core.conversation])
+                return runner, [], last_seq != stored_seq
         raise ResumeError("unknown or expired resume token")
-
-    def _persist(self, runner: SessionRunner) -> None:
-        store = self.store
-        if store is None:
-            return
-        snapshot = runner.core.snapshot()
-        snapshot["last_seq"] = runner.journal.last_seq
-        snapshot["owner"] = runner.owner
-        digest = token_hash(runner.resume_token)
-        snapshot["token_digest"] = digest
-        future = self.store_executor.submit(store.save, runner.core.id, digest, snapshot)
-        future.add_done_callback(_log_failure)
 
     def _forget(self, runner: SessionRunner) -> None:
         self.speculations_adopted += runner.speculations_adopted
         self.observer.session_closed(runner.transport, runner.close_reason or "ended")
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
-        if self.store is not None and runner.close_reason in _FINAL:
-            self.store_executor.submit(self.store.delete, runner.core.id).add_done_callback(_log_failure)
+        if self.persister is not None:
+            self.persister.ended(runner, keep=keeps_row(runner.close_reason))
 
     async def shutdown(self, timeout: float = 10.0) -> None:
+        """Close every session and the store within ``timeout`` seconds, whatever is stuck.
+
+        Sessions end as ``server_shutdown`` (their snapshots stay: resumable after a restart).
+        What the store has not written by the deadline is given up, and said so in the log.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._purger is not None:
+            self._purger.cancel()
         runners = list(self.sessions.values())
         if runners:
-            await asyncio.wait_for(
-                asyncio.gather(*(r.close("server_shutdown") for r in runners), return_exceptions=True), timeout
-            )
-        self.store_executor.shutdown(wait=True)
-        if self.store is not None:
-            self.store.close()
+            closing = [asyncio.ensure_future(r.close("server_shutdown")) for r in runners]
+            _, pending = await asyncio.wait(closing, timeout=timeout * 0.6)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("shutdown: %d sessions did not close in time; cancelled", len(pending))
+                await asyncio.wait(pending, timeout=max(deadline - loop.time(), 0.0) / 2)
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
+        # what is marked is written in one last batch; the deadline bounds how long that may take
+        if self.persister is not None and not await self.persister.close(max(deadline - loop.time(), 0.1)):
+            log.warning("shutdown: the session store did not finish its writes in time; the rest is lost")
+            self.store_executor.shutdown(wait=False, cancel_futures=True)
+            return
+        self.store_executor.shutdown(wait=False)
+        if self.store is not None:
+            self.store.close()
 
-
-def _log_failure(future: concurrent.futures.Future) -> None:  # type: ignore[type-arg]
-    if future.exception() is not None:
-        log.error("session store operation failed: %s", future.exception())

@@ -24,10 +24,15 @@ from ..protocol.errors import ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .memory import approx_bytes
 from .meter import TurnMeter
 from .speculation import Speculation, SpeculativeTurns, same_request
 
 log = logging.getLogger(__name__)
+
+
+#: how long a resume waits for the session to process what the client sent before the drop
+SYNC_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -42,6 +47,12 @@ class RunnerLimits:
     #: client events per second (token bucket; burst = 2 s worth); excess events get an error
     max_events_per_s: float = 500.0
     journal_events: int = 8192
+    #: the resume journal's bound in bytes (the oldest events leave first: a resume reports the gap)
+    journal_bytes: int = 16 * 1024 * 1024
+    #: conversation items and instructions together; past it a client's additions are refused
+    max_session_bytes: int = 64 * 1024 * 1024
+    #: client frames waiting in the mailbox, and events waiting in the outbox, each at most this
+    queue_bytes: int = 32 * 1024 * 1024
 
 
 class SessionRunner(SpeculativeTurns):
@@ -54,7 +65,7 @@ class SessionRunner(SpeculativeTurns):
         limits: RunnerLimits | None = None,
         pipeline: PipelineSettings | None = None,
         on_close: Callable[["SessionRunner"], None] | None = None,
-        on_change: Callable[["SessionRunner"], None] | None = None,
+        on_change: Callable[["SessionRunner", list[dict[str, Any]]], None] | None = None,
         observer: Observer | None = None,
         transport: str = "internal",
     ) -> None:
@@ -79,7 +90,12 @@ class SessionRunner(SpeculativeTurns):
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.started_at = time.monotonic()
-        self.journal = Journal(self.limits.journal_events)
+        self.journal = Journal(self.limits.journal_events, max_bytes=self.limits.journal_bytes)
+        #: bytes of the client frames in the mailbox / of the events in the outbox
+        self.inbox_bytes = 0
+        self.outbox_bytes = 0
+        self._inbox_room = asyncio.Event()
+        self._outbox_room = asyncio.Event()
         self.resume_token = secrets.token_urlsafe(24)
         self.detached_since: float | None = None
         self.detached = asyncio.Event()
@@ -91,37 +107,82 @@ class SessionRunner(SpeculativeTurns):
         self.owner: str | None = None
         #: resumes of this session attach one at a time
         self.attach_lock = asyncio.Lock()
+        #: rebuilt from the store after a restart (no second session.created)
+        self.from_store = False
+        #: set when rebuilt from the store: what the first resume reports (persist.restoration)
+        self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
         self._spec: Speculation | None = None
         self.speculations_adopted = 0
+        #: when the last client event or audio was accepted (the idle clock)
+        self.last_client = time.monotonic()
+        #: the lifetime limit (monotonic clock)
+        self.deadline = self.started_at + self.limits.max_session_s
 
     # ------------------------------------------------------------ transport-facing API
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"session-{self.core.id}")
 
     async def submit(self, raw: str | bytes) -> None:
-        """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure)."""
+        """Queue one client frame (raw JSON). Waits while the mailbox is full (backpressure),
+        but never past the session's end."""
         if self.closed.is_set():
             return
         if not self._bucket.take():
-            await self.mailbox.put(("rate_limited", len(raw)))
+            await self._offer(("rate_limited", len(raw)))
             return
-        await self.mailbox.put(("client", raw))
+        if await self._offer(("client", raw)):
+            self.last_client = time.monotonic()
 
     async def submit_audio(self, wire: bytes) -> None:
         """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
-        if not self.closed.is_set():
-            await self.mailbox.put(("audio_in", wire))
+        if await self._offer(("audio_in", wire)):
+            self.last_client = time.monotonic()
+
+    async def _offer(self, message: tuple[Any, ...]) -> bool:
+        """Put ``message`` in the mailbox, waiting while it is full until the session closes
+        (a transport blocked here must still see its session end). False: not delivered."""
+        if self.closed.is_set():
+            return False
+        size = _payload_bytes(message)
+        # bytes first: one 15 MiB frame after another would fill memory long before the count
+        while size and self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
+            self._inbox_room.clear()
+            if not await _first(self._inbox_room.wait(), self.closed.wait()) or self.closed.is_set():
+                return False
+        self.inbox_bytes += size
+        try:
+            self.mailbox.put_nowait(message)
+            return True
+        except asyncio.QueueFull:
+            pass
+        put = asyncio.ensure_future(self.mailbox.put(message))
+        closed = asyncio.ensure_future(self.closed.wait())
+        try:
+            await asyncio.wait({put, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+            if not put.done():
+                put.cancel()
+        if put.done() and not put.cancelled():
+            return True
+        self.inbox_bytes -= size
+        return False
 
     def submit_image(self, rgb: Any) -> bool:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
         if self.closed.is_set() or not self.core.sees:
             return False
+        message = ("image", rgb)
+        size = _payload_bytes(message)
+        if self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
+            return False
         try:
-            self.mailbox.put_nowait(("image", rgb))
+            self.mailbox.put_nowait(message)
         except asyncio.QueueFull:
             return False
+        self.inbox_bytes += size
         return True
 
     async def next_outgoing(self) -> Outgoing | None:
@@ -130,6 +191,8 @@ class SessionRunner(SpeculativeTurns):
             out = await self.outbox.get()
             if out is None:
                 return None
+            self.outbox_bytes -= out.nbytes
+            self._outbox_room.set()
             if out.epoch is not None and out.epoch != self.core.epoch:
                 continue  # fenced off by a cancel/barge-in after it was queued
             self.meter.handed_over(out.event, time.monotonic())
@@ -162,9 +225,12 @@ class SessionRunner(SpeculativeTurns):
 
     def resumed_event(self, replayed: int, gap: bool) -> dict[str, Any]:
         """Extension event opening a resumed connection (not numbered: it belongs to the link)."""
-        return {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
-                "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
-                "last_client_event_id": self.last_client_event_id}
+        event = {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
+                 "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
+                 "last_client_event_id": self.last_client_event_id}
+        if self.restored is not None:
+            event["restored"], self.restored = self.restored, None
+        return event
 
     async def attach(self, last_seq: int) -> tuple[list[Outgoing], bool]:
         """A client resumed: stop journaling on its behalf; returns (missed events, gap)."""
@@ -176,9 +242,15 @@ class SessionRunner(SpeculativeTurns):
         self.detached.clear()
         # Let every client event accepted before the drop be processed, so the client learns
         # exactly which of its events to send again (those after last_client_event_id).
+        # Bounded both ways: a session that cannot take the marker (full mailbox, full outbox and
+        # no writer yet) or never reaches it must not hold the resuming client for ever.
         synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.mailbox.put(("sync", synced))
-        await asyncio.wait({synced}, timeout=10.0)
+        offered = asyncio.ensure_future(self._offer(("sync", synced)))
+        await asyncio.wait({offered}, timeout=SYNC_TIMEOUT_S)
+        if offered.done() and offered.result():
+            await asyncio.wait({synced}, timeout=SYNC_TIMEOUT_S)
+        else:
+            offered.cancel()
         missed, gap = self.journal.since(last_seq)
         for out in missed:
             self.mark_sent(out)
@@ -212,11 +284,11 @@ class SessionRunner(SpeculativeTurns):
                 self.vad = self.model.new_vad() if self.core.has_vad else None
             self.core.resume_token = self.resume_token
             self.core.rate_limits = self._bucket.report
-            self.core.start()
+            if not self.from_store:  # a session rebuilt from the store was created long ago
+                self.core.start()
             await self._flush()
-            deadline = self.started_at + self.limits.max_session_s
+            deadline = self.deadline
             warn_at: float | None = deadline - self.limits.expiry_warning_s
-            last_client = time.monotonic()
             while not self.core.closed:
                 # Deadlines are checked on every turn of the loop, so a busy session expires too.
                 now = time.monotonic()
@@ -224,26 +296,32 @@ class SessionRunner(SpeculativeTurns):
                     warn_at = None
                     self.core.warn_expiring(max(int(deadline - now), 0))
                     await self._flush()
-                idle = now - last_client >= self.limits.idle_timeout_s
-                if now >= deadline or idle:
-                    code, text = ("session_idle_timeout", "session closed after being idle") if idle and now < deadline else (
-                        "session_expired", "session reached its maximum duration")
+                reason = self._expired(now)
+                if reason is not None:
+                    code, text = _EXPIRY[reason]
                     self.core.error(ProtocolError(code, text, type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
                     break
-                wake = min(deadline, last_client + self.limits.idle_timeout_s, warn_at or deadline)
+                wake = min(self._expires_at(), warn_at or deadline)
                 try:
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
-                if message[0] in ("client", "audio_in"):
-                    last_client = time.monotonic()
+                size = _payload_bytes(message)
+                if size:
+                    self.inbox_bytes -= size
+                    self._inbox_room.set()
                 await self._handle(message)
                 if message[0] in ("client", "audio_in"):
                     self.meter.audio_arrived(self.core.input_received_ms, time.monotonic())
                 await self._flush()
+        except _Wedged as exc:
+            # Nobody takes what the session sends (a client that never reads, a writer stuck on
+            # a dead peer) and a limit passed meanwhile: it ends here, whatever its outbox holds.
+            log.info("session %s ended by %s while its outbox was full", self.core.id, exc.reason)
+            self.close_reason = self.close_reason or exc.reason
         except asyncio.CancelledError:
             pass
         except Exception:  # noqa: BLE001 - a bug here must not take the server down
@@ -299,19 +377,57 @@ class SessionRunner(SpeculativeTurns):
     async def _flush(self) -> None:
         """Send what the core emitted and perform what it asked, until both are empty (an
         action may emit more, e.g. adopting a prepared reply)."""
-        changed = False
+        changed: list[dict[str, Any]] = []
         while True:
             events = self.core.drain_events()
             for out in events:
-                changed = changed or out.event["type"] in _STATE_CHANGES
-                await self.outbox.put(out)
+                if out.event["type"] in _STATE_CHANGES:
+                    changed.append(out.event)
+                await self._emit(out)
             actions = self.core.drain_actions()
             if not events and not actions:
                 break
             for action in actions:
                 await self._perform(action)
         if changed and self._on_change is not None:
-            self._on_change(self)
+            self._on_change(self, changed)
+
+    def _expires_at(self) -> float:
+        return min(self.deadline, self.last_client + self.limits.idle_timeout_s)
+
+    def _expired(self, now: float) -> str | None:
+        """``session_expired`` or ``session_idle_timeout`` once a limit has passed, else None."""
+        if now >= self.deadline:
+            return "session_expired"
+        if now >= self.last_client + self.limits.idle_timeout_s:
+            return "session_idle_timeout"
+        return None
+
+    async def _emit(self, out: Outgoing) -> None:
+        """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
+        until the session's idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
+        while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
+            self._outbox_room.clear()
+            await self._until_expiry(self._outbox_room.wait)
+        try:
+            self.outbox.put_nowait(out)
+        except asyncio.QueueFull:
+            await self._until_expiry(lambda: self.outbox.put(out))
+        self.outbox_bytes += out.nbytes
+
+    async def _until_expiry(self, wait: Callable[[], Any]) -> None:
+        """Await ``wait()`` until it completes, or raise :class:`_Wedged` once a limit passes."""
+        while True:
+            now = time.monotonic()
+            reason = self._expired(now)
+            if reason is not None:
+                raise _Wedged(reason)
+            try:
+                await asyncio.wait_for(wait(), self._expires_at() - now)
+                return
+            except asyncio.TimeoutError:
+                continue  # the idle clock may have moved meanwhile: look again
 
     async def _perform(self, action: act.Action) -> None:
         loop = asyncio.get_running_loop()
@@ -320,8 +436,10 @@ class SessionRunner(SpeculativeTurns):
                 return
             # Inline (not a side task): turn decisions must follow the audio order.
             try:
-                probs = await loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k)
-            except Exception:  # noqa: BLE001 - a VAD failure costs these frames, not the session
+                probs = await asyncio.wait_for(
+                    loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k),
+                    self.pipeline_settings.step_timeout_s)
+            except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
                 log.exception("VAD failed in session %s", self.core.id)
                 return
             self.core.on_speech_probabilities(probs, action.start_ms)
@@ -361,7 +479,8 @@ class SessionRunner(SpeculativeTurns):
             if self.model is not None:
                 # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
                 try:
-                    await asyncio.to_thread(self.model.confirm, action.text)
+                    await asyncio.wait_for(asyncio.to_thread(self.model.confirm, action.text),
+                                           self.pipeline_settings.step_timeout_s)
                 except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
                     log.exception("confirm failed in session %s", self.core.id)
         elif isinstance(action, act.CloseSession):
@@ -440,10 +559,46 @@ class SessionRunner(SpeculativeTurns):
             self._on_close(self)
 
 
+def _payload_bytes(message: tuple[Any, ...]) -> int:
+    """What a mailbox message from the client side holds (frames, wire audio, camera frames);
+    counted against queue_bytes. Messages from the session's own tasks count 0."""
+    kind = message[0]
+    if kind in ("client", "audio_in"):
+        return len(message[1])
+    if kind == "image":
+        return int(getattr(message[1], "nbytes", 0))
+    return 0
 
-# Events after which the stored snapshot is out of date.
+
+async def _first(*waits: Any) -> bool:
+    """Wait for the first of several coroutines; the rest are cancelled. True when one finished."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return bool(done)
+
+
+class _Wedged(Exception):
+    """A limit passed while the session waited for room in its outbox."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_EXPIRY = {
+    "session_idle_timeout": ("session_idle_timeout", "session closed after being idle"),
+    "session_expired": ("session_expired", "session reached its maximum duration"),
+}
+
+# Events after which the stored state is out of date (session/persist.py says what each touches).
 _STATE_CHANGES = frozenset({
-    "session.updated", "conversation.item.done", "conversation.item.deleted", "conversation.item.truncated", "response.done",
+    "session.updated", "conversation.item.added", "conversation.item.done", "conversation.item.deleted",
+    "conversation.item.truncated", "conversation.item.input_audio_transcription.completed",
+    "response.output_item.done", "response.done",
 })
 
 

@@ -1,8 +1,10 @@
 """Persistence of session settings and conversation items, so a session outlives its server.
 
-A snapshot is one JSON document per session: the effective config, the conversation items in
-order (text and transcripts; raw audio is not stored), the last sequence number and a hash of
-the resume token (the token itself is never stored). SQLite (WAL) is the default; Redis serves
+What is stored of a session: its *meta* (model, settings, owner, the order of its items, the
+last sequence number its stored state covers, a hash of the resume token — never the token) and
+one record per conversation item (text and transcripts; raw audio is not stored). Writes are
+incremental: a :class:`StoreChange` carries the meta and only the items that changed or went,
+so a long conversation is never rewritten whole. SQLite (WAL) is the default; Redis serves
 deployments with several replicas. Both are blocking clients: callers run them in a thread.
 """
 
@@ -15,6 +17,8 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass, field
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +27,57 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@dataclass
+class StoreChange:
+    """One session's writes: its meta (always), the items to upsert, the item ids that went."""
+
+    session_id: str
+    token_digest: str
+    meta: dict[str, Any]
+    items: dict[str, dict[str, Any]] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    #: drop every stored item first (a whole snapshot)
+    replace: bool = False
+
+    def nbytes(self) -> int:
+        return sum(len(json.dumps(item)) for item in self.items.values())
+
+
+def change_from_snapshot(session_id: str, token_digest: str, snapshot: dict[str, Any]) -> StoreChange:
+    """A whole snapshot (``items`` in order) as one replacing change."""
+    items = {(it.get("id") if isinstance(it, dict) and it.get("id") else f"#{i}"): it
+             for i, it in enumerate(snapshot.get("items", []))}
+    meta = {k: v for k, v in snapshot.items() if k != "items"}
+    meta["order"] = list(items)
+    return StoreChange(session_id, token_digest, meta, items, replace=True)
+
+
+def assemble(meta: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
+    """Meta and item records → the snapshot a session is restored from (items in order)."""
+    snapshot = {k: v for k, v in meta.items() if k != "order"}
+    snapshot["items"] = [items[i] for i in meta.get("order", []) if i in items]
+    return snapshot
+
+
 class SessionStore(abc.ABC):
     @abc.abstractmethod
-    def save(self, session_id: str, token_digest: str, snapshot: dict[str, Any]) -> None: ...
+    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
+        """Write ``changes`` and delete the sessions in ``deleted``, as one unit where possible."""
 
     @abc.abstractmethod
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
         """The snapshot for a token if it was saved less than ``max_age_s`` ago."""
 
-    @abc.abstractmethod
-    def delete(self, session_id: str) -> None: ...
+    def save(self, session_id: str, token_digest: str, snapshot: dict[str, Any]) -> None:
+        self.apply([change_from_snapshot(session_id, token_digest, snapshot)], [])
+
+    def delete(self, session_id: str) -> None:
+        self.apply([], [session_id])
+
+    def purge(self, max_age_s: float, keep: Collection[str] = ()) -> int:
+        """Remove sessions last saved more than ``max_age_s`` ago, except those in ``keep`` (the
+        live ones: a later write must not find its older items gone); how many went."""
+        return 0
 
     def close(self) -> None:
         pass
@@ -53,32 +98,76 @@ class SQLiteStore(SessionStore):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(
-                "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, token TEXT UNIQUE NOT NULL,"
-                " updated REAL NOT NULL, snapshot TEXT NOT NULL)"
-            )
-
-    def save(self, session_id: str, token_digest: str, snapshot: dict[str, Any]) -> None:
-        with self._lock:
+                "CREATE TABLE IF NOT EXISTS session_meta (id TEXT PRIMARY KEY, token TEXT UNIQUE NOT NULL,"
+                " updated REAL NOT NULL, meta TEXT NOT NULL)")
             self._db.execute(
-                "INSERT INTO sessions (id, token, updated, snapshot) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT(id) DO UPDATE SET token=excluded.token, updated=excluded.updated, snapshot=excluded.snapshot",
-                (session_id, token_digest, time.time(), json.dumps(snapshot)),
-            )
+                "CREATE TABLE IF NOT EXISTS session_items (session_id TEXT NOT NULL, item_id TEXT NOT NULL,"
+                " data TEXT NOT NULL, PRIMARY KEY (session_id, item_id))")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Whole-snapshot rows of earlier versions (table ``sessions``) become meta and items."""
+        with self._lock:
+            legacy = self._db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
+            rows = self._db.execute("SELECT id, token, updated, snapshot FROM sessions").fetchall() if legacy else []
+        for session_id, token, updated, snapshot in rows:
+            self.apply([change_from_snapshot(session_id, token, json.loads(snapshot))], [])
+            with self._lock:
+                self._db.execute("UPDATE session_meta SET updated = ? WHERE id = ?", (updated, session_id))
+        if legacy:
+            with self._lock:
+                self._db.execute("DROP TABLE sessions")
+
+    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                for change in changes:
+                    sid = change.session_id
+                    self._db.execute(
+                        "INSERT INTO session_meta (id, token, updated, meta) VALUES (?, ?, ?, ?) ON CONFLICT(id)"
+                        " DO UPDATE SET token=excluded.token, updated=excluded.updated, meta=excluded.meta",
+                        (sid, change.token_digest, now, json.dumps(change.meta)))
+                    if change.replace:
+                        self._db.execute("DELETE FROM session_items WHERE session_id = ?", (sid,))
+                    self._db.executemany(
+                        "INSERT INTO session_items (session_id, item_id, data) VALUES (?, ?, ?) ON CONFLICT"
+                        " (session_id, item_id) DO UPDATE SET data=excluded.data",
+                        [(sid, item_id, json.dumps(item)) for item_id, item in change.items.items()])
+                    self._db.executemany("DELETE FROM session_items WHERE session_id = ? AND item_id = ?",
+                                         [(sid, item_id) for item_id in change.removed])
+                for sid in deleted:
+                    self._db.execute("DELETE FROM session_meta WHERE id = ?", (sid,))
+                    self._db.execute("DELETE FROM session_items WHERE session_id = ?", (sid,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT snapshot FROM sessions WHERE token = ? AND updated >= ?", (token_digest, time.time() - max_age_s)
+                "SELECT id, meta FROM session_meta WHERE token = ? AND updated >= ?", (token_digest, time.time() - max_age_s)
             ).fetchone()
-        return json.loads(row[0]) if row else None
+            if row is None:
+                return None
+            items = self._db.execute("SELECT item_id, data FROM session_items WHERE session_id = ?", (row[0],)).fetchall()
+        return assemble(json.loads(row[1]), {item_id: json.loads(data) for item_id, data in items})
 
-    def delete(self, session_id: str) -> None:
+    def purge(self, max_age_s: float, keep: Collection[str] = ()) -> int:
+        expired = "SELECT id FROM session_meta WHERE updated < ? AND id NOT IN (SELECT value FROM json_each(?))"
+        args = (time.time() - max_age_s, json.dumps(list(keep)))
         with self._lock:
-            self._db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-
-    def purge(self, max_age_s: float) -> int:
-        with self._lock:
-            return self._db.execute("DELETE FROM sessions WHERE updated < ?", (time.time() - max_age_s,)).rowcount
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(f"DELETE FROM session_items WHERE session_id IN ({expired})", args)
+                removed = self._db.execute(f"DELETE FROM session_meta WHERE id IN ({expired})", args).rowcount
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return removed
 
     def close(self) -> None:
         with self._lock:
@@ -86,7 +175,7 @@ class SQLiteStore(SessionStore):
 
 
 class RedisStore(SessionStore):
-    """Shared by replicas; keys expire on their own after ``ttl_s``."""
+    """Shared by replicas; keys expire on their own after ``ttl_s`` (so ``purge`` has nothing to do)."""
 
     def __init__(self, url: str, ttl_s: float = 3600.0, prefix: str = "realtime_omni") -> None:
         import redis  # optional dependency
@@ -96,31 +185,45 @@ class RedisStore(SessionStore):
         self.ttl_s = int(ttl_s)
         self.prefix = prefix
 
-    def save(self, session_id: str, token_digest: str, snapshot: dict[str, Any]) -> None:
-        doc = json.dumps({"saved": time.time(), "snapshot": snapshot})
-        pipe = self._redis.pipeline()
-        pipe.set(f"{self.prefix}:session:{session_id}", doc, ex=self.ttl_s)
-        pipe.set(f"{self.prefix}:token:{token_digest}", session_id, ex=self.ttl_s)
+    def _keys(self, session_id: str) -> tuple[str, str]:
+        return f"{self.prefix}:session:{session_id}", f"{self.prefix}:items:{session_id}"
+
+    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
+        doomed = [key for sid in deleted for key in self._keys(sid)]
+        for sid in deleted:  # the token key too
+            doc = self._redis.get(self._keys(sid)[0])
+            token = json.loads(doc)["meta"].get("token_digest") if doc else None
+            if token:
+                doomed.append(f"{self.prefix}:token:{token}")
+        pipe = self._redis.pipeline(transaction=True)
+        for change in changes:
+            meta_key, items_key = self._keys(change.session_id)
+            pipe.set(meta_key, json.dumps({"saved": time.time(), "meta": change.meta}), ex=self.ttl_s)
+            pipe.set(f"{self.prefix}:token:{change.token_digest}", change.session_id, ex=self.ttl_s)
+            if change.replace:
+                pipe.delete(items_key)
+            if change.items:
+                pipe.hset(items_key, mapping={k: json.dumps(v) for k, v in change.items.items()})
+            if change.removed:
+                pipe.hdel(items_key, *change.removed)
+            pipe.expire(items_key, self.ttl_s)
+        if doomed:
+            pipe.delete(*doomed)
         pipe.execute()
 
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
         session_id = self._redis.get(f"{self.prefix}:token:{token_digest}")
         if session_id is None:
             return None
-        doc = self._redis.get(f"{self.prefix}:session:{session_id.decode()}")
+        meta_key, items_key = self._keys(session_id.decode())
+        doc = self._redis.get(meta_key)
         if doc is None:
             return None
         data = json.loads(doc)
-        return data["snapshot"] if time.time() - data["saved"] <= max_age_s else None
-
-    def delete(self, session_id: str) -> None:
-        doc = self._redis.get(f"{self.prefix}:session:{session_id}")
-        keys = [f"{self.prefix}:session:{session_id}"]
-        if doc is not None:
-            token = json.loads(doc)["snapshot"].get("token_digest")
-            if token:
-                keys.append(f"{self.prefix}:token:{token}")
-        self._redis.delete(*keys)
+        if time.time() - data["saved"] > max_age_s:
+            return None
+        items = {k.decode(): json.loads(v) for k, v in self._redis.hgetall(items_key).items()}
+        return assemble(data["meta"], items)
 
     def close(self) -> None:
         self._redis.close()

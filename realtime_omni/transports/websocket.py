@@ -24,6 +24,8 @@ from ..session.runner import SessionRunner
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 30.0
+#: how long a closing session's last events and close frame may take to leave
+CLOSE_FLUSH_S = 2.0
 NORMAL_CLOSURE = 1000
 
 
@@ -70,26 +72,49 @@ async def realtime_websocket(websocket: WebSocket) -> None:
     kicked = asyncio.Event()
     runner.kick = kicked.set
     kick_wait = asyncio.create_task(kicked.wait())
+    ended = asyncio.create_task(runner.closed.wait())
+    draining: asyncio.Event = getattr(websocket.app.state, "draining", None) or asyncio.Event()
+    going_down = asyncio.create_task(draining.wait())
     clean = False
     try:
-        await asyncio.wait({reader, kick_wait}, return_when=asyncio.FIRST_COMPLETED)
+        # Whichever comes first: the client leaves (reader), the peer stops taking bytes or is
+        # gone (writer), a resume takes over (kick), or the session ends on its own (idle,
+        # lifetime, error) — the reader may be blocked on a full mailbox and never notice — or
+        # the server goes down (the session is kept: the lifespan closes it as server_shutdown).
+        await asyncio.wait({reader, writer, kick_wait, ended, going_down}, return_when=asyncio.FIRST_COMPLETED)
+        if ended.done() and not writer.done():
+            # let the last events (the reason it ended) reach a client that still reads
+            await asyncio.wait({writer}, timeout=CLOSE_FLUSH_S)
         if reader.done() and not reader.cancelled() and reader.exception() is None:
             clean = reader.result()
     finally:
-        for task in (reader, writer, kick_wait):
+        tasks = (reader, writer, kick_wait, ended, going_down)
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(reader, writer, kick_wait, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if kicked.is_set():
             runner.detach(manager.resume_grace_s)  # a resuming connection takes over at once
-        elif clean or manager.resume_grace_s <= 0 or runner.closed.is_set():
+        elif clean or runner.closed.is_set() or (manager.resume_grace_s <= 0 and not draining.is_set()):
             await runner.close("client_closed")
+        elif draining.is_set():
+            pass  # the lifespan closes it as server_shutdown: its stored row stays for a resume
         else:
-            runner.detach(manager.resume_grace_s)
+            runner.detach(manager.resume_grace_s)  # dropped or dead peer: resumable for the grace
         if websocket.client_state is WebSocketState.CONNECTED:
-            try:
-                await websocket.close(code=4000 if kicked.is_set() else 1000)
-            except RuntimeError:
-                pass
+            # 4000: taken over by a resume; 1001: the session was kept for a resume (the peer
+            # stopped taking what it was sent); 1000: the session is over
+            # 1012: the server is restarting (resume afterwards)
+            code = 4000 if kicked.is_set() else 1000 if runner.closed.is_set() else 1012 if draining.is_set() else 1001
+            await _close(websocket, code)
+
+
+async def _close(websocket: WebSocket, code: int) -> None:
+    """Send a close frame, but never wait on a peer that does not read (the server drops it)."""
+    try:
+        async with asyncio.timeout(CLOSE_FLUSH_S):
+            await websocket.close(code=code)
+    except (RuntimeError, TimeoutError, ConnectionError, WebSocketDisconnect):
+        pass
 
 
 async def _reader(websocket: WebSocket, runner: SessionRunner) -> bool:
@@ -131,9 +156,6 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
             await send(out)
             runner.mark_sent(out)
     except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError, ConnectionError):
-        return  # the reader sees the disconnect and decides between close and detach
+        return  # a dead or stuck peer: the handler detaches the session (resumable)
     if websocket.client_state is WebSocketState.CONNECTED:
-        try:
-            await websocket.close()
-        except RuntimeError:
-            pass
+        await _close(websocket, NORMAL_CLOSURE)

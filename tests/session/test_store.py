@@ -72,3 +72,36 @@ def test_the_store_file_is_private(tmp_path):
     for name in os.listdir(tmp_path):
         mode = stat.S_IMODE(os.stat(tmp_path / name).st_mode)
         assert mode & 0o077 == 0, (name, oct(mode))
+
+
+def test_whole_snapshot_rows_of_earlier_versions_are_migrated(tmp_path):
+    import json
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:  # the schema before incremental writes
+        db.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, token TEXT UNIQUE NOT NULL, updated REAL NOT NULL,"
+                   " snapshot TEXT NOT NULL)")
+        db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)", ("sess_1", token_hash("t"), time.time(), json.dumps(SNAPSHOT)))
+    store = SQLiteStore(path)
+    loaded = store.load(token_hash("t"), 60)
+    assert loaded["items"] == SNAPSHOT["items"] and loaded["last_seq"] == 7
+    assert store._db.execute("SELECT name FROM sqlite_master WHERE name = 'sessions'").fetchone() is None
+    store.close()
+
+
+def test_incremental_changes_upsert_and_remove_single_items(tmp_path):
+    from realtime_omni.session.store import StoreChange
+
+    store = SQLiteStore(tmp_path / "s.db")
+    digest = token_hash("t")
+    item = {"id": "a", "content": [{"type": "input_text", "text": "one"}]}
+    store.apply([StoreChange("s", digest, {"id": "s", "order": ["a", "b"], "last_seq": 3},
+                             {"a": item, "b": {**item, "id": "b"}})], [])
+    store.apply([StoreChange("s", digest, {"id": "s", "order": ["b"], "last_seq": 5}, {}, ["a"])], [])
+    loaded = store.load(digest, 60)
+    assert [i["id"] for i in loaded["items"]] == ["b"] and loaded["last_seq"] == 5
+    store.apply([], ["s"])
+    assert store.load(digest, 60) is None
+    assert store._db.execute("SELECT COUNT(*) FROM session_items").fetchone()[0] == 0
+    store.close()
