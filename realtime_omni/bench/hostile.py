@@ -119,11 +119,12 @@ class ServerProcess:
         raise RuntimeError("no VmRSS")
 
     def metric(self, name: str) -> float:
+        """The sum of ``name``'s samples over all its labels (0 for a declared family with none)."""
         body = urllib.request.urlopen(f"{self.http}/metrics", timeout=5).read().decode()
-        match = re.search(rf"^{re.escape(name)} (\S+)$", body, re.M)
-        if match is None:
+        samples = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", body, re.M)
+        if not samples and f"# TYPE {name} " not in body:
             raise KeyError(name)
-        return float(match.group(1))
+        return sum(float(v) for v in samples)
 
     def wait_metric(self, name: str, value: float, timeout: float) -> float:
         """Seconds until ``name`` reads ``value`` (raises after ``timeout``)."""
