@@ -172,7 +172,7 @@ def _fail(message: str) -> int:
 def _model_problem(names: list[str]) -> str | None:
     """Why a ``--model`` cannot load (unknown name, missing omni checkpoint, its optional extra
     not installed), or None."""
-    from .engines.registry import resolve_builder
+    from .engines.builders import resolve_builder
 
     for name in names:
         try:
