@@ -51,3 +51,11 @@ def test_the_walker_finds_no_cycle_where_there_is_none(tmp_path):
     graph = build_graph(files)
     assert graph == {"pkg": {"pkg.a"}, "pkg.a": {"pkg.b"}, "pkg.b": set()}
     assert cycles(graph) == []
+
+
+def test_the_runtime_package_reaches_the_bench_package_only_through_the_cli():
+    graph = build_graph()
+    assert any(m.startswith("realtime_omni_bench.") for m in graph)  # the walker sees the bench package
+    importers = {m for m, targets in graph.items() if m.split(".")[0] == "realtime_omni"
+                 and any(t.split(".")[0] == "realtime_omni_bench" for t in targets)}
+    assert importers == {"realtime_omni.cli"}  # the lazy import behind ``realtime-omni bench``
