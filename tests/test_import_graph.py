@@ -59,3 +59,11 @@ def test_the_runtime_package_reaches_the_bench_package_only_through_the_cli():
     importers = {m for m, targets in graph.items() if m.split(".")[0] == "realtime_omni"
                  and any(t.split(".")[0] == "realtime_omni_bench" for t in targets)}
     assert importers == {"realtime_omni.cli"}  # the lazy import behind ``realtime-omni bench``
+
+
+def test_the_design_document_shows_the_current_subpackage_graph():
+    from .import_graph import DOC, doc_block, layer_markdown
+
+    block = doc_block(DOC.read_text(encoding="utf-8"))
+    assert block is not None, f"{DOC} lost its generated import-graph block"
+    assert block == layer_markdown(build_graph()), f"{DOC} is out of date: python -m tests.import_graph --update-doc"
