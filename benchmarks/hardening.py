@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 
 import websockets  # noqa: E402
 
-from realtime_omni.bench.hostile import RawClient, ServerProcess  # noqa: E402
+from realtime_omni_bench.hostile import RawClient, ServerProcess  # noqa: E402
 
 MIB = 1024 * 1024
 BIG_UPDATE = json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "x" * 8192}})

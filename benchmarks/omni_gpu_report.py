@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from realtime_omni.bench.report import Report, render_markdown, update_index  # noqa: E402
+from realtime_omni_bench.report import Report, render_markdown, update_index  # noqa: E402
 
 
 def steady_rtf(run: dict[str, Any]) -> list[float]:

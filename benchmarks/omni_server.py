@@ -49,7 +49,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def speech(path: str | None) -> np.ndarray:
     if path:
         return np.load(path).astype(np.int16)
-    from realtime_omni.bench.latency import synthesize_speech
+    from realtime_omni_bench.latency import synthesize_speech
 
     return synthesize_speech([QUESTION])[QUESTION]
 

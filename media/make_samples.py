@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime_omni.bench.latency import synthesize_speech
+from realtime_omni_bench.latency import synthesize_speech
 
 CLIPS = {
     "hello.wav": "Hello! Can you hear me?",

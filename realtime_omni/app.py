@@ -20,6 +20,7 @@ from .config import ServerSettings
 from .engines.registry import ModelRegistry
 from .pipeline import PipelineSettings
 from .protocol import strict_json
+from .protocol.errors import ErrorCode
 from .security import AuthError, Guard
 from .transports.bodies import BodyTooLarge, read_body
 from .session.manager import SessionManager
@@ -67,7 +68,7 @@ async def list_models(request: Request) -> JSONResponse:
 MAX_SECRET_REQUEST_BYTES = 1024 * 1024
 
 
-def _invalid(status: int, code: str, message: str) -> JSONResponse:
+def _invalid(status: int, code: ErrorCode, message: str) -> JSONResponse:
     return JSONResponse({"error": {"type": "invalid_request_error", "code": code, "message": message}},
                         status_code=status)
 
@@ -87,11 +88,11 @@ async def client_secrets(request: Request) -> JSONResponse:
         ttl = (body.get("expires_after") or {}).get("seconds")
         ttl = float(ttl) if ttl is not None else None
     except BodyTooLarge as exc:
-        return _invalid(413, "request_too_large", str(exc))
+        return _invalid(413, ErrorCode.REQUEST_TOO_LARGE, str(exc))
     except (ValueError, AttributeError, TypeError):
-        return _invalid(400, "invalid_json", "body must be a JSON object")
+        return _invalid(400, ErrorCode.INVALID_JSON, "body must be a JSON object")
     if ttl is not None and not 10 <= ttl <= 7200:
-        return _invalid(400, "invalid_value", "expires_after.seconds must be between 10 and 7200")
+        return _invalid(400, ErrorCode.INVALID_VALUE, "expires_after.seconds must be between 10 and 7200")
     session.pop("type", None)
     secret = guard.issue_secret(session, ttl, owner)
     return JSONResponse({"value": secret.value, "expires_at": int(secret.expires_at),

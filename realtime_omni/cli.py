@@ -100,13 +100,28 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default: {'on' if ServerSettings.model_fields['store_transcripts'].default else 'off'})")
     serve.set_defaults(func=_serve)
 
-    try:
-        from .bench.cli import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
+    _add_bench(sub)
     return parser
+
+
+BENCH_PACKAGE = "realtime_omni_bench"
+
+
+def _add_bench(sub: Any) -> None:
+    """``bench`` lives in the tooling package :mod:`realtime_omni_bench` (same distribution, not
+    part of the runtime), imported here only; if it cannot be, ``bench`` says so when run."""
+    try:
+        from realtime_omni_bench.cli import add_bench_parser
+    except ImportError as exc:
+        problem = (f"bench needs the {BENCH_PACKAGE} package, installed with realtime-omni, but it cannot be "
+                   f"imported here ({exc}); reinstall: pip install --force-reinstall realtime-omni")
+        # no option prefix: whatever follows ``bench`` (``--turns 2`` too) is taken, then refused with ``problem``
+        bench = sub.add_parser("bench", help=f"benchmark a server (unavailable: {BENCH_PACKAGE} is missing)",
+                               description=problem, add_help=False, prefix_chars="\0")
+        bench.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+        bench.set_defaults(func=lambda _args: _fail(problem))
+        return
+    add_bench_parser(sub)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -184,7 +199,7 @@ def _fail(message: str) -> int:
 def _model_problem(names: list[str]) -> str | None:
     """Why a ``--model`` cannot load (unknown name, missing omni checkpoint, its optional extra
     not installed), or None."""
-    from .engines.registry import resolve_builder
+    from .engines.builders import resolve_builder
 
     for name in names:
         try:

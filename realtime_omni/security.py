@@ -11,12 +11,14 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
+from .protocol.errors import ErrorCode
+
 # Browsers cannot set headers on a WebSocket; OpenAI's convention carries the key as a subprotocol.
 _SUBPROTOCOL_KEY = "openai-insecure-api-key."
 
 
 class AuthError(Exception):
-    def __init__(self, code: str, message: str, status: int = 401) -> None:
+    def __init__(self, code: ErrorCode, message: str, status: int = 401) -> None:
         super().__init__(message)
         self.code, self.message, self.status = code, message, status
 
@@ -66,7 +68,7 @@ class Guard:
         if origin is None or self.allowed_origins is None:
             return  # non-browser clients send no Origin
         if origin not in self.allowed_origins and "*" not in self.allowed_origins:
-            raise AuthError("origin_not_allowed", f"origin {origin!r} is not allowed", status=403)
+            raise AuthError(ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin!r} is not allowed", status=403)
 
     def _is_key(self, key: str | None) -> bool:
         # compared as bytes: str comparison raises on non-ASCII input (a 500, not a 401)
@@ -80,7 +82,7 @@ class Guard:
             return None
         key = self.presented_key(headers)
         if not self._is_key(key):
-            raise AuthError("invalid_api_key", "a valid API key is required (Authorization: Bearer ...)")
+            raise AuthError(ErrorCode.INVALID_API_KEY, "a valid API key is required (Authorization: Bearer ...)")
         return key_digest(key)
 
     def admit(self, headers: Headers, subprotocols: list[str] | None = None) -> dict[str, Any] | None:
@@ -96,10 +98,10 @@ class Guard:
         if key is not None and key.startswith("ek_"):
             secret = self._secrets.pop(key, None)
             if secret is None or secret.expires_at < time.time():
-                raise AuthError("invalid_client_secret", "the client secret is unknown, used or expired")
+                raise AuthError(ErrorCode.INVALID_CLIENT_SECRET, "the client secret is unknown, used or expired")
             return secret.session, secret.owner
         if self.enabled and not self._is_key(key):
-            raise AuthError("invalid_api_key", "a valid API key or client secret is required")
+            raise AuthError(ErrorCode.INVALID_API_KEY, "a valid API key or client secret is required")
         return None, key_digest(key) if self.enabled and key is not None else None
 
     def redeem_secret(self, value: str) -> bool:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from realtime_omni.bench import capacity
-from realtime_omni.bench.cli import BENCHMARKS, add_bench_parser
-from realtime_omni.bench.report import percentile, summarize, update_index
+from realtime_omni_bench import capacity
+from realtime_omni_bench.cli import BENCHMARKS, add_bench_parser
+from realtime_omni_bench.report import percentile, summarize, update_index
 
 
 def test_capacity_bench_writes_a_sane_report(tmp_path):

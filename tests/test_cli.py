@@ -13,7 +13,7 @@ import time
 import httpx
 
 from realtime_omni import __version__
-from realtime_omni.bench.cli import BENCHMARKS
+from realtime_omni_bench.cli import BENCHMARKS
 from realtime_omni.cli import build_parser, missing_extra
 
 
@@ -121,3 +121,14 @@ def test_a_model_whose_extra_is_not_installed_is_named_with_the_install_command(
     assert missing_extra("bench", requires) == []
     # the real metadata: this environment runs the embedded models, so nothing is missing
     assert missing_extra("embedded") == []
+
+
+def test_bench_says_in_one_sentence_when_its_package_is_missing(monkeypatch, capsys, tmp_path):
+    from realtime_omni.cli import main
+
+    for name in ("realtime_omni_bench", "realtime_omni_bench.cli"):  # None: the import fails as if not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    # --out: were the package found after all, the run would not write into the repository
+    assert main(["bench", "latency", "--turns", "2", "--out", str(tmp_path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("realtime-omni: bench needs the realtime_omni_bench package"), lines

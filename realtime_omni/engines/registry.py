@@ -3,45 +3,18 @@
 from __future__ import annotations
 
 import fnmatch
-import functools
 import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .base import ModelInfo, VoiceModel
+from .builders import BUILDERS, resolve_builder
+
+__all__ = ["BUILDERS", "ModelRegistry", "resolve_builder"]
 
 log = logging.getLogger(__name__)
 
-
-def _embedded() -> VoiceModel:
-    try:
-        from .embedded import EmbeddedModel
-    except ImportError as exc:  # the GPL extra is optional
-        raise RuntimeError(
-            "the embedded models need the optional extra: pip install 'realtime-omni[embedded]'"
-        ) from exc
-    return EmbeddedModel()
-
-
-def _echo() -> VoiceModel:
-    from .echo import EchoModel
-
-    return EchoModel()
-
-
-def _omni(spec: str) -> VoiceModel:
-    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json),
-    configured by ``REALTIME_OMNI_OMNI_*`` variables (:class:`~.omni.settings.OmniSettings`)."""
-    try:
-        from .omni import OmniModel
-        from .omni.settings import OmniSettings
-    except ImportError as exc:
-        raise RuntimeError("the omni engine needs the optional extra: pip install 'realtime-omni[omni]'") from exc
-    return OmniModel(spec, **OmniSettings().model_kwargs())
-
-
-BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
 
 #: an alias target meaning "the registry's default model"
 DEFAULT_TARGET = "default"
@@ -52,16 +25,6 @@ OPENAI_MODEL_ALIASES: dict[str, str] = {
     "gpt-4o-realtime-preview*": DEFAULT_TARGET,
     "gpt-4o-mini-realtime-preview*": DEFAULT_TARGET,
 }
-
-
-def resolve_builder(name: str, extra: dict[str, Callable[[], VoiceModel]] | None = None) -> Callable[[], VoiceModel]:
-    """The builder for a model name: a registered one, or ``omni:<checkpoint dir>``."""
-    builders = {**BUILDERS, **(extra or {})}
-    if name in builders:
-        return builders[name]
-    if name.startswith("omni:"):
-        return functools.partial(_omni, name.removeprefix("omni:"))
-    raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)} or omni:<checkpoint dir>")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .memory import approx_bytes
 from .meter import TurnMeter
-from .speculation import Speculation, SpeculativeTurns, same_request
+from .speculation import SpeculativeTurns
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class RunnerLimits:
     queue_bytes: int = 32 * 1024 * 1024
 
 
-class SessionRunner(SpeculativeTurns):
+class SessionRunner:
     def __init__(
         self,
         core: RealtimeSession,
@@ -113,12 +113,17 @@ class SessionRunner(SpeculativeTurns):
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = _TokenBucket(self.limits.max_events_per_s)
-        self._spec: Speculation | None = None
-        self.speculations_adopted = 0
         #: when the last client event or audio was accepted (the idle clock)
         self.last_client = time.monotonic()
         #: the lifetime limit (monotonic clock)
         self.deadline = self.started_at + self.limits.max_session_s
+        #: replies prepared during a pause (composed: it reads this runner through SpeculationHost)
+        self.speculation = SpeculativeTurns(self)
+
+    @property
+    def speculations_adopted(self) -> int:
+        """Prepared replies this session used (for the metrics)."""
+        return self.speculation.adopted
 
     # ------------------------------------------------------------ transport-facing API
     def start(self) -> None:
@@ -444,32 +449,17 @@ class SessionRunner(SpeculativeTurns):
                 return
             self.core.on_speech_probabilities(probs, action.start_ms)
         elif isinstance(action, act.Speculate):
-            self._drop_speculation()
-            if self.model is not None:
-                spec = Speculation(action.spec_id, loop.create_future())
-                # the context as it is now, before the turn is committed; the transcript fills in later
-                spec.request = self.core.preview_request("")
-                spec.task = asyncio.create_task(self._speculate(spec, action.pcm16k))
-                self._spec = spec
+            self.speculation.start(action)
         elif isinstance(action, act.DropSpeculation):
-            if self._spec is not None and self._spec.spec_id == action.spec_id and not self._spec.adopted:
-                self._drop_speculation()
+            self.speculation.discard(action.spec_id)
         elif isinstance(action, act.Transcribe):
-            spec = self._spec
-            if spec is not None and action.spec_id == spec.spec_id:
-                self._spawn(self._reuse_transcript(action.item_id, spec))
-            else:
-                self._spawn(self._transcribe(action))
+            reuse = self.speculation.reuse_transcript(action)
+            self._spawn(reuse if reuse is not None else self._transcribe(action))
         elif isinstance(action, act.StartResponse):
-            spec = self._spec
-            if spec is not None and action.spec_id == spec.spec_id and spec.request is not None \
-                    and spec.transcript.done() and same_request(spec.request, action.request):
-                log.debug("session %s: adopting prepared reply (%d outputs held)", self.core.id, len(spec.held))
-                self._adopt(spec, action)
+            adopted = self.speculation.adopt(action)
+            if adopted is not None:
+                self._response_task = adopted.task
             else:
-                if spec is not None:
-                    log.debug("session %s: prepared reply does not match; starting afresh", self.core.id)
-                self._drop_speculation()
                 self._response_task = asyncio.create_task(self._respond(action))
         elif isinstance(action, act.CancelResponse):
             task = self._response_task
@@ -536,7 +526,7 @@ class SessionRunner(SpeculativeTurns):
         self.closed.set()
         if self._drain is not None and self._drain is not asyncio.current_task():
             self._drain.cancel()
-        self._drop_speculation()
+        self.speculation.drop()
         self.core.close()
         tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
         for task in tasks:

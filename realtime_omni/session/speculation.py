@@ -10,16 +10,17 @@ user speaks on, or anything differs, it is dropped and nothing of it reaches the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..engines.base import ThinkRequest
-from ..pipeline import ResponsePipeline, Sink
+from ..engines.base import ModelSession, ThinkRequest
+from ..observer import Observer
+from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from . import actions as act
-
-if TYPE_CHECKING:
-    from .runner import SessionRunner
+from .core import RealtimeSession
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +63,90 @@ class Speculation:
             self.transcript.cancel()
 
 
+class SpeculationHost(Protocol):
+    """What speculation reads of the session that owns it (the runner), read at each use."""
+
+    @property
+    def core(self) -> RealtimeSession: ...
+
+    @property
+    def model(self) -> ModelSession | None: ...
+
+    @property
+    def executor(self) -> concurrent.futures.Executor: ...
+
+    @property
+    def pipeline_settings(self) -> PipelineSettings: ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+    @property
+    def mailbox(self) -> asyncio.Queue[tuple[Any, ...]]: ...
+
+
 class SpeculativeTurns:
-    """The runner's side of speculation (mixed into :class:`~.runner.SessionRunner`)."""
+    """The runner's prepared replies: at most one at a time (composed into
+    :class:`~.runner.SessionRunner`, which performs the core's speculation actions through it)."""
 
-    _spec: Speculation | None
-    speculations_adopted: int
+    def __init__(self, host: SpeculationHost) -> None:
+        self._host = host
+        self.current: Speculation | None = None
+        #: prepared replies that became the real response
+        self.adopted = 0
 
-    def _drop_speculation(self: SessionRunner) -> None:
-        spec, self._spec = self._spec, None
+    def start(self, action: act.Speculate) -> None:
+        """Drop any prepared reply and prepare one for the audio heard so far."""
+        self.drop()
+        host = self._host
+        if host.model is not None:
+            spec = Speculation(action.spec_id, asyncio.get_running_loop().create_future())
+            # the context as it is now, before the turn is committed; the transcript fills in later
+            spec.request = host.core.preview_request("")
+            spec.task = asyncio.create_task(self._speculate(spec, action.pcm16k))
+            self.current = spec
+
+    def drop(self) -> None:
+        spec, self.current = self.current, None
         if spec is not None and not spec.adopted:
             spec.cancel()
 
-    async def _speculate(self: SessionRunner, spec: Speculation, pcm16k: Any) -> None:
+    def discard(self, spec_id: int) -> None:
+        """The user spoke on: drop that prepared reply unless it was adopted already."""
+        spec = self.current
+        if spec is not None and spec.spec_id == spec_id and not spec.adopted:
+            self.drop()
+
+    def reuse_transcript(self, action: act.Transcribe) -> Coroutine[Any, Any, None] | None:
+        """The prepared transcript's delivery for this turn; None when none was prepared for it."""
+        spec = self.current
+        if spec is not None and action.spec_id == spec.spec_id:
+            return self._reuse_transcript(action.item_id, spec)
+        return None
+
+    def adopt(self, action: act.StartResponse) -> Speculation | None:
+        """The prepared reply released as this response if it asks for the same; else None (and
+        whatever was prepared is dropped): the caller then runs the response afresh."""
+        spec = self.current
+        session_id = self._host.core.id
+        if spec is not None and action.spec_id == spec.spec_id and spec.request is not None \
+                and spec.transcript.done() and same_request(spec.request, action.request):
+            log.debug("session %s: adopting prepared reply (%d outputs held)", session_id, len(spec.held))
+            self._adopt(spec, action)
+            return spec
+        if spec is not None:
+            log.debug("session %s: prepared reply does not match; starting afresh", session_id)
+        self.drop()
+        return None
+
+    async def _speculate(self, spec: Speculation, pcm16k: Any) -> None:
         """Transcribe and run the whole pipeline now, holding every output until adoption."""
-        assert self.model is not None
+        host = self._host
+        model = host.model
+        assert model is not None
         loop = asyncio.get_running_loop()
         try:
-            text = await loop.run_in_executor(self.executor, self.model.transcribe, pcm16k)
+            text = await loop.run_in_executor(host.executor, model.transcribe, pcm16k)
         except Exception as exc:  # noqa: BLE001 - the real turn transcribes again
             spec.transcript.set_exception(exc)
             return
@@ -88,11 +156,11 @@ class SpeculativeTurns:
         spec.transcript.set_result(text)
 
         def current() -> bool:
-            return not request.cancelled.is_set() and (not spec.adopted or self.core.epoch == spec.epoch)
+            return not request.cancelled.is_set() and (not spec.adopted or host.core.epoch == spec.epoch)
 
         async def emit(*item: Any) -> None:
             if spec.adopted:
-                await self.mailbox.put((item[0], spec.response_id, spec.epoch, *item[1:]))
+                await host.mailbox.put((item[0], spec.response_id, spec.epoch, *item[1:]))
             else:
                 spec.held.append(item)
 
@@ -100,10 +168,10 @@ class SpeculativeTurns:
             text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c),
             call=lambda piece: emit("call", piece),
         )
-        pipeline = ResponsePipeline(self.model, self.core.model, self.executor, self.pipeline_settings, current,
-                                    self.observer)
+        pipeline = ResponsePipeline(model, host.core.model, host.executor, host.pipeline_settings, current,
+                                    host.observer)
         try:
-            status, reason = await pipeline.run(0, request, self.core.config.output_format, sink)
+            status, reason = await pipeline.run(0, request, host.core.config.output_format, sink)
             result: tuple[str, str | None, str | None] = (status, None, reason)
         except asyncio.CancelledError:
             request.cancelled.set()
@@ -112,25 +180,25 @@ class SpeculativeTurns:
             log.exception("prepared reply failed")
             result = ("failed", f"{type(exc).__name__}: {exc}", None)
         if spec.adopted:
-            await self.mailbox.put(("end", spec.response_id, spec.epoch, *result))
+            await host.mailbox.put(("end", spec.response_id, spec.epoch, *result))
         else:
             spec.finished = result
 
-    async def _reuse_transcript(self: SessionRunner, item_id: str, spec: Speculation) -> None:
+    async def _reuse_transcript(self, item_id: str, spec: Speculation) -> None:
         text, error = None, None
         try:
-            text = await asyncio.wait_for(asyncio.shield(spec.transcript), self.pipeline_settings.step_timeout_s)
+            text = await asyncio.wait_for(asyncio.shield(spec.transcript), self._host.pipeline_settings.step_timeout_s)
         except asyncio.CancelledError:
             if not spec.transcript.cancelled():
                 raise
             error = "transcription was cancelled"
         except Exception as exc:  # noqa: BLE001
             error = str(exc) or type(exc).__name__
-        await self.mailbox.put(("transcript", item_id, text, error))
+        await self._host.mailbox.put(("transcript", item_id, text, error))
 
-    def _adopt(self: SessionRunner, spec: Speculation, action: act.StartResponse) -> None:
+    def _adopt(self, spec: Speculation, action: act.StartResponse) -> None:
         """Release the held outputs under the real response (on the session task, in order)."""
-        core = self.core
+        core = self._host.core
         spec.response_id, spec.epoch = action.response_id, action.epoch
         for item in spec.held:
             kind, args = item[0], item[1:]
@@ -148,7 +216,5 @@ class SpeculativeTurns:
         # the response's own cancel path now reaches the prepared pipeline
         assert spec.request is not None  # adoption requires a matching prepared request
         action.request.cancelled = spec.request.cancelled
-        self._response_task = spec.task
-        self._spec = None
-        self.speculations_adopted += 1
-
+        self.current = None
+        self.adopted += 1

@@ -624,7 +624,7 @@ def test_serving_settings_come_from_the_environment(omni, monkeypatch):
     ``REALTIME_OMNI_OMNI_*``; a bad value is a clear error naming the variable's field."""
     from pydantic import ValidationError
 
-    from realtime_omni.engines.registry import resolve_builder
+    from realtime_omni.engines.builders import resolve_builder
 
     monkeypatch.setenv("REALTIME_OMNI_OMNI_FIRST_CHUNK_FRAMES", "3")
     monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "6")

@@ -1,7 +1,7 @@
 """Clients that flood, never read and vanish: every session still ends on idle, lifetime and
 dead-peer conditions, and SIGTERM drains within its deadline.
 
-A real server process on loopback, raw sockets (realtime_omni/bench/hostile.py); what is checked is what an
+A real server process on loopback, raw sockets (realtime_omni_bench/hostile.py); what is checked is what an
 operator sees: the live-session gauge of /metrics and how long the process takes to exit.
 """
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from realtime_omni.bench.hostile import RawClient, ServerProcess
+from realtime_omni_bench.hostile import RawClient, ServerProcess
 
 SESSIONS = "realtime_omni_sessions_active"
 #: session.update with this much instructions makes each session.updated reply as big

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from realtime_omni.bench.hostile import ServerProcess
+from realtime_omni_bench.hostile import ServerProcess
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 KIB = 1024

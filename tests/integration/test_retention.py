@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import websockets
 
-from realtime_omni.bench.telephony import SimulatedCarrier
+from realtime_omni_bench.telephony import SimulatedCarrier
 from realtime_omni.transports.twilio import STREAM_PATH
-from realtime_omni.bench.hostile import ServerProcess
+from realtime_omni_bench.hostile import ServerProcess
 from tests.server import ServerThread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

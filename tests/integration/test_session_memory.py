@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from realtime_omni.bench.hostile import ServerProcess
+from realtime_omni_bench.hostile import ServerProcess
 from tests.server import ServerThread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from realtime_omni.audio.resample import resample_once
-from realtime_omni.bench.telephony import trim_silence
+from realtime_omni_bench.telephony import trim_silence
 
 HAVE_FASTRTC = importlib.util.find_spec("fastrtc") is not None
 needs_fastrtc = pytest.mark.skipif(not HAVE_FASTRTC, reason="fastrtc is not installed (pip install 'realtime-omni[fastrtc]')")

@@ -1,6 +1,6 @@
 """The Twilio Media Streams bridge, end to end: a simulated carrier places real phone calls.
 
-The carrier (:class:`realtime_omni.bench.telephony.SimulatedCarrier`) speaks Twilio's wire protocol
+The carrier (:class:`realtime_omni_bench.telephony.SimulatedCarrier`) speaks Twilio's wire protocol
 over a real socket to a real server running the embedded models: caller speech is synthesized by
 Piper, resampled to 8 kHz and μ-law encoded, and sent in 20 ms frames at real-time pace; the reply
 is played back at real-time pace, marks are echoed as Twilio does, and the reply is checked by
@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from realtime_omni.audio import g711
-from realtime_omni.bench.telephony import SimulatedCarrier, to_ulaw8k, trim_silence
+from realtime_omni_bench.telephony import SimulatedCarrier, to_ulaw8k, trim_silence
 from realtime_omni.transports.twilio import STREAM_PATH, VOICE_PATH, CarrierPlayback, set_call_hook
 from realtime_omni.transports.twilio import messages as tw
 from tests.helpers import assert_valid_server_event

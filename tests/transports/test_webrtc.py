@@ -20,7 +20,7 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from realtime_omni.engines.registry import ModelRegistry
-from realtime_omni.transports.webrtc.client import WebRTCClient
+from realtime_omni_bench.webrtc_client import WebRTCClient
 
 from ..helpers import assert_valid_server_event
 from ..server import ServerThread
@@ -189,7 +189,7 @@ async def test_hangup_and_peer_loss_release_everything(echo_server) -> None:
     # 4. abrupt loss: the client process is killed mid-call (no DTLS close, no hang-up)
     script = textwrap.dedent(f"""
         import asyncio, sys
-        from realtime_omni.transports.webrtc.client import WebRTCClient
+        from realtime_omni_bench.webrtc_client import WebRTCClient
         async def main():
             c = WebRTCClient({echo_server.http!r}, model="echo", session={NO_VAD!r})
             await c.connect()

@@ -55,7 +55,7 @@ from .talker_qwen25 import Qwen25Stream
 from .talker_stream import CodeChunk, TalkerSettings, TalkerStream
 
 if TYPE_CHECKING:
-    from .batching.stages import SessionRows
+    from .batching.rows import SessionRows
 
 __all__ = ["CodeChunk", "OmniTalker", "TalkerSettings"]
 

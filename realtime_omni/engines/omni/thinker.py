@@ -45,7 +45,7 @@ from .thinker_prefill import ThinkerPrefill
 
 if TYPE_CHECKING:
     from .batching.batcher import Lookahead
-    from .batching.stages import Rows
+    from .batching.rows import Rows
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ def worker_main(
     threading.Thread(target=_watch_parent, args=(parent_pid, host), name="parent-watch", daemon=True).start()
     try:
         if builder is None:
-            from ..registry import resolve_builder
+            from ..builders import resolve_builder
 
             builder = resolve_builder(name)
         model = builder()

@@ -4,6 +4,7 @@
   view the batched step attends through;
 * ``batcher.py``: the loop that gathers the pending step of every session into one forward pass
   (CUDA graph per batch-size bucket);
+* ``rows.py``: what a session holds of each stage (:class:`~.rows.SessionRows`);
 * ``stages.py``: the thinker, talker and Qwen3 code-predictor steps over rows, and
   :class:`OmniBatching`, which owns them for one loaded model.
 """

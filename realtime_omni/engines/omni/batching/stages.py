@@ -13,7 +13,6 @@ tokens (the tests compare them).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from ..loader import LoadedOmni
@@ -23,30 +22,11 @@ from ..talker_stream import CodeSampling, TalkerSettings
 from ..thinker import TalkerReads, ThinkerSettings, thinker_sampling
 from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
-from .talker_frames import FusedTalker, pick_codes
+from .rows import Rows, SessionRows
 from .slots import SlotPool, SlotsFull
+from .talker_frames import FusedTalker, pick_codes
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """What one stage gives a session: its batcher, and its pool and slot."""
-
-    batcher: StepBatcher
-    pool: SlotPool | None = None
-    slot: int | None = None
-    prefill: PrefillBatcher | None = None
-    #: the stage's per-slot state (the thinker's tokens, the fused talker's frame state)
-    state: Any = None
-    #: steps a session keeps queued ahead on this stage (see ``batcher.Lookahead``)
-    lookahead: int = 1
-
-
-@dataclass(frozen=True)
-class SessionRows:
-    thinker: Rows
-    talker: Rows
 
 
 def _positions(pos: Any) -> Any:

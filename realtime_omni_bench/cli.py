@@ -4,8 +4,8 @@ Each benchmark is a module with ``add_arguments(parser)`` and ``main(args) -> in
 :data:`BENCHMARKS` and imported only when run. Add one (``webrtc``, ``telephony``, ...) by adding
 an entry here, or from elsewhere before the CLI is built::
 
-    from realtime_omni.bench.cli import register
-    register("webrtc", "realtime_omni.bench.webrtc", "concurrent WebRTC calls ...")
+    from realtime_omni_bench.cli import register
+    register("webrtc", "realtime_omni_bench.webrtc", "concurrent WebRTC calls ...")
 
 Every benchmark gets the common options: ``--url`` (a running server; default: start one on a
 free port and stop it after), ``--out`` (report folder), ``--name`` (report file stem) and
@@ -30,16 +30,16 @@ class Benchmark:
 
 BENCHMARKS: dict[str, Benchmark] = {
     "latency": Benchmark(
-        "realtime_omni.bench.latency",
+        "realtime_omni_bench.latency",
         "spoken turns over the openai SDK: end of speech → first audio, barge-in stop time",
     ),
     "capacity": Benchmark(
-        "realtime_omni.bench.capacity",
+        "realtime_omni_bench.capacity",
         "N concurrent real-time echo sessions: added latency, missing audio, server CPU per session",
         server_cpus="0",
     ),
-    "webrtc": Benchmark("realtime_omni.bench.webrtc", "concurrent WebRTC echo calls (round trip, CPU/call) and first audio over WebRTC", server_cpus="0"),
-    "telephony": Benchmark("realtime_omni.bench.telephony", "phone calls over the Twilio Media Streams bridge (8 kHz μ-law): end of speech → first audio, barge-in clear"),
+    "webrtc": Benchmark("realtime_omni_bench.webrtc", "concurrent WebRTC echo calls (round trip, CPU/call) and first audio over WebRTC", server_cpus="0"),
+    "telephony": Benchmark("realtime_omni_bench.telephony", "phone calls over the Twilio Media Streams bridge (8 kHz μ-law): end of speech → first audio, barge-in clear"),
 }
 
 

@@ -63,7 +63,7 @@ INTERRUPTIONS = (
 def _load_tts(threads: int = 1):  # type: ignore[no-untyped-def]
     """The embedded talker's Piper voice, or the ``piper`` package with the joe voice directly."""
     try:
-        from ..engines.embedded.tts_piper import PiperTTS
+        from realtime_omni.engines.embedded.tts_piper import PiperTTS
 
         tts = PiperTTS(threads=threads)
         return tts.synthesize, tts.sample_rate

@@ -22,8 +22,8 @@ from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame
 
-from .ice import gather_on, rtc_ice_servers
-from .tracks import frame_to_mono
+from realtime_omni.transports.webrtc.ice import gather_on, rtc_ice_servers
+from realtime_omni.transports.webrtc.tracks import frame_to_mono
 
 RATE = 48_000
 FRAME = 960

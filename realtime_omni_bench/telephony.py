@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import g711
-from ..audio.resample import resample_once
+from realtime_omni.audio import g711
+from realtime_omni.audio.resample import resample_once
+
 from .report import Report, command_line, summarize, write_report
 
 FRAME_BYTES = 160
@@ -319,9 +320,9 @@ class InProcessServer:
     the bridge's calls and see the end-of-turn decision Twilio's wire does not carry."""
 
     def __init__(self, models: list[str], hook: Callable[[Any], Any] | None) -> None:
-        from ..engines.registry import ModelRegistry
-        from ..server_thread import ServerThread
-        from ..transports.twilio import set_call_hook
+        from realtime_omni.engines.registry import ModelRegistry
+        from realtime_omni.server_thread import ServerThread
+        from realtime_omni.transports.twilio import set_call_hook
 
         self.registry = ModelRegistry()
         self.registry.load(models)
@@ -365,7 +366,7 @@ class _Timeline:
 
 def synthesize(texts: list[str]) -> dict[str, bytes]:
     """Caller utterances: Piper (the embedded voice) → trimmed → 8 kHz μ-law."""
-    from ..engines.embedded.tts_piper import PiperTTS
+    from realtime_omni.engines.embedded.tts_piper import PiperTTS
 
     tts = PiperTTS(threads=1)
     out = {}

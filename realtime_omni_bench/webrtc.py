@@ -100,7 +100,7 @@ class BurstProbe:
 
 
 async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None) -> Any:
-    from ..transports.webrtc.client import PcmSource, WebRTCClient
+    from .webrtc_client import PcmSource, WebRTCClient
 
     client = WebRTCClient(url.http, model="echo", session=NO_VAD, jitter_prefetch=prefetch, keep_audio_s=0.1,
                           on_frame_sent=probe.on_sent, on_frame_received=probe.on_received)
@@ -206,8 +206,8 @@ QUESTIONS = (
 
 
 def _say(texts: list[str]) -> list[np.ndarray]:
-    from ..audio.resample import resample_once
-    from ..engines.embedded.tts_piper import PiperTTS
+    from realtime_omni.audio.resample import resample_once
+    from realtime_omni.engines.embedded.tts_piper import PiperTTS
 
     tts = PiperTTS(threads=1)
     out = []
@@ -218,7 +218,7 @@ def _say(texts: list[str]) -> list[np.ndarray]:
 
 
 async def run_turns(url: ServerURL, model: str, turns: int, prefetch: int | None, log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    from ..transports.webrtc.client import WebRTCClient
+    from .webrtc_client import WebRTCClient
 
     speech = _say([QUESTIONS[i % len(QUESTIONS)] for i in range(turns)])
     frames: list[tuple[float, float]] = []  # (arrival, rms) of received frames

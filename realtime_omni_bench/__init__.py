@@ -1,8 +1,8 @@
 """``realtime-omni bench``: reproducible benchmarks of a running (or self-started) server.
 
 Sub-benchmarks live in their own modules (``latency``, ``capacity``; others register in
-:data:`realtime_omni.bench.cli.BENCHMARKS`) and write their reports through
-:mod:`realtime_omni.bench.report` under ``docs/benchmarks/`` by default.
+:data:`realtime_omni_bench.cli.BENCHMARKS`) and write their reports through
+:mod:`realtime_omni_bench.report` under ``docs/benchmarks/`` by default.
 
 This module holds what they share: starting a server subprocess on a free port (optionally
 pinned to some CPUs), reading its CPU time from ``/proc``, and URL helpers.
@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from ..server_thread import free_port
+from realtime_omni.server_thread import free_port
 
 __all__ = [
     "ServerProcess",

@@ -23,7 +23,7 @@ from pathlib import Path
 from realtime_omni.server_thread import free_port
 
 #: the folder holding this copy of the package: the server process imports the same code
-REPO = Path(__file__).resolve().parent.parent.parent
+REPO = Path(__file__).resolve().parent.parent
 
 
 class RawClient:

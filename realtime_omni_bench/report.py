@@ -33,7 +33,7 @@ INDEX_HEADER = """# Benchmarks
 Reports written by `realtime-omni bench <name>`. Each report has a JSON file (raw samples,
 p50/p95/p99 summary, machine, git commit, date and the exact command), a markdown page and a plot.
 This index is regenerated from the JSON files present whenever a benchmark writes a report
-(or by `python -m realtime_omni.bench.report docs/benchmarks`).
+(or by `python -m realtime_omni_bench.report docs/benchmarks`).
 
 """
 
