@@ -174,6 +174,17 @@ def test_settings_reach_the_batching(tmp_path, monkeypatch):
     monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "-1")
     with pytest.raises(ValueError):
         OmniSettings()
+    monkeypatch.delenv("REALTIME_OMNI_OMNI_MAX_SESSIONS")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS", "5")
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_TALKER_MAX_FRAMES", "300")
+    kwargs = OmniSettings().model_kwargs()
+    assert kwargs["lookahead_steps"] == 5 and kwargs["talker_max_new_tokens"] == 300
+    for name, bad in (("LOOKAHEAD_STEPS", "0"), ("LOOKAHEAD_STEPS", "10000"), ("TALKER_MAX_FRAMES", "0"),
+                      ("RANDOM_WEIGHTS", "perhaps")):
+        monkeypatch.setenv(f"REALTIME_OMNI_OMNI_{name}", bad)
+        with pytest.raises(ValueError):
+            OmniSettings()
+        monkeypatch.delenv(f"REALTIME_OMNI_OMNI_{name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,8 +324,8 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
     (whatever else the batch holds; whether another seed changes the codes depends on how peaked
     the tiny model's distributions are, so that is checked on the picking function above)."""
     save_checkpoint("qwen3_omni_moe", tmp_path)
-    model = OmniModel(tmp_path, device="cpu", dtype="float32", talker_do_sample=True, seed=0,
-                      talker_max_new_tokens=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"])
+    model = OmniModel(tmp_path, device="cpu", dtype="float32", thinker_do_sample=True, talker_do_sample=True,
+                      seed=0, talker_max_new_tokens=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"])
     model.load()
     try:
         runs = []
@@ -322,11 +333,14 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
             model.seed = seed
             session = model.open_session()
             try:
-                _, chunks, _, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=6))
+                outputs, chunks, _, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=6))
             finally:
                 session.close()
-            runs.append([c.codes.codes.tolist() for c in chunks if c.codes is not None])
-        assert runs[0] and runs[0] == runs[1]
+            # the thinker's tokens after the first are drawn on the device, in the batched step
+            tokens = [o.hidden.token_id for o in outputs if o.hidden.token_id is not None and o.hidden.token_id >= 0]
+            assert len(tokens) >= 2 and all(0 <= t < model.loaded.thinker.lm_head.weight.shape[0] for t in tokens)
+            runs.append((tokens, [c.codes.codes.tolist() for c in chunks if c.codes is not None]))
+        assert runs[0][1] and runs[0] == runs[1]
     finally:
         model.close()
 
