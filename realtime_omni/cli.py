@@ -33,6 +33,7 @@ examples:
   realtime-omni serve --port 9000
   realtime-omni serve --model echo --session-store none
   realtime-omni serve --model omni:/models/Qwen3-Omni-30B-A3B --max-sessions 32
+  realtime-omni serve --model embedded --ray auto   (workers on the Ray cluster this host is in)
 """
 
 
@@ -53,6 +54,8 @@ SERVE_OPTIONS = (
     _Option("--model", "models", "model to load, repeatable (the first is the default): embedded, echo, or "
             "omni:<checkpoint dir> (Qwen2.5-Omni / Qwen3-Omni)", repeat=True, metavar="NAME"),
     _Option("--log-level", "log_level", "how much the server logs", choices=("debug", "info", "warning", "error")),
+    _Option("--ray", "ray_address", "run model workers as actors on this Ray cluster (auto, host:port or "
+            "ray://host:port), placed by free capacity; none: a local worker process", metavar="ADDRESS"),
     _Option("--max-sessions", "max_sessions", "concurrent sessions; more are refused (WebSocket close 1013)", int,
             metavar="N"),
     _Option("--output-lead-ms", "output_lead_ms", "send reply audio at most this far ahead of real time; -1: unpaced",
