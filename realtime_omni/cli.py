@@ -132,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["isolate_models"] = args.isolate_models
     overrides["store_transcripts"] = args.store_transcripts
     settings = ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    problem = _model_problem(settings.models)
+    problem = _model_problem(settings.models) or _ray_problem(settings.ray_address)
     if problem:  # one sentence, before the server starts, instead of a startup traceback
         return _fail(problem)
     try:  # bound before anything loads, so a taken port is reported before "ready", not after
@@ -141,6 +141,15 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(_bind_problem(settings.host, settings.port, exc))
     settings.port = int(sock.getsockname()[1])
     return _run(settings, sock)
+
+
+def _ray_problem(address: str | None) -> str | None:
+    """--ray without Ray installed: one sentence instead of a traceback at model load."""
+    import importlib.util
+
+    if address and importlib.util.find_spec("ray") is None:
+        return "--ray needs Ray in this environment: pip install 'realtime-omni[ray]'"
+    return None
 
 
 def _run(settings: ServerSettings, sock: socket.socket) -> int:
