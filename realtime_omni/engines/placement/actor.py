@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import threading
 import time
 import traceback
@@ -30,8 +31,20 @@ from ..worker.process import WorkerHost, session_traits
 
 log = logging.getLogger(__name__)
 
-#: messages of a streamed call (first element of each item the generator yields)
-ITEM, END, ERROR = "item", "end", "error"
+#: messages of a streamed call (first element of each item the generator yields); ITEM only
+#: travels inside the actor, between the engine's thread and the generator
+ITEM, ITEMS, END, ERROR = "item", "items", "end", "error"
+
+
+def _put(q: queue.Queue[tuple[Any, ...]], msg: tuple[Any, ...], cancelled: threading.Event | None) -> bool:
+    """Put into a bounded queue, giving up (False) when ``cancelled`` is set meanwhile."""
+    while True:
+        try:
+            q.put(msg, timeout=0.05)
+            return True
+        except queue.Full:
+            if cancelled is not None and cancelled.is_set():
+                return False
 
 
 class ModelWorker:
@@ -87,29 +100,58 @@ class ModelWorker:
         except BaseException as exc:  # noqa: BLE001 - every failure goes back to its caller
             return False, p.pack_exception(exc), traceback.format_exc()
 
-    def stream(self, stream_id: str, key: str, method: str, blob: bytes) -> Iterator[tuple[Any, ...]]:
-        """A streaming generator: ``(ITEM, blob)*`` then ``(END,)`` or ``(ERROR, exc, tb)``."""
+    def stream(self, stream_id: str, key: str, method: str, blob: bytes,
+               window: int = 8) -> Iterator[tuple[Any, ...]]:
+        """A streaming generator: ``(ITEMS, [blob, ...])*`` then ``(END,)`` or ``(ERROR, exc, tb)``.
+
+        The engine runs in a thread of its own ahead of this generator by at most ``window``
+        items; each yield carries every item made since the last one, so a consumer that keeps
+        up gets one item per object and one that falls behind catches up in larger objects (a
+        Ray object costs about as much CPU whatever its size, measured at ~1.4 ms)."""
         cancelled = threading.Event()
         with self._lock:
             self._streams[stream_id] = cancelled
-        items: Iterator[Any] | None = None
+        made: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=max(1, window))
+
+        def produce() -> None:
+            items: Iterator[Any] | None = None
+            try:
+                items = self.host.stream_items(key, method, p.loads(blob), cancelled)
+                for item in items:
+                    if cancelled.is_set() or not _put(made, (ITEM, p.dumps(item)), cancelled):
+                        break
+                final: tuple[Any, ...] = (END,)
+            except BaseException as exc:  # noqa: BLE001
+                final = (ERROR, p.pack_exception(exc), traceback.format_exc())
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        close()
+            _put(made, final, None)
+
+        producer = threading.Thread(target=produce, name=f"stream-{stream_id[:8]}", daemon=True)
+        producer.start()
         try:
-            items = self.host.stream_items(key, method, p.loads(blob), cancelled)
-            for item in items:
-                if cancelled.is_set():
-                    break
-                yield (ITEM, p.dumps(item))
-            final: tuple[Any, ...] = (END,)
-        except BaseException as exc:  # noqa: BLE001
-            final = (ERROR, p.pack_exception(exc), traceback.format_exc())
+            while True:
+                batch: list[bytes] = []
+                msg = made.get()
+                while True:
+                    if msg[0] != ITEM:
+                        if batch:
+                            yield (ITEMS, batch)
+                        yield msg
+                        return
+                    batch.append(msg[1])
+                    try:
+                        msg = made.get_nowait()
+                    except queue.Empty:
+                        break
+                yield (ITEMS, batch)
         finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    close()
+            cancelled.set()  # the consumer went away (or the stream ended): stop the engine
             with self._lock:
                 self._streams.pop(stream_id, None)
-        yield final
 
     def cancel(self, stream_id: str) -> None:
         """Stop a streamed call at the engine's next step (engines poll their cancel Event)."""
@@ -117,6 +159,11 @@ class ModelWorker:
             event = self._streams.get(stream_id)
         if event is not None:
             event.set()
+
+    def open_streams(self) -> int:
+        """Streamed calls running here now (tests: a cancelled reply must stop its engine)."""
+        with self._lock:
+            return len(self._streams)
 
     def ping(self) -> int:
         return os.getpid()

@@ -51,12 +51,15 @@ from ..base import (
 )
 from ..worker import protocol as p
 from ..worker.protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
-from .actor import END, ITEM, ModelWorker
+from .actor import END, ITEMS, ModelWorker
 
 log = logging.getLogger(__name__)
 
-#: how often a waiting stream consumer looks at its ``cancelled`` Event
+#: how often the gateway's cancel watcher looks at the ``cancelled`` Event of every open stream
 CANCEL_POLL_S = 0.02
+#: how long a stream consumer blocks for the next object before it looks around (a shorter wait
+#: costs CPU per stream: waking 32 consumers every 20 ms made p99 chunk lateness 185 ms vs 27 ms)
+STREAM_WAIT_S = 0.25
 #: concurrent calls one worker actor runs (streams hold a thread each while they run)
 ACTOR_CONCURRENCY = 256
 
@@ -135,6 +138,9 @@ class RayModel(VoiceModel):
         self._traits: p.Traits | None = None
         self._vad: Any = None
         self._actor_cls: Any = None
+        #: open streams: id → (the pipeline's cancel Event, worker); the watcher tells the worker
+        self._cancels: dict[str, tuple[threading.Event, Worker]] = {}
+        self._watcher: threading.Thread | None = None
         #: sessions moved to another worker after theirs died (context rebuilt there)
         self.replacements = 0
         #: worker actors started again after one died
@@ -392,17 +398,16 @@ class RayModel(VoiceModel):
         stream_id = uuid.uuid4().hex
         gen = worker.handle.stream.options(
             num_returns="streaming", _generator_backpressure_num_objects=self.stream_window,
-        ).remote(stream_id, session.key, method, p.dumps(args))
+        ).remote(stream_id, session.key, method, p.dumps(args), self.stream_window)
+        self._watch_cancel(stream_id, cancelled, worker)
         cancel_deadline: float | None = None
         finished = False
         try:
             while True:
                 if cancel_deadline is None and cancelled.is_set():
-                    with contextlib.suppress(Exception):
-                        worker.handle.cancel.remote(stream_id)
-                    cancel_deadline = time.monotonic() + self.cancel_grace_s
+                    cancel_deadline = time.monotonic() + self.cancel_grace_s  # the watcher told the worker
                 try:
-                    ref = gen._next_sync(timeout_s=CANCEL_POLL_S)
+                    ref = gen._next_sync(timeout_s=STREAM_WAIT_S)
                 except StopIteration:
                     finished = True
                     raise self._lost(worker) from None  # ended without END: the actor went away
@@ -419,9 +424,11 @@ class RayModel(VoiceModel):
                 except ray.exceptions.RayActorError as exc:
                     raise self._lost(worker, exc) from exc
                 kind = msg[0]
-                if kind == ITEM:
-                    if cancel_deadline is None:
-                        yield p.loads(msg[1])
+                if kind == ITEMS:
+                    for item in msg[1]:
+                        if cancel_deadline is not None or cancelled.is_set():
+                            break  # made before the worker saw the cancel
+                        yield p.loads(item)
                 elif kind == END:
                     finished = True
                     return
@@ -429,9 +436,31 @@ class RayModel(VoiceModel):
                     finished = True
                     raise p.unpack_exception(msg[1], msg[2])
         finally:
+            with self._lock:
+                self._cancels.pop(stream_id, None)
             if not finished:
                 with contextlib.suppress(Exception):
                     worker.handle.cancel.remote(stream_id)
+
+    def _watch_cancel(self, stream_id: str, cancelled: threading.Event, worker: Worker) -> None:
+        with self._lock:
+            self._cancels[stream_id] = (cancelled, worker)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._cancel_watcher, name=f"ray-{self.name}-cancels",
+                                                 daemon=True)
+                self._watcher.start()
+
+    def _cancel_watcher(self) -> None:
+        """One thread for all streams: a cancelled response's worker is told within ~20 ms (its
+        generator then ends, which wakes the consumer), without every consumer polling."""
+        while not self._closing.wait(CANCEL_POLL_S):
+            with self._lock:
+                due = [(sid, w) for sid, (ev, w) in self._cancels.items() if ev.is_set()]
+                for sid, _w in due:
+                    del self._cancels[sid]
+            for sid, worker in due:
+                with contextlib.suppress(Exception):
+                    worker.handle.cancel.remote(sid)
 
 
 class RaySession(ModelSession):
