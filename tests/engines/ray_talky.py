@@ -28,8 +28,11 @@ WORD_S = 0.03
 
 
 class TalkySession(ModelSession):
-    def __init__(self) -> None:
+    def __init__(self, word_s: float = WORD_S, chunk_ms: int = 100, chunks: int = 1) -> None:
         self.turns = 0
+        self.word_s = word_s
+        self.chunk_ms = chunk_ms
+        self.chunks = chunks
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self.turns += 1
@@ -38,25 +41,38 @@ class TalkySession(ModelSession):
         for index in range(request.max_output_tokens or 16):
             if request.cancelled.is_set():
                 return
-            time.sleep(WORD_S)
+            time.sleep(self.word_s)
             yield ThinkerOutput(text=f"w{index} ")
 
     def talk(self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event,
              final: bool) -> Iterator[TalkerOutput]:
+        """``chunks`` pieces of ``chunk_ms`` of tone, paced in real time after the first."""
         text = "".join(o.text for o in segment)
-        tone = (3000 * np.sin(np.arange(2400) * 2 * np.pi * 440 / 24_000)).astype(np.int16)
-        yield TalkerOutput(audio=tone, text=text, final=final)
+        n = 24 * self.chunk_ms
+        tone = (3000 * np.sin(np.arange(n) * 2 * np.pi * 440 / 24_000)).astype(np.int16)
+        started = time.monotonic()
+        for index in range(self.chunks):
+            if cancelled.is_set():
+                return
+            delay = started + index * self.chunk_ms / 1000 - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            last = index == self.chunks - 1
+            yield TalkerOutput(audio=tone, text=text if index == 0 else "", final=final and last)
 
 
 class TalkyModel(VoiceModel):
-    info = ModelInfo(id="talky", capabilities=frozenset({"text_in", "text_out", "audio_out"}),
-                     max_sessions=MAX_SESSIONS)
+    def __init__(self, max_sessions: int | None = MAX_SESSIONS, word_s: float = WORD_S, chunk_ms: int = 100,
+                 chunks: int = 1) -> None:
+        self.info = ModelInfo(id="talky", capabilities=frozenset({"text_in", "text_out", "audio_out"}),
+                              max_sessions=max_sessions)
+        self.session_args = (word_s, chunk_ms, chunks)
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         progress("talky: nothing to load")
 
     def open_session(self) -> TalkySession:
-        return TalkySession()
+        return TalkySession(*self.session_args)
 
 
 def build() -> VoiceModel:

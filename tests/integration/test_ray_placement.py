@@ -126,6 +126,31 @@ async def test_a_full_cluster_refuses_with_session_limit_reached(served):
     await ws.close()
 
 
+async def test_a_cancelled_reply_stops_on_its_worker(served):
+    srv, registry = served
+    talky = registry.get("talky")
+    ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=talky")
+    await recv(ws)
+    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
+    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "talk for a while"}]}}))
+    await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 300}}))
+    await until(ws, "response.output_text.delta")
+    cancelled_at = time.monotonic()
+    await ws.send(json.dumps({"type": "response.cancel"}))
+    done, _ = await until(ws, "response.done", timeout=5.0)
+    assert done["response"]["status"] == "cancelled" and time.monotonic() - cancelled_at < 1.0
+
+    def streams_open() -> int:
+        return sum(ray.get(w.handle.open_streams.remote(), timeout=10) for w in talky.workers if not w.dead)
+
+    deadline = time.monotonic() + 2.0  # 300 words would take 9 s: the engine was told to stop
+    while time.monotonic() < deadline and streams_open():
+        await asyncio.sleep(0.05)
+    assert streams_open() == 0
+    await ws.close()
+
+
 async def test_a_worker_killed_mid_turn_fails_the_reply_within_2_s_and_another_worker_answers(served):
     srv, registry = served
     talky = registry.get("talky")
