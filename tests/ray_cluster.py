@@ -35,7 +35,9 @@ LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 
 
 @contextlib.contextmanager
-def loopback_cluster(worker_nodes: int = 2) -> Iterator[Cluster]:
+def loopback_cluster(worker_nodes: int = 2, cpus_per_node: int = 2) -> Iterator[Cluster]:
+    """A CPU-less head and ``worker_nodes`` nodes of ``cpus_per_node`` logical CPUs each (a CPU
+    model's worker actor takes one: two models need two, or the second one's actors wait)."""
     env = {
         **ENV,
         # actor processes import this checkout (and tests.*), not whatever is installed
@@ -50,7 +52,7 @@ def loopback_cluster(worker_nodes: int = 2) -> Iterator[Cluster]:
             "node_ip_address": "127.0.0.1",
         })
         for index in range(worker_nodes):
-            cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20,
+            cluster.add_node(num_cpus=cpus_per_node, node_ip_address="127.0.0.1", object_store_memory=80 * 2**20,
                              resources={f"worker_{index}": 1})
         ray.init(address=cluster.address, _node_ip_address="127.0.0.1", namespace="realtime_omni_tests",
                  log_to_driver=False)

@@ -14,11 +14,12 @@ import json
 import os
 import signal
 import time
+import wave
 
 import pytest
 import websockets
 
-from tests.ray_cluster import listening_outside_loopback, loopback_cluster, ray  # noqa: F401 (skips without ray)
+from tests.ray_cluster import REPO, listening_outside_loopback, loopback_cluster, ray  # noqa: F401 (skips without ray)
 from realtime_omni.engines.registry import ModelRegistry
 from tests.engines import ray_talky
 from tests.server import ServerThread
@@ -148,6 +149,39 @@ async def test_a_cancelled_reply_stops_on_its_worker(served):
     while time.monotonic() < deadline and streams_open():
         await asyncio.sleep(0.05)
     assert streams_open() == 0
+    await ws.close()
+
+
+@pytest.fixture(scope="module")
+def embedded(cluster):
+    pytest.importorskip("faster_whisper", reason="the embedded engine is an optional extra")
+    registry = ModelRegistry()
+    registry.load(["embedded"], ray_address=cluster.address)  # ~7 s for two workers on 2 cores
+    with ServerThread(registry) as srv:
+        yield srv, registry
+    registry.close()
+
+
+async def test_a_spoken_turn_to_the_embedded_model_on_ray_with_the_vad_in_the_gateway(embedded):
+    srv, registry = embedded
+    model = registry.get("embedded")
+    assert model._vad is not None, "Silero runs in the gateway: no actor call per audio frame"
+    with wave.open(str(REPO / "media" / "question.wav"), "rb") as wav:
+        assert wav.getframerate() == 24_000
+        pcm = wav.readframes(wav.getnframes()) + b"\0\0" * 24_000  # then 1 s of silence
+    ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=embedded")
+    await recv(ws)
+    await ws.send(json.dumps({"type": "session.update", "session": {
+        "type": "realtime", "max_output_tokens": 24, "audio": {"input": {"transcription": {"model": "whisper-1"}}}}}))
+    for start in range(0, len(pcm), 1920):  # 40 ms of 24 kHz pcm16 per event
+        await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                  "audio": base64.b64encode(pcm[start:start + 1920]).decode()}))
+    done, seen = await until(ws, "response.done", timeout=60.0)
+    kinds = [e["type"] for e in seen]
+    assert "input_audio_buffer.speech_stopped" in kinds and "response.output_audio.delta" in kinds, kinds
+    assert done["response"]["status"] in ("completed", "incomplete"), done
+    transcripts = [e["transcript"] for e in seen if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert transcripts and "france" in transcripts[0].lower(), kinds
     await ws.close()
 
 
