@@ -286,7 +286,15 @@ class RayModel(VoiceModel):
     def _await(self, worker: Worker) -> None:
         """Wait (bounded: an actor whose resources are taken waits forever) until it is loaded."""
         ray = _ray()
-        described = ray.get(worker.handle.describe.remote(), timeout=self.load_timeout_s)
+        ref = worker.handle.describe.remote()
+        deadline = time.monotonic() + self.load_timeout_s
+        while not ray.wait([ref], timeout=min(15.0, max(0.0, deadline - time.monotonic())))[0]:
+            if time.monotonic() >= deadline:
+                raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not start within "
+                                        f"{self.load_timeout_s:.0f} s (its node's {worker.resources} taken?)")
+            log.warning("model %s: worker %s on node %s not up yet: still loading, or waiting for %s on that node",
+                        self.name, worker.worker_id, worker.node_id[:8], worker.resources)
+        described = ray.get(ref, timeout=self.call_timeout_s)
         worker.info = p.loads(described["info"])
         worker.traits = described["traits"]
         worker.pid = described["pid"]
