@@ -209,7 +209,8 @@ class RayModel(VoiceModel):
         return session
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """The workers' engine counters summed, plus ``placement``: workers, sessions, moves."""
+        """The live workers' engine counters, summed (``placement()``, ``replacements`` and
+        ``restarts`` tell where the sessions are)."""
         ray = _ray()
         totals: dict[str, dict[str, float]] = {}
         with self._lock:
@@ -223,8 +224,6 @@ class RayModel(VoiceModel):
                         bucket = totals.setdefault(group, {})
                         for k, v in values.items():
                             bucket[k] = bucket.get(k, 0.0) + float(v)
-        totals["placement"] = {"workers": float(len(workers)), "sessions": float(sum(w.live for w in workers)),
-                               "replacements": float(self.replacements), "restarts": float(self.restarts)}
         return totals
 
     def close(self) -> None:
