@@ -3,7 +3,8 @@
 Sessions reach the workers through a real server and real WebSocket clients: they spread by free
 capacity, a full cluster refuses with ``session_limit_reached``, and a worker actor killed
 mid-turn fails the response within 2 s while the next turn is answered by another worker.
-The whole file takes about 20 s (one cluster for all tests); it skips when Ray is not installed.
+The whole file takes about 30 s on 2 cores (one cluster for all tests; the embedded model loads
+in ~6 s of it); it skips when Ray is not installed.
 """
 
 from __future__ import annotations
