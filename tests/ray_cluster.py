@@ -7,6 +7,7 @@ off. The head has no CPU, so model workers land on the worker nodes only.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ipaddress
 import os
@@ -20,6 +21,7 @@ import pytest
 
 # Ray reads some of these when it is imported: set them first. One temp folder per test run.
 _TMP = tempfile.mkdtemp(prefix="ray-")
+atexit.register(shutil.rmtree, _TMP, True)
 ENV = {
     "RAY_TMPDIR": _TMP,
     "RAY_USAGE_STATS_ENABLED": "0",
