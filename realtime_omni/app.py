@@ -118,7 +118,8 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         reg = registry
         if reg is None:
             reg = ModelRegistry()
-            await asyncio.to_thread(reg.load, settings.models, None, settings.isolate_models)
+            await asyncio.to_thread(reg.load, settings.models, None, settings.isolate_models,
+                                    settings.ray_address)
         reg.aliases = dict(settings.model_aliases)
         reg.check_aliases()
         limits = RunnerLimits(

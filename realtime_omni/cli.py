@@ -33,6 +33,7 @@ examples:
   realtime-omni serve --port 9000
   realtime-omni serve --model echo --session-store none
   realtime-omni serve --model omni:/models/Qwen3-Omni-30B-A3B --max-sessions 32
+  realtime-omni serve --model embedded --ray auto   (workers on the Ray cluster this host is in)
 """
 
 
@@ -53,6 +54,8 @@ SERVE_OPTIONS = (
     _Option("--model", "models", "model to load, repeatable (the first is the default): embedded, echo, or "
             "omni:<checkpoint dir> (Qwen2.5-Omni / Qwen3-Omni)", repeat=True, metavar="NAME"),
     _Option("--log-level", "log_level", "how much the server logs", choices=("debug", "info", "warning", "error")),
+    _Option("--ray", "ray_address", "run model workers as actors on this Ray cluster (auto, host:port or "
+            "ray://host:port), placed by free capacity; none: a local worker process", metavar="ADDRESS"),
     _Option("--max-sessions", "max_sessions", "concurrent sessions; more are refused (WebSocket close 1013)", int,
             metavar="N"),
     _Option("--output-lead-ms", "output_lead_ms", "send reply audio at most this far ahead of real time; -1: unpaced",
@@ -129,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
     overrides["isolate_models"] = args.isolate_models
     overrides["store_transcripts"] = args.store_transcripts
     settings = ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    problem = _model_problem(settings.models)
+    problem = _model_problem(settings.models) or _ray_problem(settings.ray_address)
     if problem:  # one sentence, before the server starts, instead of a startup traceback
         return _fail(problem)
     try:  # bound before anything loads, so a taken port is reported before "ready", not after
@@ -138,6 +141,15 @@ def _serve(args: argparse.Namespace) -> int:
         return _fail(_bind_problem(settings.host, settings.port, exc))
     settings.port = int(sock.getsockname()[1])
     return _run(settings, sock)
+
+
+def _ray_problem(address: str | None) -> str | None:
+    """--ray without Ray installed: one sentence instead of a traceback at model load."""
+    import importlib.util
+
+    if address and importlib.util.find_spec("ray") is None:
+        return "--ray needs Ray in this environment: pip install 'realtime-omni[ray]'"
+    return None
 
 
 def _run(settings: ServerSettings, sock: socket.socket) -> int:

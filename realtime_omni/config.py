@@ -22,6 +22,9 @@ class ServerSettings(BaseSettings):
     model_aliases: dict[str, str] = Field(default_factory=lambda: dict(OPENAI_MODEL_ALIASES))
     #: run model engines in a supervised worker process (a crash fails responses, not the server)
     isolate_models: bool = True
+    #: place model workers on this Ray cluster (``auto``, ``host:port``, ``ray://host:port``)
+    #: instead of a local worker process; None: local (the default). Needs the ``ray`` extra.
+    ray_address: str | None = None
     max_sessions: int = 100
     idle_timeout_s: float = 600.0
     max_session_s: float = 3600.0

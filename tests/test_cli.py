@@ -132,3 +132,16 @@ def test_bench_says_in_one_sentence_when_its_package_is_missing(monkeypatch, cap
     assert main(["bench", "latency", "--turns", "2", "--out", str(tmp_path)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("realtime-omni: bench needs the realtime_omni_bench package"), lines
+
+
+def test_ray_flag_sets_the_ray_address_and_local_workers_stay_the_default(monkeypatch):
+    from realtime_omni import cli
+    from realtime_omni.config import ServerSettings
+
+    monkeypatch.delenv("REALTIME_OMNI_RAY_ADDRESS", raising=False)
+    assert ServerSettings().ray_address is None
+    assert build_parser().parse_args(["serve", "--ray", "127.0.0.1:6379"]).ray_address == "127.0.0.1:6379"
+    assert build_parser().parse_args(["serve"]).ray_address is None
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
+    assert "realtime-omni[ray]" in cli._ray_problem("auto")
+    assert cli._ray_problem(None) is None

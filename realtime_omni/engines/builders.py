@@ -43,6 +43,17 @@ def _omni(spec: str) -> VoiceModel:
 BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
 
 
+def _silero_vad() -> object:
+    from .embedded.vad_silero import SileroVAD
+
+    return SileroVAD()
+
+
+#: VADs that a gateway runs itself beside the audio when the model's workers are remote (Ray
+#: placement): a factory of an object whose ``stream()`` is the engine's own ``VADStream``
+GATEWAY_VADS: dict[str, Callable[[], object]] = {"embedded": _silero_vad}
+
+
 def resolve_builder(name: str, extra: dict[str, Callable[[], VoiceModel]] | None = None) -> Callable[[], VoiceModel]:
     """The builder for a model name: a registered one, or ``omni:<checkpoint dir>``."""
     builders = {**BUILDERS, **(extra or {})}

@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .base import ModelInfo, VoiceModel
-from .builders import BUILDERS, resolve_builder
+from .builders import BUILDERS, GATEWAY_VADS, resolve_builder
 
 __all__ = ["BUILDERS", "ModelRegistry", "resolve_builder"]
 
@@ -46,17 +46,25 @@ class ModelRegistry:
         names: list[str],
         extra: dict[str, Callable[[], VoiceModel]] | None = None,
         isolate: bool | Collection[str] = False,
+        ray_address: str | None = None,
     ) -> None:
         """Build and load models by name. Isolated models run in a supervised worker process
-        (a crash there fails the affected responses; the worker restarts); ``echo`` never needs it."""
+        (a crash there fails the affected responses; the worker restarts); ``echo`` never needs it.
+        With ``ray_address`` every model runs as worker actors on that Ray cluster instead
+        (:mod:`.placement`), ``isolate`` then does not apply."""
         for name in names:
             builder = resolve_builder(name, extra)
-            if name != "echo" and (isolate is True or (not isinstance(isolate, bool) and name in isolate)):
+            own = builder is BUILDERS.get(name) or name.startswith("omni:")
+            if ray_address:
+                from .placement import RayModel
+
+                model: VoiceModel = RayModel(name, ray_address, builder=None if own else builder,
+                                             gateway_vad=GATEWAY_VADS.get(name))
+            elif name != "echo" and (isolate is True or (not isinstance(isolate, bool) and name in isolate)):
                 from .worker import IsolatedModel
 
                 # the child resolves registered and omni: names itself; others travel pickled
-                own = builder is BUILDERS.get(name) or name.startswith("omni:")
-                model: VoiceModel = IsolatedModel(name, builder=None if own else builder)
+                model = IsolatedModel(name, builder=None if own else builder)
             else:
                 model = builder()
             started = time.monotonic()

@@ -282,6 +282,38 @@ class WorkerHost:
         with contextlib.suppress(OSError):
             self.send(reply)
 
+    def dispatch(self, key: Any, method: str, args: tuple[Any, ...]) -> Any:
+        """Run one call on session ``key`` (opened on first use) and return its value.
+
+        Also the entry point of the Ray actor (:mod:`..placement.actor`), which serves the same
+        calls without a pipe."""
+        return self._dispatch(key, method, args)
+
+    def stream_items(self, key: Any, method: str, args: tuple[Any, ...], cancelled: threading.Event) -> Iterator[Any]:
+        """The engine's iterator for a streamed call (``think`` or ``talk``) on session ``key``."""
+        _entry, session = self._session(key)
+        if method == "think":
+            (request,) = args
+            request.cancelled = cancelled
+            return session.think(request)
+        if method == "talk":
+            segment, voice, final = args
+            return session.talk(segment, voice, cancelled, final)
+        raise ValueError(f"unknown worker stream {method!r}")
+
+    @property
+    def live_sessions(self) -> int:
+        """Sessions open here (opened by a call or OPEN, not closed yet)."""
+        with self._lock:
+            return len(self._sessions)
+
+    def open(self, key: Any) -> None:
+        """Open session ``key`` now (calls open it lazily too)."""
+        self._session(key)
+
+    def close_session(self, key: Any) -> None:
+        self._close(key)
+
     def _dispatch(self, key: int, method: str, args: tuple[Any, ...]) -> Any:
         if method == "vad":
             vad_key, pcm, reset = args
@@ -312,17 +344,7 @@ class WorkerHost:
     def _run_stream(self, call_id: int, key: int, method: str, blob: bytes, stream: _Stream) -> None:
         items: Iterator[Any] | None = None
         try:
-            args = p.loads(blob)
-            _entry, session = self._session(key)
-            if method == "think":
-                (request,) = args
-                request.cancelled = stream.cancelled
-                items = session.think(request)
-            elif method == "talk":
-                segment, voice, final = args
-                items = session.talk(segment, voice, stream.cancelled, final)
-            else:
-                raise ValueError(f"unknown worker stream {method!r}")
+            items = self.stream_items(key, method, p.loads(blob), stream.cancelled)
             for item in items:
                 if not stream.acquire():
                     break

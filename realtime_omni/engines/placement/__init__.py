@@ -1,0 +1,9 @@
+"""Scale-out: model workers as Ray actors placed by free capacity (``serve --ray ADDRESS``).
+
+Ray is an optional extra (``pip install 'realtime-omni[ray]'``); importing this package does not
+import Ray, connecting (``RayModel.load``) does.
+"""
+
+from .model import RayModel, RaySession, RayVADSession, RayVADStream, Worker
+
+__all__ = ["RayModel", "RaySession", "RayVADSession", "RayVADStream", "Worker"]

@@ -1,0 +1,585 @@
+"""A :class:`VoiceModel` whose engine runs as model-worker actors on a Ray cluster.
+
+``RayModel("embedded", "auto")`` connects to a Ray cluster, starts one :class:`~.actor.ModelWorker`
+actor per node (one per GPU for GPU engines) and proxies every session call to its session's
+worker, in the shape of the local worker process (:mod:`..worker.proxy`), so the session and
+pipeline layers do not change:
+
+* **Placement and admission.** A new session goes to the live worker with the most free
+  capacity: ``max_sessions`` of the worker's model minus its live sessions, as the workers report
+  them (polled every ``poll_s``) and as this gateway has placed them since. No free slot anywhere:
+  :class:`ModelAtCapacity` (the server's ``session_limit_reached``). A session keeps its worker for
+  its whole life (its context lives there).
+* **Media.** ``think`` and ``talk`` are Ray streaming generators (one actor call per response
+  stage, backpressure of ``stream_window`` items). Audio travels inside the whole utterance
+  (``transcribe``, ``think``), never one actor call per 20 ms frame. Engines with a VAD that can
+  run beside the audio (``gateway_vad``, e.g. Silero for ``embedded``) run it in the gateway.
+* **Failures.** A worker that dies fails the calls in flight at once (:class:`WorkerCrashed`; the
+  pipeline ends the response with an error event); a replacement actor starts on the same node;
+  the session's next call re-places it on the live worker with the most free capacity, where its
+  context is rebuilt from the conversation that every ``ThinkRequest`` carries (a re-prefill,
+  logged and counted in ``replacements``).
+
+Every blocking method is called from a worker thread of the server, except ``open_session``,
+``new_vad`` and the base ``talk_boundary``, which never wait for the cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..base import (
+    ModelAtCapacity,
+    ModelInfo,
+    ModelSession,
+    TalkerOutput,
+    ThinkerOutput,
+    ThinkRequest,
+    VADStream,
+    VoiceModel,
+)
+from ..worker import protocol as p
+from ..worker.protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
+from .actor import END, ITEMS, ModelWorker
+
+log = logging.getLogger(__name__)
+
+#: how often the gateway's cancel watcher looks at the ``cancelled`` Event of every open stream
+CANCEL_POLL_S = 0.02
+#: how long a stream consumer blocks for the next object before it looks around (a shorter wait
+#: costs CPU per stream: waking 32 consumers every 20 ms made p99 chunk lateness 185 ms vs 27 ms)
+STREAM_WAIT_S = 0.25
+#: concurrent calls one worker actor runs (streams hold a thread each while they run)
+ACTOR_CONCURRENCY = 256
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise RuntimeError("placing model workers on Ray needs the optional extra: "
+                           "pip install 'realtime-omni[ray]'") from exc
+    return ray
+
+
+@dataclasses.dataclass(eq=False)
+class Worker:
+    """One model-worker actor as the gateway sees it."""
+
+    worker_id: str
+    node_id: str
+    handle: Any
+    resources: dict[str, float]
+    pid: int = 0
+    info: ModelInfo | None = None
+    traits: p.Traits | None = None
+    #: sessions open on the worker, as it last reported (all gateways), and when
+    reported_live: int = 0
+    reported_at: float = 0.0
+    #: keys of the sessions this gateway placed here and has not closed
+    placed: set[str] = dataclasses.field(default_factory=set)
+    dead: bool = False
+
+    @property
+    def live(self) -> int:
+        return max(self.reported_live, len(self.placed))
+
+    def free(self) -> float:
+        limit = self.info.max_sessions if self.info is not None else None
+        return float("inf") if limit is None else limit - self.live
+
+
+class RayModel(VoiceModel):
+    """Model ``name`` served by worker actors on the Ray cluster at ``address``."""
+
+    def __init__(
+        self,
+        name: str,
+        address: str | None = "auto",
+        builder: Callable[[], VoiceModel] | None = None,
+        *,
+        gateway_vad: Callable[[], Any] | None = None,
+        call_timeout_s: float = 60.0,
+        load_timeout_s: float = 600.0,
+        stream_window: int = 8,
+        cancel_grace_s: float = 5.0,
+        poll_s: float = 0.5,
+        strip_unheard_audio: bool = True,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.address = address
+        self.builder = builder
+        self.gateway_vad = gateway_vad
+        self.call_timeout_s = call_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.stream_window = max(2, stream_window)
+        self.cancel_grace_s = cancel_grace_s
+        self.poll_s = poll_s
+        self.strip_unheard_audio = strip_unheard_audio
+        self.init_kwargs = dict(init_kwargs or {})
+        self.workers: list[Worker] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._started_ray = False
+        self._info: ModelInfo | None = None
+        self._traits: p.Traits | None = None
+        self._vad: Any = None
+        self._actor_cls: Any = None
+        #: open streams: id → (the pipeline's cancel Event, worker); the watcher tells the worker
+        self._cancels: dict[str, tuple[threading.Event, Worker]] = {}
+        self._watcher: threading.Thread | None = None
+        #: sessions moved to another worker after theirs died (context rebuilt there)
+        self.replacements = 0
+        #: worker actors started again after one died
+        self.restarts = 0
+
+    # -- VoiceModel -----------------------------------------------------------------------------
+    @property
+    def info(self) -> ModelInfo:  # type: ignore[override]
+        """The workers' ``model.info``; ``max_sessions`` is the whole cluster's (None: unlimited)."""
+        if self._info is None:
+            return ModelInfo(id=self.name)
+        with self._lock:
+            limits = [w.info.max_sessions for w in self.workers if not w.dead and w.info is not None]
+        total = None if not limits or any(x is None for x in limits) else sum(limits)  # type: ignore[misc]
+        return dataclasses.replace(self._info, max_sessions=total)
+
+    @property
+    def traits(self) -> p.Traits:
+        if self._traits is None:
+            raise RuntimeError(f"model {self.name!r} is not loaded")
+        return self._traits
+
+    def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            progress(f"connecting to the Ray cluster at {self.address}")
+            ray.init(address=self.address, namespace="realtime_omni", **self.init_kwargs)
+            self._started_ray = True
+        self._actor_cls = ray.remote(ModelWorker)
+        slots = self._slots()
+        if not slots:
+            raise RuntimeError(f"no Ray node can host a {self.name!r} worker (need a node with "
+                               f"{'a GPU' if self._wants_gpu() else 'a CPU'})")
+        progress(f"starting {len(slots)} model worker actor(s) on {len({n for n, _ in slots})} node(s)")
+        workers = [self._spawn(node_id, resources) for node_id, resources in slots]
+        try:
+            for worker in workers:
+                self._await(worker)
+        except BaseException:
+            for worker in workers:
+                with contextlib.suppress(Exception):
+                    ray.kill(worker.handle, no_restart=True)
+            raise
+        with self._lock:
+            self.workers = workers
+        first = workers[0]
+        self._info, self._traits = first.info, first.traits
+        if self._traits is not None and self._traits.has_vad and self.gateway_vad is not None:
+            self._vad = self.gateway_vad()  # VAD beside the audio: no actor call per frame
+        for worker in workers:
+            progress(f"worker {worker.worker_id} (pid {worker.pid}) on node {worker.node_id[:8]} ready")
+        self._monitor = threading.Thread(target=self._watch, name=f"ray-{self.name}-monitor", daemon=True)
+        self._monitor.start()
+
+    def open_session(self) -> RaySession:
+        """Never blocks (called on the event loop): picks the worker, tells it asynchronously."""
+        cls = RayVADSession if self.traits.has_vad else RaySession
+        key = uuid.uuid4().hex
+        try:
+            worker = self._place(key)
+        except WorkerUnavailable as exc:  # every worker is down: refuse like a full cluster
+            raise ModelAtCapacity(str(exc)) from exc
+        session = cls(self, key, worker)
+        with contextlib.suppress(Exception):
+            worker.handle.open.remote(key)  # fire and forget: calls open the session lazily too
+        return session
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """The live workers' engine counters, summed (``placement()``, ``replacements`` and
+        ``restarts`` tell where the sessions are)."""
+        ray = _ray()
+        totals: dict[str, dict[str, float]] = {}
+        with self._lock:
+            workers = [w for w in self.workers if not w.dead]
+        refs = [w.handle.call.remote(p.NO_SESSION, "stats", p.dumps(())) for w in workers]
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ok, blob, _tb = ray.get(ref, timeout=2.0)
+                if ok:
+                    for group, values in p.loads(blob).items():
+                        bucket = totals.setdefault(group, {})
+                        for k, v in values.items():
+                            bucket[k] = bucket.get(k, 0.0) + float(v)
+        return totals
+
+    def close(self) -> None:
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        if self._monitor is not None:
+            self._monitor.join(5.0)
+        with contextlib.suppress(Exception):
+            ray = _ray()
+            with self._lock:
+                workers, self.workers = self.workers, []
+            for worker in workers:
+                with contextlib.suppress(Exception):
+                    ray.kill(worker.handle, no_restart=True)
+            if self._started_ray:
+                ray.shutdown()
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return not self._closing.is_set() and any(not w.dead for w in self.workers)
+
+    def placement(self) -> dict[str, int]:
+        """Live workers → sessions on each (as reported, or as placed here when more)."""
+        with self._lock:
+            return {w.worker_id: w.live for w in self.workers if not w.dead}
+
+    # -- workers --------------------------------------------------------------------------------
+    def _wants_gpu(self) -> bool:
+        return self.name.startswith("omni:")
+
+    def _slots(self) -> list[tuple[str, dict[str, float]]]:
+        """(node id, actor resources) for every worker to start: one per GPU for GPU engines on
+        nodes that have GPUs, else one per node with a CPU (echo asks for no CPU)."""
+        ray = _ray()
+        slots: list[tuple[str, dict[str, float]]] = []
+        for node in ray.nodes():
+            if not node.get("Alive"):
+                continue
+            res = node.get("Resources", {})
+            if self._wants_gpu() and res.get("GPU", 0) >= 1:
+                slots += [(node["NodeID"], {"num_gpus": 1})] * int(res["GPU"])
+            elif res.get("CPU", 0) >= 1:
+                slots.append((node["NodeID"], {"num_cpus": 0 if self.name == "echo" else 1}))
+        return slots
+
+    def _spawn(self, node_id: str, resources: dict[str, float]) -> Worker:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        worker_id = f"{self.name}-{uuid.uuid4().hex[:8]}"
+        handle = self._actor_cls.options(
+            name=None, max_concurrency=ACTOR_CONCURRENCY, max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            **resources,
+        ).remote(self.name, self.builder, worker_id)
+        return Worker(worker_id=worker_id, node_id=node_id, handle=handle, resources=resources)
+
+    def _await(self, worker: Worker) -> None:
+        """Wait (bounded: an actor whose resources are taken waits forever) until it is loaded."""
+        ray = _ray()
+        ref = worker.handle.describe.remote()
+        deadline = time.monotonic() + self.load_timeout_s
+        while not ray.wait([ref], timeout=min(15.0, max(0.0, deadline - time.monotonic())))[0]:
+            if time.monotonic() >= deadline:
+                raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not start within "
+                                        f"{self.load_timeout_s:.0f} s (its node's {worker.resources} taken?)")
+            log.warning("model %s: worker %s on node %s not up yet: still loading, or waiting for %s on that node",
+                        self.name, worker.worker_id, worker.node_id[:8], worker.resources)
+        described = ray.get(ref, timeout=self.call_timeout_s)
+        worker.info = p.loads(described["info"])
+        worker.traits = described["traits"]
+        worker.pid = described["pid"]
+        worker.reported_at = time.monotonic()
+
+    def _place(self, key: str, exclude: Worker | None = None) -> Worker:
+        with self._lock:
+            live = [w for w in self.workers if not w.dead and w is not exclude]
+            if not live:
+                raise WorkerUnavailable(f"model {self.name!r} has no live worker on the Ray cluster")
+            best = max(live, key=lambda w: (w.free(), -w.live))
+            if best.free() <= 0:
+                limit = sum(w.info.max_sessions or 0 for w in live if w.info is not None)
+                raise ModelAtCapacity(f"all {limit} session slots of model {self.name!r} on "
+                                      f"{len(live)} Ray worker(s) are in use")
+            best.placed.add(key)
+            return best
+
+    def _release(self, worker: Worker, key: str) -> None:
+        with self._lock:
+            worker.placed.discard(key)
+
+    def _lost(self, worker: Worker, exc: BaseException | None = None) -> WorkerError:
+        if self._closing.is_set():
+            return WorkerClosed(f"model {self.name!r} was closed during the call")
+        if not worker.dead:
+            log.error("model %s: worker %s (pid %d) died: %s", self.name, worker.worker_id, worker.pid, exc)
+        worker.dead = True
+        return WorkerCrashed(f"model {self.name!r} worker actor {worker.worker_id} died during the call")
+
+    def _watch(self) -> None:
+        """Poll each worker's load (its own count of live sessions); replace dead workers."""
+        ray = _ray()
+        while not self._closing.wait(self.poll_s):
+            with self._lock:
+                workers = list(self.workers)
+            refs = {w: w.handle.load_report.remote() for w in workers if not w.dead}
+            for worker, ref in refs.items():
+                try:
+                    live, _limit = ray.get(ref, timeout=max(2.0, self.poll_s))
+                except ray.exceptions.ActorDiedError as exc:
+                    self._lost(worker, exc)
+                    continue
+                except Exception:  # noqa: BLE001 - slow or unreachable for now: look again later
+                    continue
+                worker.reported_live, worker.reported_at = live, time.monotonic()
+            for worker in workers:
+                if worker.dead and not self._closing.is_set():
+                    self._replace(worker)
+
+    def _replace(self, dead: Worker) -> None:
+        """A new actor where the dead one was (if its node is still up); the dead one's sessions
+        move on their next call, so this may take as long as a model load."""
+        with self._lock:
+            if dead not in self.workers:
+                return
+            self.workers.remove(dead)
+        nodes = {node_id for node_id, _ in self._slots()}
+        if dead.node_id not in nodes:
+            log.error("model %s: node %s of worker %s is gone; not replacing it", self.name, dead.node_id[:8],
+                      dead.worker_id)
+            return
+        worker = self._spawn(dead.node_id, dead.resources)
+
+        def wait() -> None:
+            try:
+                self._await(worker)
+            except Exception as exc:  # noqa: BLE001
+                log.error("model %s: replacement worker failed to start: %s", self.name, exc)
+                with contextlib.suppress(Exception):
+                    _ray().kill(worker.handle, no_restart=True)
+                return
+            with self._lock:
+                if self._closing.is_set():
+                    return
+                self.workers.append(worker)
+                self.restarts += 1
+            log.warning("model %s: worker %s replaced %s on node %s", self.name, worker.worker_id, dead.worker_id,
+                        dead.node_id[:8])
+
+        threading.Thread(target=wait, name=f"ray-{self.name}-respawn", daemon=True).start()
+
+    # -- RPC --------------------------------------------------------------------------------------
+    def _call(self, session: RaySession, method: str, args: tuple[Any, ...], *, move: bool = True,
+              timeout: float | None = None) -> Any:
+        ray = _ray()
+        worker = session.worker_for_call() if move else session.worker
+        if worker.dead:
+            raise self._lost(worker)
+        try:
+            ok, blob, tb = ray.get(worker.handle.call.remote(session.key, method, p.dumps(args)),
+                                   timeout=self.call_timeout_s if timeout is None else timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not answer in time") from exc
+        except ray.exceptions.RayActorError as exc:
+            raise self._lost(worker, exc) from exc
+        if ok:
+            return p.loads(blob)
+        raise p.unpack_exception(blob, tb)
+
+    def _stream(self, session: RaySession, method: str, args: tuple[Any, ...],
+                cancelled: threading.Event) -> Iterator[Any]:
+        """Items of a streamed engine call, with cancellation; the generator's backpressure bounds
+        what the worker produces ahead of this consumer."""
+        if cancelled.is_set():
+            return
+        ray = _ray()
+        worker = session.worker_for_call()
+        stream_id = uuid.uuid4().hex
+        gen = worker.handle.stream.options(
+            num_returns="streaming", _generator_backpressure_num_objects=self.stream_window,
+        ).remote(stream_id, session.key, method, p.dumps(args), self.stream_window)
+        self._watch_cancel(stream_id, cancelled, worker)
+        cancel_deadline: float | None = None
+        finished = False
+        try:
+            while True:
+                if cancel_deadline is None and cancelled.is_set():
+                    cancel_deadline = time.monotonic() + self.cancel_grace_s  # the watcher told the worker
+                try:
+                    ref = gen._next_sync(timeout_s=STREAM_WAIT_S)
+                except StopIteration:
+                    finished = True
+                    raise self._lost(worker) from None  # ended without END: the actor went away
+                except ray.exceptions.RayActorError as exc:
+                    raise self._lost(worker, exc) from exc
+                if ref.is_nil():
+                    if cancel_deadline is not None and time.monotonic() > cancel_deadline:
+                        return  # the engine ignores cancellation: leave it running there
+                    if worker.dead:
+                        raise self._lost(worker)
+                    continue
+                try:
+                    msg = ray.get(ref, timeout=self.call_timeout_s)
+                except ray.exceptions.RayActorError as exc:
+                    raise self._lost(worker, exc) from exc
+                kind = msg[0]
+                if kind == ITEMS:
+                    for item in msg[1]:
+                        if cancel_deadline is not None or cancelled.is_set():
+                            break  # made before the worker saw the cancel
+                        yield p.loads(item)
+                elif kind == END:
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise p.unpack_exception(msg[1], msg[2])
+        finally:
+            with self._lock:
+                self._cancels.pop(stream_id, None)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    worker.handle.cancel.remote(stream_id)
+
+    def _watch_cancel(self, stream_id: str, cancelled: threading.Event, worker: Worker) -> None:
+        with self._lock:
+            self._cancels[stream_id] = (cancelled, worker)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._cancel_watcher, name=f"ray-{self.name}-cancels",
+                                                 daemon=True)
+                self._watcher.start()
+
+    def _cancel_watcher(self) -> None:
+        """One thread for all streams: a cancelled response's worker is told within ~20 ms (its
+        generator then ends, which wakes the consumer), without every consumer polling."""
+        while not self._closing.wait(CANCEL_POLL_S):
+            with self._lock:
+                due = [(sid, w) for sid, (ev, w) in self._cancels.items() if ev.is_set()]
+                for sid, _w in due:
+                    del self._cancels[sid]
+            for sid, worker in due:
+                with contextlib.suppress(Exception):
+                    worker.handle.cancel.remote(sid)
+
+
+class RaySession(ModelSession):
+    """A session whose engine state lives in one worker actor under ``key`` (sticky)."""
+
+    def __init__(self, owner: RayModel, key: str, worker: Worker) -> None:
+        self._owner = owner
+        self.key = key
+        self.worker = worker
+        self.closed = False
+        self._traits = owner.traits
+        self._vad_keys = itertools.count(1)
+
+    def _check(self) -> None:
+        if self.closed:
+            raise RuntimeError("model session is closed")
+
+    def worker_for_call(self) -> Worker:
+        """This session's worker; if it died, the live worker with the most free capacity, where
+        the session's context is rebuilt from the conversation at its next think (re-prefill)."""
+        self._check()
+        old = self.worker
+        if not old.dead:
+            return old
+        owner = self._owner
+        new = owner._place(self.key, exclude=old)
+        owner._release(old, self.key)
+        self.worker = new
+        owner.replacements += 1
+        log.warning("model %s: session %s moved from dead worker %s to %s; its context is rebuilt there "
+                    "from the conversation (re-prefill)", owner.name, self.key[:8], old.worker_id, new.worker_id)
+        return new
+
+    def transcribe(self, pcm16k: np.ndarray) -> str:
+        return self._owner._call(self, "transcribe", (pcm16k,))
+
+    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
+        self._check()
+        wire = copy.copy(request)
+        wire.cancelled = None  # type: ignore[assignment]  # an Event cannot travel; the worker sets its own
+        if self._owner.strip_unheard_audio and not self._owner.info.hears_audio:
+            wire.messages = [
+                dataclasses.replace(m, audio=None) if m.audio is not None else m for m in request.messages
+            ]
+        return self._owner._stream(self, "think", (wire,), request.cancelled)
+
+    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
+        if not self._traits.custom_talk_boundary:
+            return super().talk_boundary(pending, final)
+        self._check()
+        # on the event loop: never wait for a move; a dead worker fails the response at once
+        return self._owner._call(self, "talk_boundary", (pending, final), move=False, timeout=2.0)
+
+    def talk(
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+    ) -> Iterator[TalkerOutput]:
+        self._check()
+        return self._owner._stream(self, "talk", (segment, voice, final), cancelled)
+
+    def decode(self, out: TalkerOutput) -> np.ndarray:
+        if not self._traits.custom_decode:
+            return super().decode(out)
+        return self._owner._call(self, "decode", (out,))
+
+    def confirm(self, spoken_text: str) -> None:
+        self._check()
+        if self.worker.dead:
+            return  # the context to cut back died with the worker
+        with contextlib.suppress(WorkerError):
+            self._owner._call(self, "confirm", (spoken_text,), move=False, timeout=5.0)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        worker = self.worker
+        self._owner._release(worker, self.key)
+        if not worker.dead:
+            with contextlib.suppress(Exception):
+                worker.handle.close.remote(self.key)  # fire and forget: never wait on close
+
+
+class RayVADSession(RaySession):
+    """For engines with a VAD (the session manager decides from ``type(session).new_vad``)."""
+
+    def new_vad(self) -> VADStream:
+        self._check()
+        local = self._owner._vad
+        if local is not None:
+            return local.stream()
+        return RayVADStream(self, next(self._vad_keys), self._traits.vad_frame_samples)
+
+
+class RayVADStream(VADStream):
+    """The worker's VAD, for engines with no ``gateway_vad``: one actor call per chunk of input
+    the session core hands over (slow past a few dozen sessions; prefer a gateway VAD)."""
+
+    def __init__(self, session: RaySession, key: int, frame_samples: int) -> None:
+        self._session = session
+        self.key = key
+        self.frame_samples = frame_samples
+        self._reset = False
+
+    def probabilities(self, pcm16k: np.ndarray) -> list[float]:
+        if len(pcm16k) % self.frame_samples:
+            raise ValueError(f"VAD input must be whole frames of {self.frame_samples} samples, got {len(pcm16k)}")
+        reset, self._reset = self._reset, False
+        args = (self.key, pcm16k, reset)
+        try:
+            return self._session._owner._call(self._session, "vad", args)
+        except WorkerCrashed:
+            return self._session._owner._call(self._session, "vad", args)  # fresh state on the next worker
+
+    def reset(self) -> None:
+        self._reset = True
