@@ -12,8 +12,8 @@ MODEL_RATE = 16_000
 class InputAudioBuffer:
     """Holds uncommitted input at 16 kHz and tracks stream time in milliseconds.
 
-    Bounded: past ``max_seconds`` the oldest audio is dropped (and :attr:`overflowed` is set),
-    so a client that never commits cannot grow memory without limit.
+    Bounded: past ``max_seconds`` the oldest audio is dropped, so a client that never commits
+    cannot grow memory without limit.
     """
 
     def __init__(self, fmt: AudioFormat, max_seconds: float = 300.0) -> None:
@@ -26,7 +26,6 @@ class InputAudioBuffer:
         self.stream_samples = 0
         #: stream position (samples) where the current buffer begins
         self.buffer_start = 0
-        self.overflowed = False
 
     def set_format(self, fmt: AudioFormat) -> None:
         if fmt is not self.format:
@@ -44,7 +43,6 @@ class InputAudioBuffer:
                 dropped = self._chunks.pop(0)
                 self._samples -= len(dropped)
                 self.buffer_start += len(dropped)
-                self.overflowed = True
         return pcm
 
     @property
