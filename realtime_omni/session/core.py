@@ -20,8 +20,7 @@ import numpy as np
 
 from ..audio import StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
-from ..protocol import errors
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
 from .config import SessionConfig, parse_format, tools_of
@@ -224,12 +223,12 @@ class RealtimeSession:
     def _on_session_update(self, event: Any) -> None:
         update = event.session.model_dump(exclude_unset=True)
         if update.get("prompt"):
-            raise ProtocolError(errors.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
                                 "send the text as instructions", param="session.prompt")
         if update.get("type") == "transcription":
-            raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
         if update.get("model") is not None and not self.accepts_model(update["model"]):
-            raise ProtocolError(errors.INVALID_VALUE, f"the model cannot change within a session (served: "
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"the model cannot change within a session (served: "
                                 f"{self.model.id!r})", param="session.model")
         instructions = update.get("instructions")
         if instructions is not None and len(instructions) > len(self.config.instructions):
@@ -238,11 +237,11 @@ class RealtimeSession:
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
         if config.tools and not self.calls_tools:
-            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="session.tools")
         if config.turn_detection is not None and not self.has_vad:
             raise ProtocolError(
-                errors.UNSUPPORTED,
+                ErrorCode.UNSUPPORTED,
                 f"model {self.model.id!r} has no voice activity detector; set turn_detection to null",
                 param="session.audio.input.turn_detection",
             )
@@ -263,7 +262,7 @@ class RealtimeSession:
         try:
             wire = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
-            raise ProtocolError(errors.INVALID_BASE64, "audio is not valid base64", param="audio") from None
+            raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
         self.append_audio(wire)
 
     def append_audio(self, wire: bytes) -> None:
@@ -274,7 +273,7 @@ class RealtimeSession:
         try:
             pcm = self.input.append(wire)
         except ValueError as exc:
-            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+            raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
             frame = 512
@@ -288,7 +287,7 @@ class RealtimeSession:
     def _on_input_audio_buffer_commit(self, event: Any) -> None:
         if self.input.duration_ms < MIN_COMMIT_MS:
             raise ProtocolError(
-                errors.BUFFER_TOO_SMALL,
+                ErrorCode.BUFFER_TOO_SMALL,
                 f"buffer too small: {self.input.duration_ms:.0f} ms of audio, at least {MIN_COMMIT_MS} ms needed",
             )
         item_id = self._speech_item_id or new_id("item")
@@ -310,7 +309,7 @@ class RealtimeSession:
         data = event.item.model_dump(exclude_none=True)
         item = item_from_client(data, accepts_images=self.sees, accepts_tools=self.calls_tools)
         if item.type == "function_call_output" and self.conversation.find_call(item.call_id) is None:
-            raise ProtocolError(errors.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
+            raise ProtocolError(ErrorCode.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
                                 param="item.call_id")
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
@@ -321,7 +320,7 @@ class RealtimeSession:
                     )
                 except (binascii.Error, ValueError):
                     raise ProtocolError(
-                        errors.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
+                        ErrorCode.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
                     ) from None
                 item.audio16k = pcm if item.audio16k is None else np.concatenate([item.audio16k, pcm])
                 if not part.get("transcript") and not self.model.hears_audio:
@@ -358,10 +357,10 @@ class RealtimeSession:
     def _on_conversation_item_truncate(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
         if item.role != "assistant" or event.content_index != 0 or not item.content or item.content[0].get("type") != "output_audio":
-            raise ProtocolError(errors.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
+            raise ProtocolError(ErrorCode.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
         if event.audio_end_ms < 0 or event.audio_end_ms > item.audio_ms + 1:
             raise ProtocolError(
-                errors.INVALID_TRUNCATE,
+                ErrorCode.INVALID_TRUNCATE,
                 f"audio_end_ms {event.audio_end_ms} is beyond the item's {item.audio_ms:.0f} ms of audio",
                 param="audio_end_ms",
             )
@@ -376,30 +375,30 @@ class RealtimeSession:
     def _on_response_create(self, event: Any) -> None:
         if self.response is not None:
             raise ProtocolError(
-                errors.ACTIVE_RESPONSE,
+                ErrorCode.ACTIVE_RESPONSE,
                 f"conversation already has an active response in progress: {self.response.id}",
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
         _check_metadata(params.get("metadata"))
         if params.get("prompt"):
-            raise ProtocolError(errors.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
                                 "as instructions", param="response.prompt")
         for index, item_id in params.get("item_references", ()):
             self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
         tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
         if tools and not self.calls_tools:
-            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="response.tools")
         self._create_response(params, tools=tools, choice=choice)
 
     def _on_response_cancel(self, event: Any) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
-            raise ProtocolError(errors.NO_ACTIVE_RESPONSE, "there is no active response to cancel", param="response_id")
+            raise ProtocolError(ErrorCode.NO_ACTIVE_RESPONSE, "there is no active response to cancel", param="response_id")
         self._cancel_active("client_cancelled")
 
     def _on_output_audio_buffer_clear(self, event: Any) -> None:
         if self.ledger.current is None:
-            raise ProtocolError(errors.INVALID_VALUE, "there is no output audio to clear yet")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "there is no output audio to clear yet")
         if self.response is not None:
             self._cancel_active("client_cancelled")
         self._emit({"type": "output_audio_buffer.cleared", "response_id": self.ledger.current})
@@ -512,7 +511,7 @@ class RealtimeSession:
             if error is not None:
                 self._emit(
                     {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
-                     "error": {"type": "transcription_error", "code": errors.SERVER_ERROR, "message": error}}
+                     "error": {"type": "transcription_error", "code": ErrorCode.SERVER_ERROR, "message": error}}
                 )
             else:
                 for part in item.content:
@@ -658,7 +657,7 @@ class RealtimeSession:
             return
         err = None
         if status == "failed":
-            err = {"type": "server_error", "code": errors.SERVER_ERROR, "message": error or "the model failed"}
+            err = {"type": "server_error", "code": ErrorCode.SERVER_ERROR, "message": error or "the model failed"}
             self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
@@ -677,7 +676,7 @@ class RealtimeSession:
         try:
             pcm = in_fmt.decode(wire)
         except ValueError as exc:
-            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+            raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
             self._echo_resampler = StreamResampler(in_fmt.rate, out_fmt.rate)
@@ -698,9 +697,9 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
     if not metadata:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
-        raise ProtocolError(errors.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
                             param="response.metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
-            raise ProtocolError(errors.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
                                 f"values at most {MAX_METADATA_VALUE}", param=f"response.metadata.{key[:64]}")

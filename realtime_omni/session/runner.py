@@ -20,7 +20,7 @@ from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from ..protocol import parse_client_event
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from . import actions as act
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
@@ -301,10 +301,9 @@ class SessionRunner:
                     warn_at = None
                     self.core.warn_expiring(max(int(deadline - now), 0))
                     await self._flush()
-                reason = self._expired(now)
-                if reason is not None:
-                    code, text = _EXPIRY[reason]
-                    self.core.error(ProtocolError(code, text, type="session_error"))
+                code = self._expired(now)
+                if code is not None:
+                    self.core.error(ProtocolError(code, _EXPIRY_MESSAGES[code], type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
@@ -351,7 +350,7 @@ class SessionRunner:
                 message[1].set_result(None)
         elif kind == "rate_limited":
             core.error(ProtocolError(
-                "rate_limit_exceeded",
+                ErrorCode.RATE_LIMIT_EXCEEDED,
                 f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
                 type="rate_limit_error"))
         elif kind == "audio_in":
@@ -400,12 +399,12 @@ class SessionRunner:
     def _expires_at(self) -> float:
         return min(self.deadline, self.last_client + self.limits.idle_timeout_s)
 
-    def _expired(self, now: float) -> str | None:
+    def _expired(self, now: float) -> ErrorCode | None:
         """``session_expired`` or ``session_idle_timeout`` once a limit has passed, else None."""
         if now >= self.deadline:
-            return "session_expired"
+            return ErrorCode.SESSION_EXPIRED
         if now >= self.last_client + self.limits.idle_timeout_s:
-            return "session_idle_timeout"
+            return ErrorCode.SESSION_IDLE_TIMEOUT
         return None
 
     async def _emit(self, out: Outgoing) -> None:
@@ -579,9 +578,10 @@ class _Wedged(Exception):
         self.reason = reason
 
 
-_EXPIRY = {
-    "session_idle_timeout": ("session_idle_timeout", "session closed after being idle"),
-    "session_expired": ("session_expired", "session reached its maximum duration"),
+#: what the client is told when a limit ends its session (the code is also the close reason)
+_EXPIRY_MESSAGES = {
+    ErrorCode.SESSION_IDLE_TIMEOUT: "session closed after being idle",
+    ErrorCode.SESSION_EXPIRED: "session reached its maximum duration",
 }
 
 # Events after which the stored state is out of date (session/persist.py says what each touches).
