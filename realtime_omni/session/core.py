@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import StreamResampler
+from ..audio import AudioFormat, StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
@@ -265,15 +265,18 @@ class RealtimeSession:
             raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
         self.append_audio(wire)
 
-    def append_audio(self, wire: bytes) -> None:
-        """Input audio in the session's input format, from JSON or from a media track."""
-        if self.echo:
-            self._echo(wire)
-            return
+    def append_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+        """Input audio encoded in ``fmt`` (default: the session's input format), from JSON or
+        from a media track."""
+        fmt = fmt or self.config.input_format
         try:
-            pcm = self.input.append(wire)
+            samples = fmt.decode(wire)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
+        if self.echo:
+            self._echo(wire, fmt, samples)
+            return
+        pcm = self.input.append_pcm(samples, fmt.rate)
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
             frame = 512
@@ -670,22 +673,16 @@ class RealtimeSession:
         return response
 
     # ---------------------------------------------------------------- echo model
-    def _echo(self, wire: bytes) -> None:
+    def _echo(self, wire: bytes, in_fmt: AudioFormat, pcm: np.ndarray) -> None:
         """Echo model: the appended audio goes straight back as one long response's deltas."""
-        in_fmt, out_fmt = self.config.input_format, self.config.output_format
-        try:
-            pcm = in_fmt.decode(wire)
-        except ValueError as exc:
-            raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
+        out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
             self._echo_resampler = StreamResampler(in_fmt.rate, out_fmt.rate)
         assert self.response is not None and self._echo_resampler is not None
-        if in_fmt is out_fmt:
-            out = wire
-        else:
-            out = out_fmt.encode(self._echo_resampler.process(pcm))
-        self.response.audio_delta(self._emit, out, "")
+        if in_fmt is not out_fmt:
+            wire = out_fmt.encode(self._echo_resampler.process(pcm))
+        self.response.audio_delta(self._emit, wire, "")
 
 
 

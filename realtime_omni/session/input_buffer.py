@@ -34,7 +34,13 @@ class InputAudioBuffer:
 
     def append(self, wire: bytes) -> np.ndarray:
         """Decode and resample a wire chunk; returns the new 16 kHz samples."""
-        pcm = self._resampler.process(self.format.decode(wire))
+        return self.append_pcm(self.format.decode(wire), self.format.rate)
+
+    def append_pcm(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """Resample int16 samples at ``rate``; returns the new 16 kHz samples."""
+        if self._resampler.in_rate != rate:  # media audio at another rate than the format's
+            self._resampler = StreamResampler(rate, MODEL_RATE)
+        pcm = self._resampler.process(samples)
         if len(pcm):
             self._chunks.append(pcm)
             self._samples += len(pcm)

@@ -1,8 +1,9 @@
 """The asyncio driver of one session: one mailbox, one task, engines in worker threads.
 
-Transports put raw client text into :meth:`SessionRunner.submit` and send what
-:meth:`SessionRunner.next_outgoing` yields from their single writer task. Everything that changes
-the session happens on the runner's own task, in the order it arrived.
+Transports put raw client text into :meth:`SessionRunner.submit` (media audio into
+:meth:`SessionRunner.submit_audio`) and send what :meth:`SessionRunner.next_outgoing` yields from
+their single writer task. Everything that changes the session happens on the runner's own task,
+in the order it arrived: the mailbox holds typed inputs (:mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..audio import AudioFormat
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from ..protocol import parse_client_event
 from ..protocol.errors import ErrorCode, ProtocolError
 from . import actions as act
+from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .memory import approx_bytes
@@ -82,7 +85,7 @@ class SessionRunner:
         self.transport = transport
         self.meter = TurnMeter(self.observer)
         self.close_reason: str | None = None
-        self.mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.limits.mailbox_size)
+        self.mailbox: asyncio.Queue[inp.SessionInput] = asyncio.Queue(self.limits.mailbox_size)
         self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
         self.vad: VADStream | None = None
         self._response_task: asyncio.Task[None] | None = None
@@ -135,22 +138,24 @@ class SessionRunner:
         if self.closed.is_set():
             return
         if not self._bucket.take():
-            await self._offer(("rate_limited", len(raw)))
+            await self._offer(inp.RateLimited())
             return
-        if await self._offer(("client", raw)):
+        if await self._offer(inp.ClientEvent(raw)):
             self.last_client = time.monotonic()
 
-    async def submit_audio(self, wire: bytes) -> None:
-        """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
-        if await self._offer(("audio_in", wire)):
+    async def submit_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+        """Queue input audio from a media track (same path as ``input_audio_buffer.append``),
+        encoded in ``fmt`` (default: the session's input format now). The format travels with
+        the audio, so a format change queued ahead of it cannot reinterpret it."""
+        if await self._offer(inp.AudioIn(wire, fmt or self.core.config.input_format)):
             self.last_client = time.monotonic()
 
-    async def _offer(self, message: tuple[Any, ...]) -> bool:
+    async def _offer(self, message: inp.SessionInput) -> bool:
         """Put ``message`` in the mailbox, waiting while it is full until the session closes
         (a transport blocked here must still see its session end). False: not delivered."""
         if self.closed.is_set():
             return False
-        size = _payload_bytes(message)
+        size = inp.payload_bytes(message)
         # bytes first: one 15 MiB frame after another would fill memory long before the count
         while size and self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             self._inbox_room.clear()
@@ -179,8 +184,8 @@ class SessionRunner:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
         if self.closed.is_set() or not self.core.sees:
             return False
-        message = ("image", rgb)
-        size = _payload_bytes(message)
+        message = inp.Image(rgb)
+        size = inp.payload_bytes(message)
         if self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             return False
         try:
@@ -250,7 +255,7 @@ class SessionRunner:
         # Bounded both ways: a session that cannot take the marker (full mailbox, full outbox and
         # no writer yet) or never reaches it must not hold the resuming client for ever.
         synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        offered = asyncio.ensure_future(self._offer(("sync", synced)))
+        offered = asyncio.ensure_future(self._offer(inp.Sync(synced)))
         await asyncio.wait({offered}, timeout=SYNC_TIMEOUT_S)
         if offered.done() and offered.result():
             await asyncio.wait({synced}, timeout=SYNC_TIMEOUT_S)
@@ -273,7 +278,7 @@ class SessionRunner:
         self.close_reason = self.close_reason or reason
         if not self.closed.is_set():
             try:
-                self.mailbox.put_nowait(("close", reason))
+                self.mailbox.put_nowait(inp.Close(reason))
             except asyncio.QueueFull:
                 self._task.cancel()
         # The task may be blocked on a full outbox whose writer is gone: bounded wait, then cancel.
@@ -313,12 +318,12 @@ class SessionRunner:
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
-                size = _payload_bytes(message)
+                size = inp.payload_bytes(message)
                 if size:
                     self.inbox_bytes -= size
                     self._inbox_room.set()
                 await self._handle(message)
-                if message[0] in ("client", "audio_in"):
+                if isinstance(message, inp.ClientEvent | inp.AudioIn):
                     self.meter.audio_arrived(self.core.input_received_ms, time.monotonic())
                 await self._flush()
         except _Wedged as exc:
@@ -333,50 +338,40 @@ class SessionRunner:
         finally:
             await self._release()
 
-    async def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
+    async def _handle(self, message: inp.SessionInput) -> None:
         core = self.core
-        if kind == "client":
-            try:
-                event = parse_client_event(message[1], self.limits.max_event_bytes)
-            except ProtocolError as exc:
-                core.error(exc)
-                return
-            core.receive(event)
-            if event.event_id:
-                self.last_client_event_id = event.event_id
-        elif kind == "sync":
-            if not message[1].done():
-                message[1].set_result(None)
-        elif kind == "rate_limited":
-            core.error(ProtocolError(
-                ErrorCode.RATE_LIMIT_EXCEEDED,
-                f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
-                type="rate_limit_error"))
-        elif kind == "audio_in":
-            try:
-                core.append_audio(message[1])
-            except ProtocolError as exc:
-                core.error(exc)
-        elif kind == "image":
-            core.append_image(message[1])
-        elif kind == "speech":
-            core.on_speech_probabilities(message[1], message[2])
-        elif kind == "transcript":
-            core.on_transcription(message[1], message[2], message[3])
-        elif kind == "text":
-            core.on_response_text(message[1], message[2], message[3])
-        elif kind == "audio":
-            core.on_response_audio(message[1], message[2], message[3], message[4])
-        elif kind == "call":
-            core.on_response_call(message[1], message[2], message[3])
-        elif kind == "usage":
-            core.on_response_usage(*message[1:])
-        elif kind == "end":
-            core.on_response_end(message[1], message[2], message[3], message[4], message[5])
-        elif kind == "close":
-            self.close_reason = self.close_reason or message[1]
-            core.close(message[1])
+        match message:
+            case inp.ClientEvent(raw):
+                try:
+                    event = parse_client_event(raw, self.limits.max_event_bytes)
+                except ProtocolError as exc:
+                    core.error(exc)
+                    return
+                core.receive(event)
+                if event.event_id:
+                    self.last_client_event_id = event.event_id
+            case inp.AudioIn(wire, fmt):
+                try:
+                    core.append_audio(wire, fmt)
+                except ProtocolError as exc:
+                    core.error(exc)
+            case inp.RateLimited():
+                core.error(ProtocolError(
+                    ErrorCode.RATE_LIMIT_EXCEEDED,
+                    f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
+                    type="rate_limit_error"))
+            case inp.Image(rgb):
+                core.append_image(rgb)
+            case inp.Sync(done):
+                if not done.done():
+                    done.set_result(None)
+            case inp.Transcript(item_id, text, error):
+                core.on_transcription(item_id, text, error)
+            case inp.ResponseText() | inp.ResponseAudio() | inp.ResponseCall() | inp.ResponseUsage() | inp.ResponseEnd():
+                inp.deliver(core, message)
+            case inp.Close(reason):
+                self.close_reason = self.close_reason or reason
+                core.close(reason)
 
     async def _flush(self) -> None:
         """Send what the core emitted and perform what it asked, until both are empty (an
@@ -495,7 +490,7 @@ class SessionRunner:
         except Exception as exc:  # noqa: BLE001 - reported to the client as transcription.failed
             log.exception("transcription failed")
             error = str(exc) or type(exc).__name__
-        await self.mailbox.put(("transcript", action.item_id, text, error))
+        await self.mailbox.put(inp.Transcript(action.item_id, text, error))
 
     async def _respond(self, action: act.StartResponse) -> None:
         rid, epoch = action.response_id, action.epoch
@@ -505,20 +500,20 @@ class SessionRunner:
             self.observer,
         )
         sink = Sink(
-            text=lambda text: self.mailbox.put(("text", rid, epoch, text)),
-            audio=lambda wire, text: self.mailbox.put(("audio", rid, epoch, wire, text)),
-            usage=lambda i, o, c: self.mailbox.put(("usage", rid, epoch, i, o, c)),
-            call=lambda piece: self.mailbox.put(("call", rid, epoch, piece)),
+            text=lambda text: self.mailbox.put(inp.ResponseText(rid, epoch, text)),
+            audio=lambda wire, text: self.mailbox.put(inp.ResponseAudio(rid, epoch, wire, text)),
+            usage=lambda i, o, c: self.mailbox.put(inp.ResponseUsage(rid, epoch, i, o, c)),
+            call=lambda piece: self.mailbox.put(inp.ResponseCall(rid, epoch, piece)),
         )
         try:
             status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
-            await self.mailbox.put(("end", rid, epoch, status, None, reason))
+            await self.mailbox.put(inp.ResponseEnd(rid, epoch, status, None, reason))
         except asyncio.CancelledError:
             action.request.cancelled.set()
             raise
         except Exception as exc:  # noqa: BLE001 - fails this response, never the server
             log.exception("response %s failed", rid)
-            await self.mailbox.put(("end", rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
+            await self.mailbox.put(inp.ResponseEnd(rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
 
     async def _release(self) -> None:
         """Free everything on every exit path: tasks, model state, the writer."""
@@ -546,17 +541,6 @@ class SessionRunner:
                 self.outbox.get_nowait()
         if self._on_close is not None:
             self._on_close(self)
-
-
-def _payload_bytes(message: tuple[Any, ...]) -> int:
-    """What a mailbox message from the client side holds (frames, wire audio, camera frames);
-    counted against queue_bytes. Messages from the session's own tasks count 0."""
-    kind = message[0]
-    if kind in ("client", "audio_in"):
-        return len(message[1])
-    if kind == "image":
-        return int(getattr(message[1], "nbytes", 0))
-    return 0
 
 
 async def _first(*waits: Any) -> bool:
