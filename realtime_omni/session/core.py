@@ -75,7 +75,6 @@ class RealtimeSession:
         self.requested_model = requested_model if requested_model not in (None, model.id) else None
         #: whether a model id in session.update names this session's model (the manager knows aliases)
         self.accepts_model: Callable[[str], bool] = lambda name: name in (model.id, self.requested_model)
-        self.echo = "echo" in model.capabilities
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
         #: whether the model can call functions (session.tools, function_call items)
@@ -85,7 +84,7 @@ class RealtimeSession:
         self.speculative = not model.hears_audio
         self._spec_id = 0
         self._spec_active = False
-        self.has_vad = has_vad and not self.echo
+        self.has_vad = has_vad and not model.duplex  # a duplex model takes its own turns
         self.config = SessionConfig(model=model.id)
         if not self.has_vad:
             self.config.turn_detection = None
@@ -112,7 +111,8 @@ class RealtimeSession:
         self._pending_input: list[dict[str, Any]] | None = None
         self._pending_refs: list[tuple[int, str]] = []
         self._pending_spec: int | None = None
-        self._echo_resampler: StreamResampler | None = None
+        #: a duplex model's output rate → the output format's, for the open response
+        self._duplex_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
         # event ids: a per-session random prefix and a counter (uuid4 per event costs ~8x more)
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -273,8 +273,8 @@ class RealtimeSession:
             samples = fmt.decode(wire)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
-        if self.echo:
-            self._echo(wire, fmt, samples)
+        if self.model.duplex:
+            self._actions.append(act.Listen(wire, fmt))
             return
         pcm = self.input.append_pcm(samples, fmt.rate)
         if self.detector is not None and len(pcm):
@@ -603,7 +603,8 @@ class RealtimeSession:
 
     def _maybe_start_pipeline(self) -> None:
         response = self.response
-        if response is None or response.pipeline_started or self._pending_transcripts or self.echo:
+        # a duplex model's replies come from what it hears (on_model_audio), not from a pipeline
+        if response is None or response.pipeline_started or self._pending_transcripts or self.model.duplex:
             return
         response.pipeline_started = True
         request = self._pending_request
@@ -628,8 +629,7 @@ class RealtimeSession:
             heard_ms = self.ledger.sent_ms(response.id)
         heard = response.finish(self._emit, "cancelled", reason=reason, heard_ms=heard_ms)
         self.response = None
-        if not self.echo:
-            self._actions.append(act.CancelResponse(response.id, response.epoch))
+        self._actions.append(act.CancelResponse(response.id, response.epoch))
         if heard is not None:
             self._actions.append(act.ConfirmHeard(heard))
 
@@ -672,16 +672,19 @@ class RealtimeSession:
             return None
         return response
 
-    # ---------------------------------------------------------------- echo model
-    def _echo(self, wire: bytes, in_fmt: AudioFormat, pcm: np.ndarray) -> None:
-        """Echo model: the appended audio goes straight back as one long response's deltas."""
+    # ---------------------------------------------------------------- duplex models
+    def on_model_audio(self, wire: bytes, fmt: AudioFormat) -> None:
+        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`,
+        encoded in ``fmt``. It plays at once, as deltas of one open response."""
+        if self.closed:
+            return
         out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
-            self._echo_resampler = StreamResampler(in_fmt.rate, out_fmt.rate)
-        assert self.response is not None and self._echo_resampler is not None
-        if in_fmt is not out_fmt:
-            wire = out_fmt.encode(self._echo_resampler.process(pcm))
+            self._duplex_resampler = StreamResampler(fmt.rate, out_fmt.rate)
+        assert self.response is not None and self._duplex_resampler is not None
+        if fmt is not out_fmt:
+            wire = out_fmt.encode(self._duplex_resampler.process(fmt.decode(wire)))
         self.response.audio_delta(self._emit, wire, "")
 
 

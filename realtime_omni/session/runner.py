@@ -442,6 +442,19 @@ class SessionRunner:
                 log.exception("VAD failed in session %s", self.core.id)
                 return
             self.core.on_speech_probabilities(probs, action.start_ms)
+        elif isinstance(action, act.Listen):
+            if self.model is None:
+                return
+            # Inline, like the VAD: what the model says back must follow the audio order.
+            try:
+                said = await asyncio.wait_for(
+                    loop.run_in_executor(self.vad_executor, self.model.listen, action.wire, action.format),
+                    self.pipeline_settings.step_timeout_s)
+            except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
+                log.exception("duplex model failed in session %s", self.core.id)
+                return
+            if said is not None:
+                self.core.on_model_audio(*said)
         elif isinstance(action, act.Speculate):
             self.speculation.start(action)
         elif isinstance(action, act.DropSpeculation):

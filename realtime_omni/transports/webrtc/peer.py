@@ -74,7 +74,7 @@ class Peer:
         runner.kick = lambda: self.hangup("superseded")  # a resume elsewhere takes the session over
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
-        live = options.live_max_ms if runner.core.echo else None  # echo: a live stream, not paced ahead
+        live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
         self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         self.audio_in = AudioInputStats()
