@@ -145,7 +145,7 @@ class RealtimeSession:
     def error(self, exc: ProtocolError) -> None:
         # what a client was told is on the server's record too (message cut: clients choose it)
         log.info("session %s: error %s (param %s): %.200s", self.id, exc.code, exc.param, exc.message)
-        self._emit({"type": "error", "error": exc.to_error()})
+        self._emit(server_event("error", error=exc.to_error()))
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -153,7 +153,7 @@ class RealtimeSession:
         session = self.session_dict()
         if self.resume_token is not None:
             session["resume_token"] = self.resume_token
-        self._emit({"type": "session.created", "session": session})
+        self._emit(server_event("session.created", session=session))
 
     def session_dict(self) -> dict[str, Any]:
         session = self.config.to_dict(self.id, self.expires_at)
@@ -171,7 +171,7 @@ class RealtimeSession:
 
     def warn_expiring(self, seconds_left: int) -> None:
         """Extension event: the session will be closed at its lifetime limit."""
-        self._emit({"type": "session.expiring", "seconds_left": seconds_left, "expires_at": self.expires_at})
+        self._emit(server_event("session.expiring", seconds_left=seconds_left, expires_at=self.expires_at))
 
     def close(self, reason: str = "client_closed") -> None:
         """End the session: any active response ends (cancelled) exactly once."""
@@ -250,7 +250,7 @@ class RealtimeSession:
         self.input.set_format(config.input_format)
         if old_vad != config.turn_detection:
             self._reset_detector()
-        self._emit({"type": "session.updated", "session": self.session_dict()})
+        self._emit(server_event("session.updated", session=self.session_dict()))
 
     def _reset_detector(self) -> None:
         td = self.config.turn_detection
@@ -306,7 +306,7 @@ class RealtimeSession:
         self._drop_speculation()
         if self.detector is not None:
             self.detector.reset()
-        self._emit({"type": "input_audio_buffer.cleared"})
+        self._emit(server_event("input_audio_buffer.cleared"))
 
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
@@ -336,9 +336,9 @@ class RealtimeSession:
             self._actions = [a for a in self._actions if not (isinstance(a, act.Transcribe) and a.item_id == item.id)]
             raise
         previous = self._add_item(item, event.previous_item_id)
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
         if item.id not in self._pending_transcripts:
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
 
     def _add_item(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Add to the conversation; items it had to let go (MAX_ITEMS) are announced as deleted,
@@ -346,16 +346,16 @@ class RealtimeSession:
         previous = self.conversation.add(item, previous_item_id)
         evicted, self.conversation.evicted = self.conversation.evicted, []
         for item_id in evicted:
-            self._emit({"type": "conversation.item.deleted", "item_id": item_id})
+            self._emit(server_event("conversation.item.deleted", item_id=item_id))
         return previous
 
     def _on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
-        self._emit({"type": "conversation.item.retrieved", "item": item.to_dict()})
+        self._emit(server_event("conversation.item.retrieved", item=item.to_dict()))
 
     def _on_conversation_item_delete(self, event: Any) -> None:
         self.conversation.delete(event.item_id)
-        self._emit({"type": "conversation.item.deleted", "item_id": event.item_id})
+        self._emit(server_event("conversation.item.deleted", item_id=event.item_id))
 
     def _on_conversation_item_truncate(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
@@ -372,7 +372,7 @@ class RealtimeSession:
         heard = item.truncate_audio(event.audio_end_ms)
         self._actions.append(act.ConfirmHeard(heard))
         self._emit(
-            {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms}
+            server_event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
         )
 
     def _on_response_create(self, event: Any) -> None:
@@ -404,7 +404,7 @@ class RealtimeSession:
             raise ProtocolError(ErrorCode.INVALID_VALUE, "there is no output audio to clear yet")
         if self.response is not None:
             self._cancel_active("client_cancelled")
-        self._emit({"type": "output_audio_buffer.cleared", "response_id": self.ledger.current})
+        self._emit(server_event("output_audio_buffer.cleared", response_id=self.ledger.current))
 
     # ---------------------------------------------------------------- turns
     def on_speech_probabilities(self, probabilities: list[float], start_ms: float) -> None:
@@ -419,7 +419,8 @@ class RealtimeSession:
                 self._speech_item_id = new_id("item")
                 self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
                 self._emit(
-                    {"type": "input_audio_buffer.speech_started", "audio_start_ms": decision.audio_start_ms, "item_id": self._speech_item_id}
+                    server_event("input_audio_buffer.speech_started", audio_start_ms=decision.audio_start_ms,
+                                 item_id=self._speech_item_id)
                 )
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
@@ -434,7 +435,7 @@ class RealtimeSession:
                 self._drop_speculation()
             elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
                 item_id, self._speech_item_id = self._speech_item_id, None
-                self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": decision.audio_end_ms, "item_id": item_id})
+                self._emit(server_event("input_audio_buffer.speech_stopped", audio_end_ms=decision.audio_end_ms, item_id=item_id))
                 audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
                 spec = self._spec_id if self._spec_active else None
                 self._spec_active = False  # from here the driver adopts the prepared reply or drops it
@@ -491,13 +492,13 @@ class RealtimeSession:
             self.conversation.check_room(item.nbytes(), len(self.config.instructions))
         except ProtocolError as exc:
             self.error(exc)
-            self._emit({"type": "input_audio_buffer.cleared"})
+            self._emit(server_event("input_audio_buffer.cleared"))
             return False
         previous = self._add_item(item)
-        self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        self._emit(server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
+        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
         if self.model.hears_audio and self.config.transcription is None:
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
             return True
         self._pending_transcripts.add(item_id)
         self._actions.append(act.Transcribe(item_id, audio, spec_id))
@@ -513,8 +514,8 @@ class RealtimeSession:
         if item is not None:
             if error is not None:
                 self._emit(
-                    {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
-                     "error": {"type": "transcription_error", "code": ErrorCode.SERVER_ERROR, "message": error}}
+                    server_event("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
+                                 error={"type": "transcription_error", "code": ErrorCode.SERVER_ERROR, "message": error})
                 )
             else:
                 for part in item.content:
@@ -523,11 +524,11 @@ class RealtimeSession:
                 if self.config.transcription is not None:
                     seconds = 0.0 if item.audio16k is None else len(item.audio16k) / MODEL_RATE
                     self._emit(
-                        {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                         "content_index": 0, "transcript": transcript or "",
-                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+                        server_event("conversation.item.input_audio_transcription.completed", item_id=item_id,
+                                     content_index=0, transcript=transcript or "",
+                                     usage={"type": "duration", "seconds": round(seconds, 3)})
                     )
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
         self._maybe_start_pipeline()
 
     # ---------------------------------------------------------------- responses
@@ -565,7 +566,7 @@ class RealtimeSession:
             self.audio_started = True
         response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
         if self.rate_limits is not None:
-            self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
+            self._emit(server_event("rate_limits.updated", rate_limits=self.rate_limits()))
         self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
                                                     response.wants_audio, tools, choice)
         self._pending_input = params.get("input")
@@ -661,7 +662,7 @@ class RealtimeSession:
         err = None
         if status == "failed":
             err = {"type": "server_error", "code": ErrorCode.SERVER_ERROR, "message": error or "the model failed"}
-            self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
+            self._emit(server_event("error", error={**err, "param": None, "event_id": None}))
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
         self._arm_idle(response)
