@@ -14,21 +14,21 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..audio import AudioFormat
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
-from ..pipeline import PipelineSettings, ResponsePipeline, Sink
+from ..pipeline import PipelineSettings
 from ..protocol import parse_client_event
 from ..protocol.errors import ErrorCode, ProtocolError
-from . import actions as act
 from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .limits import EXPIRY_MESSAGES, RunnerLimits, TokenBucket, Wedged
 from .memory import approx_bytes
 from .meter import TurnMeter
+from .performer import ActionPerformer
 from .speculation import SpeculativeTurns
 
 log = logging.getLogger(__name__)
@@ -36,26 +36,6 @@ log = logging.getLogger(__name__)
 
 #: how long a resume waits for the session to process what the client sent before the drop
 SYNC_TIMEOUT_S = 10.0
-
-
-@dataclass
-class RunnerLimits:
-    mailbox_size: int = 256
-    outbox_size: int = 512
-    idle_timeout_s: float = 600.0
-    max_session_s: float = 3600.0
-    #: a ``session.expiring`` warning goes out this long before the lifetime limit closes it
-    expiry_warning_s: float = 60.0
-    max_event_bytes: int = 15 * 1024 * 1024
-    #: client events per second (token bucket; burst = 2 s worth); excess events get an error
-    max_events_per_s: float = 500.0
-    journal_events: int = 8192
-    #: the resume journal's bound in bytes (the oldest events leave first: a resume reports the gap)
-    journal_bytes: int = 16 * 1024 * 1024
-    #: conversation items and instructions together; past it a client's additions are refused
-    max_session_bytes: int = 64 * 1024 * 1024
-    #: client frames waiting in the mailbox, and events waiting in the outbox, each at most this
-    queue_bytes: int = 32 * 1024 * 1024
 
 
 class SessionRunner:
@@ -88,8 +68,6 @@ class SessionRunner:
         self.mailbox: asyncio.Queue[inp.SessionInput] = asyncio.Queue(self.limits.mailbox_size)
         self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
         self.vad: VADStream | None = None
-        self._response_task: asyncio.Task[None] | None = None
-        self._side_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.started_at = time.monotonic()
@@ -115,13 +93,15 @@ class SessionRunner:
         #: set when rebuilt from the store: what the first resume reports (persist.restoration)
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
-        self._bucket = _TokenBucket(self.limits.max_events_per_s)
+        self._bucket = TokenBucket(self.limits.max_events_per_s)
         #: when the last client event or audio was accepted (the idle clock)
         self.last_client = time.monotonic()
         #: the lifetime limit (monotonic clock)
         self.deadline = self.started_at + self.limits.max_session_s
         #: replies prepared during a pause (composed: it reads this runner through SpeculationHost)
         self.speculation = SpeculativeTurns(self)
+        #: performs the core's actions and owns the tasks they start (composed, like speculation)
+        self.actions = ActionPerformer(self)
 
     @property
     def speculations_adopted(self) -> int:
@@ -308,7 +288,7 @@ class SessionRunner:
                     await self._flush()
                 code = self._expired(now)
                 if code is not None:
-                    self.core.error(ProtocolError(code, _EXPIRY_MESSAGES[code], type="session_error"))
+                    self.core.error(ProtocolError(code, EXPIRY_MESSAGES[code], type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
@@ -326,7 +306,7 @@ class SessionRunner:
                 if isinstance(message, inp.ClientEvent | inp.AudioIn):
                     self.meter.audio_arrived(self.core.input_received_ms, time.monotonic())
                 await self._flush()
-        except _Wedged as exc:
+        except Wedged as exc:
             # Nobody takes what the session sends (a client that never reads, a writer stuck on
             # a dead peer) and a limit passed meanwhile: it ends here, whatever its outbox holds.
             log.info("session %s ended by %s while its outbox was full", self.core.id, exc.reason)
@@ -387,7 +367,7 @@ class SessionRunner:
             if not events and not actions:
                 break
             for action in actions:
-                await self._perform(action)
+                await self.actions.perform(action)
         if changed and self._on_change is not None:
             self._on_change(self, changed)
 
@@ -404,7 +384,7 @@ class SessionRunner:
 
     async def _emit(self, out: Outgoing) -> None:
         """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
-        until the session's idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        until the session's idle or lifetime limit (then :class:`Wedged`), never for ever."""
         out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
         while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
             self._outbox_room.clear()
@@ -416,117 +396,17 @@ class SessionRunner:
         self.outbox_bytes += out.nbytes
 
     async def _until_expiry(self, wait: Callable[[], Any]) -> None:
-        """Await ``wait()`` until it completes, or raise :class:`_Wedged` once a limit passes."""
+        """Await ``wait()`` until it completes, or raise :class:`Wedged` once a limit passes."""
         while True:
             now = time.monotonic()
             reason = self._expired(now)
             if reason is not None:
-                raise _Wedged(reason)
+                raise Wedged(reason)
             try:
                 await asyncio.wait_for(wait(), self._expires_at() - now)
                 return
             except asyncio.TimeoutError:
                 continue  # the idle clock may have moved meanwhile: look again
-
-    async def _perform(self, action: act.Action) -> None:
-        loop = asyncio.get_running_loop()
-        if isinstance(action, act.DetectSpeech):
-            if self.vad is None:
-                return
-            # Inline (not a side task): turn decisions must follow the audio order.
-            try:
-                probs = await asyncio.wait_for(
-                    loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k),
-                    self.pipeline_settings.step_timeout_s)
-            except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
-                log.exception("VAD failed in session %s", self.core.id)
-                return
-            self.core.on_speech_probabilities(probs, action.start_ms)
-        elif isinstance(action, act.Listen):
-            if self.model is None:
-                return
-            # Inline, like the VAD: what the model says back must follow the audio order.
-            try:
-                said = await asyncio.wait_for(
-                    loop.run_in_executor(self.vad_executor, self.model.listen, action.wire, action.format),
-                    self.pipeline_settings.step_timeout_s)
-            except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
-                log.exception("duplex model failed in session %s", self.core.id)
-                return
-            if said is not None:
-                self.core.on_model_audio(*said)
-        elif isinstance(action, act.Speculate):
-            self.speculation.start(action)
-        elif isinstance(action, act.DropSpeculation):
-            self.speculation.discard(action.spec_id)
-        elif isinstance(action, act.Transcribe):
-            reuse = self.speculation.reuse_transcript(action)
-            self._spawn(reuse if reuse is not None else self._transcribe(action))
-        elif isinstance(action, act.StartResponse):
-            adopted = self.speculation.adopt(action)
-            if adopted is not None:
-                self._response_task = adopted.task
-            else:
-                self._response_task = asyncio.create_task(self._respond(action))
-        elif isinstance(action, act.CancelResponse):
-            task = self._response_task
-            if task is not None and not task.done():
-                task.cancel()
-        elif isinstance(action, act.ConfirmHeard):
-            if self.model is not None:
-                # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(self.model.confirm, action.text),
-                                           self.pipeline_settings.step_timeout_s)
-                except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
-                    log.exception("confirm failed in session %s", self.core.id)
-        elif isinstance(action, act.CloseSession):
-            pass  # the loop in _run sees core.closed
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _transcribe(self, action: act.Transcribe) -> None:
-        loop = asyncio.get_running_loop()
-        text, error = None, None
-        try:
-            if self.model is None:
-                raise RuntimeError("this model cannot transcribe")
-            text = await asyncio.wait_for(
-                loop.run_in_executor(self.executor, self.model.transcribe, action.pcm16k),
-                self.pipeline_settings.step_timeout_s,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported to the client as transcription.failed
-            log.exception("transcription failed")
-            error = str(exc) or type(exc).__name__
-        await self.mailbox.put(inp.Transcript(action.item_id, text, error))
-
-    async def _respond(self, action: act.StartResponse) -> None:
-        rid, epoch = action.response_id, action.epoch
-        assert self.model is not None
-        pipeline = ResponsePipeline(
-            self.model, self.core.model, self.executor, self.pipeline_settings, lambda: self.core.epoch == epoch,
-            self.observer,
-        )
-        sink = Sink(
-            text=lambda text: self.mailbox.put(inp.ResponseText(rid, epoch, text)),
-            audio=lambda wire, text: self.mailbox.put(inp.ResponseAudio(rid, epoch, wire, text)),
-            usage=lambda i, o, c: self.mailbox.put(inp.ResponseUsage(rid, epoch, i, o, c)),
-            call=lambda piece: self.mailbox.put(inp.ResponseCall(rid, epoch, piece)),
-        )
-        try:
-            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
-            await self.mailbox.put(inp.ResponseEnd(rid, epoch, status, None, reason))
-        except asyncio.CancelledError:
-            action.request.cancelled.set()
-            raise
-        except Exception as exc:  # noqa: BLE001 - fails this response, never the server
-            log.exception("response %s failed", rid)
-            await self.mailbox.put(inp.ResponseEnd(rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
 
     async def _release(self) -> None:
         """Free everything on every exit path: tasks, model state, the writer."""
@@ -535,7 +415,7 @@ class SessionRunner:
             self._drain.cancel()
         self.speculation.drop()
         self.core.close()
-        tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
+        tasks = self.actions.running()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -567,45 +447,9 @@ async def _first(*waits: Any) -> bool:
     return bool(done)
 
 
-class _Wedged(Exception):
-    """A limit passed while the session waited for room in its outbox."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-#: what the client is told when a limit ends its session (the code is also the close reason)
-_EXPIRY_MESSAGES = {
-    ErrorCode.SESSION_IDLE_TIMEOUT: "session closed after being idle",
-    ErrorCode.SESSION_EXPIRED: "session reached its maximum duration",
-}
-
 # Events after which the stored state is out of date (session/persist.py says what each touches).
 _STATE_CHANGES = frozenset({
     "session.updated", "conversation.item.added", "conversation.item.done", "conversation.item.deleted",
     "conversation.item.truncated", "conversation.item.input_audio_transcription.completed",
     "response.output_item.done", "response.done",
 })
-
-
-class _TokenBucket:
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.capacity = 2 * rate
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-
-    def report(self) -> list[dict[str, Any]]:
-        self.take(0)
-        reset = (self.capacity - self.tokens) / self.rate if self.rate else 0.0
-        return [{"name": "requests", "limit": int(self.capacity), "remaining": int(self.tokens), "reset_seconds": round(reset, 3)}]
-
-    def take(self, cost: int = 1) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens < cost:
-            return False
-        self.tokens -= cost
-        return True
