@@ -22,6 +22,7 @@ from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
 from ..protocol import parse_client_event
 from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.server_events import server_event
 from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
@@ -215,9 +216,9 @@ class SessionRunner:
 
     def resumed_event(self, replayed: int, gap: bool) -> dict[str, Any]:
         """Extension event opening a resumed connection (not numbered: it belongs to the link)."""
-        event = {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
-                 "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
-                 "last_client_event_id": self.last_client_event_id}
+        event = server_event("session.resumed", event_id="event_resumed", session=self.core.session_dict(),
+                             replayed=replayed, gap=gap, last_sequence_number=self.journal.last_seq,
+                             last_client_event_id=self.last_client_event_id)
         if self.restored is not None:
             event["restored"], self.restored = self.restored, None
         return event
