@@ -1,4 +1,4 @@
-"""The input audio buffer: wire audio in, 16 kHz samples held until commit or clear."""
+"""The input audio buffer: decoded input audio in, 16 kHz samples held until commit or clear."""
 
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ class InputAudioBuffer:
         if fmt is not self.format:
             self.format = fmt
             self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
-
-    def append(self, wire: bytes) -> np.ndarray:
-        """Decode and resample a wire chunk; returns the new 16 kHz samples."""
-        return self.append_pcm(self.format.decode(wire), self.format.rate)
 
     def append_pcm(self, samples: np.ndarray, rate: int) -> np.ndarray:
         """Resample int16 samples at ``rate``; returns the new 16 kHz samples."""
