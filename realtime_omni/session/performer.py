@@ -66,61 +66,72 @@ class ActionPerformer:
         return [t for t in [self.response_task, *self.side_tasks] if t is not None and not t.done()]
 
     async def perform(self, action: act.Action) -> None:
-        loop = asyncio.get_running_loop()
-        if isinstance(action, act.DetectSpeech):
-            vad = self._host.vad
-            if vad is None:
-                return
-            # Inline (not a side task): turn decisions must follow the audio order.
-            try:
-                probs = await asyncio.wait_for(
-                    loop.run_in_executor(self._host.vad_executor, vad.probabilities, action.pcm16k),
-                    self._host.pipeline_settings.step_timeout_s)
-            except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
-                log.exception("VAD failed in session %s", self._host.core.id)
-                return
-            self._host.core.on_speech_probabilities(probs, action.start_ms)
-        elif isinstance(action, act.Listen):
-            if self._host.model is None:
-                return
-            # Inline, like the VAD: what the model says back must follow the audio order.
-            try:
-                said = await asyncio.wait_for(
-                    loop.run_in_executor(self._host.vad_executor, self._host.model.listen, action.wire,
-                                         action.format),
-                    self._host.pipeline_settings.step_timeout_s)
-            except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
-                log.exception("duplex model failed in session %s", self._host.core.id)
-                return
-            if said is not None:
-                self._host.core.on_model_audio(*said)
-        elif isinstance(action, act.Speculate):
-            self._host.speculation.start(action)
-        elif isinstance(action, act.DropSpeculation):
-            self._host.speculation.discard(action.spec_id)
-        elif isinstance(action, act.Transcribe):
-            reuse = self._host.speculation.reuse_transcript(action)
-            self._spawn(reuse if reuse is not None else self._transcribe(action))
-        elif isinstance(action, act.StartResponse):
-            adopted = self._host.speculation.adopt(action)
-            if adopted is not None:
-                self.response_task = adopted.task
-            else:
-                self.response_task = asyncio.create_task(self._respond(action))
-        elif isinstance(action, act.CancelResponse):
-            task = self.response_task
-            if task is not None and not task.done():
-                task.cancel()
-        elif isinstance(action, act.ConfirmHeard):
-            if self._host.model is not None:
-                # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(self._host.model.confirm, action.text),
-                                           self._host.pipeline_settings.step_timeout_s)
-                except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
-                    log.exception("confirm failed in session %s", self._host.core.id)
-        elif isinstance(action, act.CloseSession):
-            pass  # the loop in _run sees core.closed
+        match action:
+            case act.DetectSpeech():
+                # Inline (not a side task): turn decisions must follow the audio order.
+                await self._detect_speech(action)
+            case act.Listen():
+                # Inline, like the VAD: what the model says back must follow the audio order.
+                await self._listen(action)
+            case act.Speculate():
+                self._host.speculation.start(action)
+            case act.DropSpeculation(spec_id):
+                self._host.speculation.discard(spec_id)
+            case act.Transcribe():
+                reuse = self._host.speculation.reuse_transcript(action)
+                self._spawn(reuse if reuse is not None else self._transcribe(action))
+            case act.StartResponse():
+                adopted = self._host.speculation.adopt(action)
+                if adopted is not None:
+                    self.response_task = adopted.task
+                else:
+                    self.response_task = asyncio.create_task(self._respond(action))
+            case act.CancelResponse():
+                task = self.response_task
+                if task is not None and not task.done():
+                    task.cancel()
+            case act.ConfirmHeard(text):
+                await self._confirm(text)
+            case act.CloseSession():
+                pass  # the loop in SessionRunner._run sees core.closed
+
+    async def _detect_speech(self, action: act.DetectSpeech) -> None:
+        host = self._host
+        if host.vad is None:
+            return
+        try:
+            probs = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.vad.probabilities, action.pcm16k),
+                host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
+            log.exception("VAD failed in session %s", host.core.id)
+            return
+        host.core.on_speech_probabilities(probs, action.start_ms)
+
+    async def _listen(self, action: act.Listen) -> None:
+        host = self._host
+        if host.model is None:
+            return
+        try:
+            said = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.wire,
+                                                           action.format),
+                host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
+            log.exception("duplex model failed in session %s", host.core.id)
+            return
+        if said is not None:
+            host.core.on_model_audio(*said)
+
+    async def _confirm(self, text: str) -> None:
+        model = self._host.model
+        if model is None:
+            return
+        # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
+        try:
+            await asyncio.wait_for(asyncio.to_thread(model.confirm, text), self._host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
+            log.exception("confirm failed in session %s", self._host.core.id)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
