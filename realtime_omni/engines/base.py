@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..audio import AudioFormat
+
 Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo", "tools"]
 
 
@@ -38,6 +40,10 @@ class ModelInfo:
     #: sessions the model serves at once (None: no limit of its own); one more is refused with
     #: :class:`ModelAtCapacity` rather than slowing the others below real time
     max_sessions: int | None = None
+    #: True when the model answers while it listens: input audio goes to
+    #: :meth:`ModelSession.listen` as it arrives and what comes back is played at once, as one
+    #: open response. Such a model takes its own turns: no turn detection, no response pipeline.
+    duplex: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,12 @@ class ModelSession(abc.ABC):
         if out.audio is None:
             raise NotImplementedError("this engine's talker emits codes but has no codec")
         return out.audio
+
+    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
+        """Duplex models (``ModelInfo.duplex``): input audio as it arrives, encoded in ``fmt``;
+        returns audio to play now and its format, or None. Bytes, not PCM, so that a model may
+        hand back exactly what it heard (μ-law has two codes for zero)."""
+        raise NotImplementedError("this model does not listen while it speaks")
 
     def confirm(self, spoken_text: str) -> None:
         """After an interruption: only ``spoken_text`` of the last reply was heard.

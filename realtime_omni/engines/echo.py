@@ -1,7 +1,8 @@
-"""The echo engine: loads nothing and generates nothing.
+"""The echo engine: loads nothing; what it hears goes straight back out.
 
-The session core special-cases it (input audio goes straight back out), so it only has to exist
-for ``GET /v1/models`` and for sessions to open it cheaply (smoke tests, transport latency runs).
+A duplex model (``ModelInfo.duplex``): each piece of input audio comes back from
+:meth:`EchoSession.listen` unchanged, and the session plays it as one long response. Sessions
+open it cheaply (smoke tests, transport latency runs).
 """
 
 from __future__ import annotations
@@ -9,10 +10,21 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from .base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VoiceModel
+from ..audio import AudioFormat
+from .base import (
+    ModelInfo,
+    ModelSession,
+    TalkerOutput,
+    ThinkerOutput,
+    ThinkRequest,
+    VoiceModel,
+)
 
 
 class EchoSession(ModelSession):
+    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat]:
+        return wire, fmt  # the same bytes: the session transcodes only if its output differs
+
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         return iter(())
 
@@ -28,6 +40,7 @@ class EchoModel(VoiceModel):
         capabilities=frozenset({"audio_in", "audio_out", "echo"}),
         output_rate=24_000,
         hears_audio=False,
+        duplex=True,
     )
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:

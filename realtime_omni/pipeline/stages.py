@@ -28,13 +28,12 @@ _DONE = object()
 
 @dataclass
 class Chunk(Generic[T]):
-    """An inter-stage message. ``segment_end`` closes the turn; ``session_end`` is never set by a
-    response: the thinker's context outlives the turn and is released only when the session closes."""
+    """An inter-stage message. ``segment_end`` closes the turn. There is no session-end flag: the
+    thinker's context outlives the turn and is released when the runner closes the model session."""
 
     epoch: int
     payload: T | None = None
     segment_end: bool = False
-    session_end: bool = False
 
 
 @dataclass

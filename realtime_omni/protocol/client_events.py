@@ -14,8 +14,8 @@ from typing import Any
 import pydantic
 from openai.types.realtime import RealtimeClientEvent
 
-from . import errors, strict_json
-from .errors import ProtocolError
+from . import strict_json
+from .errors import ErrorCode, ProtocolError
 
 MAX_EVENT_BYTES = 15 * 1024 * 1024
 
@@ -110,7 +110,7 @@ def _check_formats(session: dict[str, Any], event_id: str | None) -> None:
             parse_audio_format(fmt)
         except ValueError as exc:
             raise ProtocolError(
-                errors.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=f"session.audio.{direction}.format", event_id=event_id
+                ErrorCode.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=f"session.audio.{direction}.format", event_id=event_id
             ) from None
 
 
@@ -136,7 +136,7 @@ def _check_ranges(data: dict[str, Any], event_id: str | None) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue  # absent, "inf", or a type error the schema names
         if not low <= value <= high:
-            raise ProtocolError(errors.INVALID_VALUE, f"{'.'.join(path)} must be between {low} and {high}, got {value}",
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"{'.'.join(path)} must be between {low} and {high}, got {value}",
                                 param=".".join(path), event_id=event_id)
 
 
@@ -170,7 +170,7 @@ def _take_item_references(data: dict[str, Any], event_id: str | None) -> list[tu
     for index, item in enumerate(items):
         if isinstance(item, dict) and item.get("type") == "item_reference":
             if not isinstance(item.get("id"), str) or set(item) - {"type", "id"}:
-                raise ProtocolError(errors.INVALID_EVENT, "an item_reference has exactly a string 'id'",
+                raise ProtocolError(ErrorCode.INVALID_EVENT, "an item_reference has exactly a string 'id'",
                                     param=f"response.input.{index}", event_id=event_id)
             refs.append((index, item["id"]))
         else:
@@ -227,23 +227,23 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
     """Parse and validate one client event. Raises :class:`ProtocolError` with a code."""
     if len(raw) > max_bytes:
         raise ProtocolError(
-            errors.EVENT_TOO_LARGE, f"event of {len(raw)} bytes exceeds the {max_bytes}-byte limit"
+            ErrorCode.EVENT_TOO_LARGE, f"event of {len(raw)} bytes exceeds the {max_bytes}-byte limit"
         )
     try:
         data = strict_json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(errors.INVALID_JSON, f"event is not valid JSON: {exc}") from None
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"event is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ProtocolError(errors.INVALID_JSON, "event must be a JSON object")
+        raise ProtocolError(ErrorCode.INVALID_JSON, "event must be a JSON object")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
     kind = data.get("type")
     if not isinstance(kind, str):
-        raise ProtocolError(errors.INVALID_EVENT, "event has no string 'type'", param="type", event_id=event_id)
+        raise ProtocolError(ErrorCode.INVALID_EVENT, "event has no string 'type'", param="type", event_id=event_id)
     if kind in UNSUPPORTED_TYPES:
-        raise ProtocolError(errors.UNSUPPORTED, UNSUPPORTED_TYPES[kind], param="type", event_id=event_id)
+        raise ProtocolError(ErrorCode.UNSUPPORTED, UNSUPPORTED_TYPES[kind], param="type", event_id=event_id)
     if kind not in KNOWN_TYPES:
         raise ProtocolError(
-            errors.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
+            ErrorCode.UNKNOWN_EVENT, f"unknown event type {kind!r}", param="type", event_id=event_id
         )
     data = _normalize(data)
     _check_ranges(data, event_id)
@@ -258,7 +258,7 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
         first = _best_error(exc.errors(include_url=False), data)
         param = _param_of(first)
         raise ProtocolError(
-            errors.INVALID_EVENT,
+            ErrorCode.INVALID_EVENT,
             f"invalid {kind}: {param or 'event'}: {first.get('msg')}",
             param=param or None,
             event_id=event_id,

@@ -7,12 +7,11 @@ from typing import Any
 
 
 class ProtocolError(Exception):
-    """A client mistake, reported to that client as an ``error`` event with a code (an
-    :class:`ErrorCode`; a plain string from modules not moved over to the enum yet)."""
+    """A client mistake, reported to that client as an ``error`` event with an :class:`ErrorCode`."""
 
     def __init__(
         self,
-        code: ErrorCode | str,
+        code: ErrorCode,
         message: str,
         *,
         param: str | None = None,

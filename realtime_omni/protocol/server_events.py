@@ -1,25 +1,47 @@
-"""Server events built through the ``openai`` package's typed models.
+"""Server events, checked against the ``openai`` package's typed models.
 
-:func:`server_event` validates the fields against the SDK's model of that event type, so an
-event the server sends cannot drift from the published schema; the session core adds the
-``event_id`` when it emits the event.
+:func:`server_event` is the one way the server builds an event: it validates the fields
+against the SDK's model of that event type, so an event cannot drift from the published schema,
+and returns them as given. It does not return the model's dump: that costs ~30 µs per audio
+delta (against ~2 µs to validate) and rewrites values (``500.0`` becomes ``500``). The session
+core adds the ``event_id`` when it emits the event.
 """
 
 from __future__ import annotations
 
+import logging
 import typing
 from typing import Any
 
 import pydantic
 from openai.types.realtime import RealtimeServerEvent
 
+log = logging.getLogger(__name__)
+
 _MODELS: dict[str, type[pydantic.BaseModel]] = {
     typing.get_args(model.model_fields["type"].annotation)[0]: model
     for model in typing.get_args(typing.get_args(RealtimeServerEvent)[0])
 }
 
+#: this server's own events (not in OpenAI's schema): built the same way, not validated
+EXTENSION_EVENTS = frozenset({"session.expiring", "session.resumed"})
+
+_reported: set[str] = set()
+
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
-    """The event ``kind`` with ``fields``, checked by the SDK's model (raises if they do not fit)."""
-    model = _MODELS[kind].model_validate({"event_id": "", "type": kind, **fields})
-    return model.model_dump(mode="json", exclude={"event_id"}, exclude_unset=True)
+    """The event ``kind`` with ``fields``, after checking them with the SDK's model.
+
+    A mismatch is a server bug, not the client's: it is logged (once per kind) and the event is
+    sent anyway rather than ending the session. Tests validate every event they see.
+    """
+    event = {"type": kind, **fields}
+    if kind in EXTENSION_EVENTS:
+        return event
+    try:
+        _MODELS[kind].model_validate({"event_id": "", **event})
+    except (KeyError, pydantic.ValidationError):
+        if kind not in _reported:
+            _reported.add(kind)
+            log.exception("server event %r does not match the SDK's schema", kind)
+    return event

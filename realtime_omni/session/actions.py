@@ -64,8 +64,18 @@ class ConfirmHeard:
 
 
 @dataclass
+class Listen:
+    """A duplex model hears this input now (``ModelSession.listen``); what it says back goes to
+    :meth:`~.core.RealtimeSession.on_model_audio` before the next input."""
+
+    wire: bytes
+    format: AudioFormat
+
+
+@dataclass
 class CloseSession:
     reason: str
 
 
-Action = DetectSpeech | Transcribe | Speculate | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard | CloseSession
+Action = (DetectSpeech | Transcribe | Speculate | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
+          | Listen | CloseSession)

@@ -8,8 +8,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from ..audio import AudioFormat, parse_audio_format
 from ..engines.base import ToolSpec
-from ..protocol import errors
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from .tools import ToolChoice, parse_tool_choice, parse_tools
 
 # semantic_vad has no separate model here: its eagerness maps onto the silence window.
@@ -83,7 +82,7 @@ class SessionConfig(BaseModel):
             voice = voice.get("id", "") if isinstance(voice, dict) else str(voice)
             if voice != self.voice and audio_started:
                 raise ProtocolError(
-                    errors.INVALID_VALUE,
+                    ErrorCode.INVALID_VALUE,
                     "voice cannot change once the session has produced audio",
                     param="session.audio.output.voice",
                 )
@@ -126,10 +125,10 @@ def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice, 
     if params.get("tool_choice") is not None:
         choice = parse_tool_choice(params["tool_choice"], tools, f"{where}.tool_choice")
     elif choice.name is not None and choice.name not in {tool.name for tool in tools}:
-        raise ProtocolError(errors.INVALID_VALUE, f"tool_choice names {choice.name!r}, which the new tools lack",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names {choice.name!r}, which the new tools lack",
                             param=f"{where}.tool_choice")
     elif choice.mode == "required" and not tools:
-        raise ProtocolError(errors.INVALID_VALUE, "tool_choice 'required' needs at least one tool",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice 'required' needs at least one tool",
                             param=f"{where}.tool_choice")
     return tools, choice
 
@@ -142,7 +141,7 @@ def parse_format(value: Any, param: str) -> AudioFormat:
     try:
         return parse_audio_format(value)
     except ValueError as exc:
-        raise ProtocolError(errors.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param) from None
+        raise ProtocolError(ErrorCode.UNSUPPORTED_AUDIO_FORMAT, str(exc), param=param) from None
 
 
 def _format_dict(fmt: AudioFormat) -> dict[str, Any]:
@@ -160,5 +159,5 @@ def _turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         field = ".".join(str(p) for p in first["loc"])
-        raise ProtocolError(errors.INVALID_VALUE, f"turn_detection.{field}: {first['msg']}",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"turn_detection.{field}: {first['msg']}",
                             param=f"session.audio.input.turn_detection.{field}") from None

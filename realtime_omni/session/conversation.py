@@ -10,8 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..engines.base import ToolCall, TurnMessage
-from ..protocol import errors
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from .memory import approx_bytes
 from .tools import check_tool_text
 
@@ -121,7 +120,7 @@ class Conversation:
         used = self.nbytes() + held_elsewhere
         if used + extra > self.max_bytes:
             raise ProtocolError(
-                errors.SESSION_MEMORY_EXCEEDED,
+                ErrorCode.SESSION_MEMORY_EXCEEDED,
                 f"this session holds {used} bytes of conversation and instructions; {extra} more would pass its "
                 f"limit of {self.max_bytes} bytes. Delete items (conversation.item.delete) to make room.",
                 param=param, type="invalid_request_error",
@@ -140,14 +139,14 @@ class Conversation:
         item = self._items.get(item_id)
         if item is None:
             raise ProtocolError(
-                errors.ITEM_NOT_FOUND, f"item {item_id!r} does not exist", param=param, event_id=event_id
+                ErrorCode.ITEM_NOT_FOUND, f"item {item_id!r} does not exist", param=param, event_id=event_id
             )
         return item
 
     def add(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Insert ``item`` after ``previous_item_id`` (end when None); returns its predecessor."""
         if item.id in self._items:
-            raise ProtocolError(errors.INVALID_VALUE, f"item id {item.id!r} already exists", param="item.id")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"item id {item.id!r} already exists", param="item.id")
         if len(self._order) >= MAX_ITEMS:
             # bounded: the oldest item leaves the context first (the session announces it)
             self.evicted.append(self._order[0])
@@ -211,13 +210,13 @@ def decode_image(url: str, param: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     if not url.startswith("data:image/") or ";base64," not in url:
-        raise ProtocolError(errors.INVALID_VALUE, "image_url must be a data:image/...;base64 URL", param=param)
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "image_url must be a data:image/...;base64 URL", param=param)
     try:
         raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
         with Image.open(io.BytesIO(raw)) as image:
             return np.asarray(image.convert("RGB"))
     except (ValueError, UnidentifiedImageError, OSError):
-        raise ProtocolError(errors.INVALID_VALUE, "image_url does not hold a readable image", param=param) from None
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "image_url does not hold a readable image", param=param) from None
 
 
 def item_from_client(data: dict[str, Any], accepts_images: bool = False, accepts_tools: bool = False,
@@ -226,11 +225,11 @@ def item_from_client(data: dict[str, Any], accepts_images: bool = False, accepts
     kind = data.get("type", "message")
     if kind in ("function_call", "function_call_output"):
         if not accepts_tools:
-            raise ProtocolError(errors.UNSUPPORTED, f"this model does not call functions: {kind} items are not "
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"this model does not call functions: {kind} items are not "
                                 "accepted", param=f"{param}.type")
         return _function_item(data, kind, param)
     if kind != "message":
-        raise ProtocolError(errors.UNSUPPORTED, f"item type {kind!r} is not supported (MCP items are not)",
+        raise ProtocolError(ErrorCode.UNSUPPORTED, f"item type {kind!r} is not supported (MCP items are not)",
                             param=f"{param}.type")
     role = data.get("role")
     content, images = [], []
@@ -239,7 +238,7 @@ def item_from_client(data: dict[str, Any], accepts_images: bool = False, accepts
         if part.get("type") == "input_image":
             if not accepts_images:
                 raise ProtocolError(
-                    errors.UNSUPPORTED, "this model does not accept images", param=f"item.content.{index}.type"
+                    ErrorCode.UNSUPPORTED, "this model does not accept images", param=f"item.content.{index}.type"
                 )
             images.append(decode_image(part.get("image_url", ""), f"item.content.{index}.image_url"))
             part = {"type": "input_image", "detail": part.get("detail", "auto")}  # pixels are kept as an array
@@ -254,11 +253,11 @@ def _function_item(data: dict[str, Any], kind: str, param: str) -> Item:
         item.name, item.arguments = data.get("name") or "", data.get("arguments") or ""
         item.call_id = item.call_id or new_id("call")
         if not item.name:
-            raise ProtocolError(errors.INVALID_VALUE, "a function_call item needs a name", param=f"{param}.name")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "a function_call item needs a name", param=f"{param}.name")
         check_tool_text(item.arguments, f"{param}.arguments")
     else:
         item.output = data.get("output") or ""
         if not item.call_id:
-            raise ProtocolError(errors.INVALID_VALUE, "a function_call_output item needs a call_id", param=f"{param}.call_id")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "a function_call_output item needs a call_id", param=f"{param}.call_id")
         check_tool_text(item.output, f"{param}.output")
     return item

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import StreamResampler
+from ..audio import AudioFormat, StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
-from ..protocol import errors
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
 from .config import SessionConfig, parse_format, tools_of
@@ -76,7 +75,6 @@ class RealtimeSession:
         self.requested_model = requested_model if requested_model not in (None, model.id) else None
         #: whether a model id in session.update names this session's model (the manager knows aliases)
         self.accepts_model: Callable[[str], bool] = lambda name: name in (model.id, self.requested_model)
-        self.echo = "echo" in model.capabilities
         #: whether the model takes images; frames for a model that cannot see are dropped at once
         self.sees = "image_in" in model.capabilities
         #: whether the model can call functions (session.tools, function_call items)
@@ -86,7 +84,7 @@ class RealtimeSession:
         self.speculative = not model.hears_audio
         self._spec_id = 0
         self._spec_active = False
-        self.has_vad = has_vad and not self.echo
+        self.has_vad = has_vad and not model.duplex  # a duplex model takes its own turns
         self.config = SessionConfig(model=model.id)
         if not self.has_vad:
             self.config.turn_detection = None
@@ -113,7 +111,8 @@ class RealtimeSession:
         self._pending_input: list[dict[str, Any]] | None = None
         self._pending_refs: list[tuple[int, str]] = []
         self._pending_spec: int | None = None
-        self._echo_resampler: StreamResampler | None = None
+        #: a duplex model's output rate → the output format's, for the open response
+        self._duplex_resampler: StreamResampler | None = None
         self._events: list[Outgoing] = []
         # event ids: a per-session random prefix and a counter (uuid4 per event costs ~8x more)
         self._id_prefix = uuid.uuid4().hex[:12]
@@ -146,7 +145,7 @@ class RealtimeSession:
     def error(self, exc: ProtocolError) -> None:
         # what a client was told is on the server's record too (message cut: clients choose it)
         log.info("session %s: error %s (param %s): %.200s", self.id, exc.code, exc.param, exc.message)
-        self._emit({"type": "error", "error": exc.to_error()})
+        self._emit(server_event("error", error=exc.to_error()))
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -154,7 +153,7 @@ class RealtimeSession:
         session = self.session_dict()
         if self.resume_token is not None:
             session["resume_token"] = self.resume_token
-        self._emit({"type": "session.created", "session": session})
+        self._emit(server_event("session.created", session=session))
 
     def session_dict(self) -> dict[str, Any]:
         session = self.config.to_dict(self.id, self.expires_at)
@@ -172,7 +171,7 @@ class RealtimeSession:
 
     def warn_expiring(self, seconds_left: int) -> None:
         """Extension event: the session will be closed at its lifetime limit."""
-        self._emit({"type": "session.expiring", "seconds_left": seconds_left, "expires_at": self.expires_at})
+        self._emit(server_event("session.expiring", seconds_left=seconds_left, expires_at=self.expires_at))
 
     def close(self, reason: str = "client_closed") -> None:
         """End the session: any active response ends (cancelled) exactly once."""
@@ -224,12 +223,12 @@ class RealtimeSession:
     def _on_session_update(self, event: Any) -> None:
         update = event.session.model_dump(exclude_unset=True)
         if update.get("prompt"):
-            raise ProtocolError(errors.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
                                 "send the text as instructions", param="session.prompt")
         if update.get("type") == "transcription":
-            raise ProtocolError(errors.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
         if update.get("model") is not None and not self.accepts_model(update["model"]):
-            raise ProtocolError(errors.INVALID_VALUE, f"the model cannot change within a session (served: "
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"the model cannot change within a session (served: "
                                 f"{self.model.id!r})", param="session.model")
         instructions = update.get("instructions")
         if instructions is not None and len(instructions) > len(self.config.instructions):
@@ -238,11 +237,11 @@ class RealtimeSession:
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
         if config.tools and not self.calls_tools:
-            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="session.tools")
         if config.turn_detection is not None and not self.has_vad:
             raise ProtocolError(
-                errors.UNSUPPORTED,
+                ErrorCode.UNSUPPORTED,
                 f"model {self.model.id!r} has no voice activity detector; set turn_detection to null",
                 param="session.audio.input.turn_detection",
             )
@@ -251,7 +250,7 @@ class RealtimeSession:
         self.input.set_format(config.input_format)
         if old_vad != config.turn_detection:
             self._reset_detector()
-        self._emit({"type": "session.updated", "session": self.session_dict()})
+        self._emit(server_event("session.updated", session=self.session_dict()))
 
     def _reset_detector(self) -> None:
         td = self.config.turn_detection
@@ -263,18 +262,21 @@ class RealtimeSession:
         try:
             wire = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
-            raise ProtocolError(errors.INVALID_BASE64, "audio is not valid base64", param="audio") from None
+            raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
         self.append_audio(wire)
 
-    def append_audio(self, wire: bytes) -> None:
-        """Input audio in the session's input format, from JSON or from a media track."""
-        if self.echo:
-            self._echo(wire)
-            return
+    def append_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+        """Input audio encoded in ``fmt`` (default: the session's input format), from JSON or
+        from a media track."""
+        fmt = fmt or self.config.input_format
         try:
-            pcm = self.input.append(wire)
+            samples = fmt.decode(wire)
         except ValueError as exc:
-            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+            raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
+        if self.model.duplex:
+            self._actions.append(act.Listen(wire, fmt))
+            return
+        pcm = self.input.append_pcm(samples, fmt.rate)
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
             frame = 512
@@ -288,7 +290,7 @@ class RealtimeSession:
     def _on_input_audio_buffer_commit(self, event: Any) -> None:
         if self.input.duration_ms < MIN_COMMIT_MS:
             raise ProtocolError(
-                errors.BUFFER_TOO_SMALL,
+                ErrorCode.BUFFER_TOO_SMALL,
                 f"buffer too small: {self.input.duration_ms:.0f} ms of audio, at least {MIN_COMMIT_MS} ms needed",
             )
         item_id = self._speech_item_id or new_id("item")
@@ -304,13 +306,13 @@ class RealtimeSession:
         self._drop_speculation()
         if self.detector is not None:
             self.detector.reset()
-        self._emit({"type": "input_audio_buffer.cleared"})
+        self._emit(server_event("input_audio_buffer.cleared"))
 
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
         item = item_from_client(data, accepts_images=self.sees, accepts_tools=self.calls_tools)
         if item.type == "function_call_output" and self.conversation.find_call(item.call_id) is None:
-            raise ProtocolError(errors.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
+            raise ProtocolError(ErrorCode.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
                                 param="item.call_id")
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
@@ -321,7 +323,7 @@ class RealtimeSession:
                     )
                 except (binascii.Error, ValueError):
                     raise ProtocolError(
-                        errors.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
+                        ErrorCode.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
                     ) from None
                 item.audio16k = pcm if item.audio16k is None else np.concatenate([item.audio16k, pcm])
                 if not part.get("transcript") and not self.model.hears_audio:
@@ -334,9 +336,9 @@ class RealtimeSession:
             self._actions = [a for a in self._actions if not (isinstance(a, act.Transcribe) and a.item_id == item.id)]
             raise
         previous = self._add_item(item, event.previous_item_id)
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
         if item.id not in self._pending_transcripts:
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
 
     def _add_item(self, item: Item, previous_item_id: str | None = None) -> str | None:
         """Add to the conversation; items it had to let go (MAX_ITEMS) are announced as deleted,
@@ -344,24 +346,24 @@ class RealtimeSession:
         previous = self.conversation.add(item, previous_item_id)
         evicted, self.conversation.evicted = self.conversation.evicted, []
         for item_id in evicted:
-            self._emit({"type": "conversation.item.deleted", "item_id": item_id})
+            self._emit(server_event("conversation.item.deleted", item_id=item_id))
         return previous
 
     def _on_conversation_item_retrieve(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
-        self._emit({"type": "conversation.item.retrieved", "item": item.to_dict()})
+        self._emit(server_event("conversation.item.retrieved", item=item.to_dict()))
 
     def _on_conversation_item_delete(self, event: Any) -> None:
         self.conversation.delete(event.item_id)
-        self._emit({"type": "conversation.item.deleted", "item_id": event.item_id})
+        self._emit(server_event("conversation.item.deleted", item_id=event.item_id))
 
     def _on_conversation_item_truncate(self, event: Any) -> None:
         item = self.conversation.get(event.item_id)
         if item.role != "assistant" or event.content_index != 0 or not item.content or item.content[0].get("type") != "output_audio":
-            raise ProtocolError(errors.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
+            raise ProtocolError(ErrorCode.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
         if event.audio_end_ms < 0 or event.audio_end_ms > item.audio_ms + 1:
             raise ProtocolError(
-                errors.INVALID_TRUNCATE,
+                ErrorCode.INVALID_TRUNCATE,
                 f"audio_end_ms {event.audio_end_ms} is beyond the item's {item.audio_ms:.0f} ms of audio",
                 param="audio_end_ms",
             )
@@ -370,39 +372,39 @@ class RealtimeSession:
         heard = item.truncate_audio(event.audio_end_ms)
         self._actions.append(act.ConfirmHeard(heard))
         self._emit(
-            {"type": "conversation.item.truncated", "item_id": item.id, "content_index": 0, "audio_end_ms": event.audio_end_ms}
+            server_event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms)
         )
 
     def _on_response_create(self, event: Any) -> None:
         if self.response is not None:
             raise ProtocolError(
-                errors.ACTIVE_RESPONSE,
+                ErrorCode.ACTIVE_RESPONSE,
                 f"conversation already has an active response in progress: {self.response.id}",
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
         _check_metadata(params.get("metadata"))
         if params.get("prompt"):
-            raise ProtocolError(errors.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
                                 "as instructions", param="response.prompt")
         for index, item_id in params.get("item_references", ()):
             self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
         tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
         if tools and not self.calls_tools:
-            raise ProtocolError(errors.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="response.tools")
         self._create_response(params, tools=tools, choice=choice)
 
     def _on_response_cancel(self, event: Any) -> None:
         if self.response is None or (event.response_id and event.response_id != self.response.id):
-            raise ProtocolError(errors.NO_ACTIVE_RESPONSE, "there is no active response to cancel", param="response_id")
+            raise ProtocolError(ErrorCode.NO_ACTIVE_RESPONSE, "there is no active response to cancel", param="response_id")
         self._cancel_active("client_cancelled")
 
     def _on_output_audio_buffer_clear(self, event: Any) -> None:
         if self.ledger.current is None:
-            raise ProtocolError(errors.INVALID_VALUE, "there is no output audio to clear yet")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "there is no output audio to clear yet")
         if self.response is not None:
             self._cancel_active("client_cancelled")
-        self._emit({"type": "output_audio_buffer.cleared", "response_id": self.ledger.current})
+        self._emit(server_event("output_audio_buffer.cleared", response_id=self.ledger.current))
 
     # ---------------------------------------------------------------- turns
     def on_speech_probabilities(self, probabilities: list[float], start_ms: float) -> None:
@@ -417,7 +419,8 @@ class RealtimeSession:
                 self._speech_item_id = new_id("item")
                 self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
                 self._emit(
-                    {"type": "input_audio_buffer.speech_started", "audio_start_ms": decision.audio_start_ms, "item_id": self._speech_item_id}
+                    server_event("input_audio_buffer.speech_started", audio_start_ms=decision.audio_start_ms,
+                                 item_id=self._speech_item_id)
                 )
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
@@ -432,7 +435,7 @@ class RealtimeSession:
                 self._drop_speculation()
             elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
                 item_id, self._speech_item_id = self._speech_item_id, None
-                self._emit({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": decision.audio_end_ms, "item_id": item_id})
+                self._emit(server_event("input_audio_buffer.speech_stopped", audio_end_ms=decision.audio_end_ms, item_id=item_id))
                 audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
                 spec = self._spec_id if self._spec_active else None
                 self._spec_active = False  # from here the driver adopts the prepared reply or drops it
@@ -489,13 +492,13 @@ class RealtimeSession:
             self.conversation.check_room(item.nbytes(), len(self.config.instructions))
         except ProtocolError as exc:
             self.error(exc)
-            self._emit({"type": "input_audio_buffer.cleared"})
+            self._emit(server_event("input_audio_buffer.cleared"))
             return False
         previous = self._add_item(item)
-        self._emit({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item_id})
-        self._emit({"type": "conversation.item.added", "previous_item_id": previous, "item": item.to_dict()})
+        self._emit(server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
+        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
         if self.model.hears_audio and self.config.transcription is None:
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
             return True
         self._pending_transcripts.add(item_id)
         self._actions.append(act.Transcribe(item_id, audio, spec_id))
@@ -511,8 +514,8 @@ class RealtimeSession:
         if item is not None:
             if error is not None:
                 self._emit(
-                    {"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
-                     "error": {"type": "transcription_error", "code": errors.SERVER_ERROR, "message": error}}
+                    server_event("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
+                                 error={"type": "transcription_error", "code": ErrorCode.SERVER_ERROR, "message": error})
                 )
             else:
                 for part in item.content:
@@ -521,11 +524,11 @@ class RealtimeSession:
                 if self.config.transcription is not None:
                     seconds = 0.0 if item.audio16k is None else len(item.audio16k) / MODEL_RATE
                     self._emit(
-                        {"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                         "content_index": 0, "transcript": transcript or "",
-                         "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+                        server_event("conversation.item.input_audio_transcription.completed", item_id=item_id,
+                                     content_index=0, transcript=transcript or "",
+                                     usage={"type": "duration", "seconds": round(seconds, 3)})
                     )
-            self._emit({"type": "conversation.item.done", "item": item.to_dict()})
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
         self._maybe_start_pipeline()
 
     # ---------------------------------------------------------------- responses
@@ -563,7 +566,7 @@ class RealtimeSession:
             self.audio_started = True
         response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
         if self.rate_limits is not None:
-            self._emit({"type": "rate_limits.updated", "rate_limits": self.rate_limits()})
+            self._emit(server_event("rate_limits.updated", rate_limits=self.rate_limits()))
         self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
                                                     response.wants_audio, tools, choice)
         self._pending_input = params.get("input")
@@ -601,7 +604,8 @@ class RealtimeSession:
 
     def _maybe_start_pipeline(self) -> None:
         response = self.response
-        if response is None or response.pipeline_started or self._pending_transcripts or self.echo:
+        # a duplex model's replies come from what it hears (on_model_audio), not from a pipeline
+        if response is None or response.pipeline_started or self._pending_transcripts or self.model.duplex:
             return
         response.pipeline_started = True
         request = self._pending_request
@@ -626,8 +630,7 @@ class RealtimeSession:
             heard_ms = self.ledger.sent_ms(response.id)
         heard = response.finish(self._emit, "cancelled", reason=reason, heard_ms=heard_ms)
         self.response = None
-        if not self.echo:
-            self._actions.append(act.CancelResponse(response.id, response.epoch))
+        self._actions.append(act.CancelResponse(response.id, response.epoch))
         if heard is not None:
             self._actions.append(act.ConfirmHeard(heard))
 
@@ -658,8 +661,8 @@ class RealtimeSession:
             return
         err = None
         if status == "failed":
-            err = {"type": "server_error", "code": errors.SERVER_ERROR, "message": error or "the model failed"}
-            self._emit({"type": "error", "error": {**err, "param": None, "event_id": None}})
+            err = {"type": "server_error", "code": ErrorCode.SERVER_ERROR, "message": error or "the model failed"}
+            self._emit(server_event("error", error={**err, "param": None, "event_id": None}))
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
         self._arm_idle(response)
@@ -670,23 +673,20 @@ class RealtimeSession:
             return None
         return response
 
-    # ---------------------------------------------------------------- echo model
-    def _echo(self, wire: bytes) -> None:
-        """Echo model: the appended audio goes straight back as one long response's deltas."""
-        in_fmt, out_fmt = self.config.input_format, self.config.output_format
-        try:
-            pcm = in_fmt.decode(wire)
-        except ValueError as exc:
-            raise ProtocolError(errors.INVALID_AUDIO, str(exc), param="audio") from None
+    # ---------------------------------------------------------------- duplex models
+    def on_model_audio(self, wire: bytes, fmt: AudioFormat) -> None:
+        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`,
+        encoded in ``fmt``. It plays at once, as deltas of one open response."""
+        if self.closed:
+            return
+        out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
-            self._echo_resampler = StreamResampler(in_fmt.rate, out_fmt.rate)
-        assert self.response is not None and self._echo_resampler is not None
-        if in_fmt is out_fmt:
-            out = wire
-        else:
-            out = out_fmt.encode(self._echo_resampler.process(pcm))
-        self.response.audio_delta(self._emit, out, "")
+            self._duplex_resampler = StreamResampler(fmt.rate, out_fmt.rate)
+        assert self.response is not None and self._duplex_resampler is not None
+        if fmt is not out_fmt:
+            wire = out_fmt.encode(self._duplex_resampler.process(fmt.decode(wire)))
+        self.response.audio_delta(self._emit, wire, "")
 
 
 
@@ -698,9 +698,9 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
     if not metadata:
         return
     if len(metadata) > MAX_METADATA_PAIRS:
-        raise ProtocolError(errors.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"metadata holds at most {MAX_METADATA_PAIRS} pairs, got {len(metadata)}",
                             param="response.metadata")
     for key, value in metadata.items():
         if len(key) > MAX_METADATA_KEY or len(value) > MAX_METADATA_VALUE:
-            raise ProtocolError(errors.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"metadata keys are at most {MAX_METADATA_KEY} characters and "
                                 f"values at most {MAX_METADATA_VALUE}", param=f"response.metadata.{key[:64]}")

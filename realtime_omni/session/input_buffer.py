@@ -1,4 +1,4 @@
-"""The input audio buffer: wire audio in, 16 kHz samples held until commit or clear."""
+"""The input audio buffer: decoded input audio in, 16 kHz samples held until commit or clear."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ MODEL_RATE = 16_000
 class InputAudioBuffer:
     """Holds uncommitted input at 16 kHz and tracks stream time in milliseconds.
 
-    Bounded: past ``max_seconds`` the oldest audio is dropped (and :attr:`overflowed` is set),
-    so a client that never commits cannot grow memory without limit.
+    Bounded: past ``max_seconds`` the oldest audio is dropped, so a client that never commits
+    cannot grow memory without limit.
     """
 
     def __init__(self, fmt: AudioFormat, max_seconds: float = 300.0) -> None:
@@ -26,16 +26,17 @@ class InputAudioBuffer:
         self.stream_samples = 0
         #: stream position (samples) where the current buffer begins
         self.buffer_start = 0
-        self.overflowed = False
 
     def set_format(self, fmt: AudioFormat) -> None:
         if fmt is not self.format:
             self.format = fmt
             self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
 
-    def append(self, wire: bytes) -> np.ndarray:
-        """Decode and resample a wire chunk; returns the new 16 kHz samples."""
-        pcm = self._resampler.process(self.format.decode(wire))
+    def append_pcm(self, samples: np.ndarray, rate: int) -> np.ndarray:
+        """Resample int16 samples at ``rate``; returns the new 16 kHz samples."""
+        if self._resampler.in_rate != rate:  # media audio at another rate than the format's
+            self._resampler = StreamResampler(rate, MODEL_RATE)
+        pcm = self._resampler.process(samples)
         if len(pcm):
             self._chunks.append(pcm)
             self._samples += len(pcm)
@@ -44,7 +45,6 @@ class InputAudioBuffer:
                 dropped = self._chunks.pop(0)
                 self._samples -= len(dropped)
                 self.buffer_start += len(dropped)
-                self.overflowed = True
         return pcm
 
     @property

@@ -86,16 +86,16 @@ class Response:
     def start_events(self, emit: EventSink, defer_message: bool = False) -> None:
         """``response.created``, then the message item at once, or (``defer_message``, when the
         model may call a function instead of speaking) when its first text or audio comes."""
-        emit({"type": "response.created", "response": self.to_dict()})
+        emit(server_event("response.created", response=self.to_dict()))
         if not defer_message:
             self._open_message(emit)
 
     def _add_output(self, emit: EventSink, item: Item) -> None:
         self.outputs.append(item)
-        emit({"type": "response.output_item.added", "response_id": self.id, "output_index": len(self.outputs) - 1,
-              "item": item.to_dict()})
+        emit(server_event("response.output_item.added", response_id=self.id, output_index=len(self.outputs) - 1,
+                          item=item.to_dict()))
         if self.attach is not None:
-            emit({"type": "conversation.item.added", "previous_item_id": self.attach(item), "item": item.to_dict()})
+            emit(server_event("conversation.item.added", previous_item_id=self.attach(item), item=item.to_dict()))
 
     def _open_message(self, emit: EventSink) -> None:
         if self._index(self.item) >= 0:
@@ -104,7 +104,7 @@ class Response:
         # Items use the output_* part types; the content_part events use plain audio/text (GA SDK).
         self.item.content = [{"type": "output_audio", "transcript": ""} if self.wants_audio else {"type": "output_text", "text": ""}]
         part = {"type": "audio", "transcript": ""} if self.wants_audio else {"type": "text", "text": ""}
-        emit({"type": "response.content_part.added", **self._ids(), "part": part})
+        emit(server_event("response.content_part.added", **self._ids(), part=part))
 
     def call_delta(self, emit: EventSink, piece: ToolCallDelta) -> None:
         """A piece of a function call: the first opens a ``function_call`` item, the last closes it."""
@@ -126,10 +126,10 @@ class Response:
             self._close_output(emit, call)
 
     def _close_output(self, emit: EventSink, item: Item) -> None:
-        emit({"type": "response.output_item.done", "response_id": self.id, "output_index": self._index(item),
-              "item": item.to_dict()})
+        emit(server_event("response.output_item.done", response_id=self.id, output_index=self._index(item),
+                          item=item.to_dict()))
         if self.attach is not None:
-            emit({"type": "conversation.item.done", "item": item.to_dict()})
+            emit(server_event("conversation.item.done", item=item.to_dict()))
 
     def text_delta(self, emit: EventSink, text: str) -> None:
         """Reply text: a transcript delta in audio mode, a text delta in text mode."""
@@ -138,7 +138,7 @@ class Response:
         self._open_message(emit)
         self.text += text
         kind = "response.output_audio_transcript.delta" if self.wants_audio else "response.output_text.delta"
-        emit({"type": kind, **self._ids(), "delta": text}, epoch=self.epoch)
+        emit(server_event(kind, **self._ids(), delta=text), epoch=self.epoch)
 
     def audio_delta(self, emit: EventSink, wire: bytes, text: str) -> None:
         """A chunk of encoded audio (and the reply text it begins to speak, if any)."""
@@ -152,7 +152,7 @@ class Response:
         elif self.item.spans:
             self.item.spans[-1].end_ms = self.item.audio_ms
         emit(
-            {"type": "response.output_audio.delta", **self._ids(), "delta": base64.b64encode(wire).decode()},
+            server_event("response.output_audio.delta", **self._ids(), delta=base64.b64encode(wire).decode()),
             epoch=self.epoch,
             audio_ms=duration,
             response_id=self.id,
@@ -198,7 +198,7 @@ class Response:
             call, self._call = self._call, None
             call.status = "incomplete"
             self._close_output(emit, call)
-        emit({"type": "response.done", "response": self.to_dict()})
+        emit(server_event("response.done", response=self.to_dict()))
         return heard
 
     def _close_message(self, emit: EventSink, status: Status) -> None:
@@ -206,9 +206,9 @@ class Response:
         part = dict(self.item.content[0])
         part["type"] = "audio" if self.wants_audio else "text"
         if self.wants_audio:
-            emit({"type": "response.output_audio.done", **self._ids()})
-            emit({"type": "response.output_audio_transcript.done", **self._ids(), "transcript": part["transcript"]})
+            emit(server_event("response.output_audio.done", **self._ids()))
+            emit(server_event("response.output_audio_transcript.done", **self._ids(), transcript=part["transcript"]))
         else:
-            emit({"type": "response.output_text.done", **self._ids(), "text": part["text"]})
-        emit({"type": "response.content_part.done", **self._ids(), "part": part})
+            emit(server_event("response.output_text.done", **self._ids(), text=part["text"]))
+        emit(server_event("response.content_part.done", **self._ids(), part=part))
         self._close_output(emit, self.item)

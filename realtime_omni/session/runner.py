@@ -1,8 +1,9 @@
 """The asyncio driver of one session: one mailbox, one task, engines in worker threads.
 
-Transports put raw client text into :meth:`SessionRunner.submit` and send what
-:meth:`SessionRunner.next_outgoing` yields from their single writer task. Everything that changes
-the session happens on the runner's own task, in the order it arrived.
+Transports put raw client text into :meth:`SessionRunner.submit` (media audio into
+:meth:`SessionRunner.submit_audio`) and send what :meth:`SessionRunner.next_outgoing` yields from
+their single writer task. Everything that changes the session happens on the runner's own task,
+in the order it arrived: the mailbox holds typed inputs (:mod:`.inputs`).
 """
 
 from __future__ import annotations
@@ -13,19 +14,22 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ..audio import AudioFormat
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
-from ..pipeline import PipelineSettings, ResponsePipeline, Sink
+from ..pipeline import PipelineSettings
 from ..protocol import parse_client_event
-from ..protocol.errors import ProtocolError
-from . import actions as act
+from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.server_events import server_event
+from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .limits import EXPIRY_MESSAGES, RunnerLimits, TokenBucket, Wedged
 from .memory import approx_bytes
 from .meter import TurnMeter
+from .performer import ActionPerformer
 from .speculation import SpeculativeTurns
 
 log = logging.getLogger(__name__)
@@ -33,26 +37,6 @@ log = logging.getLogger(__name__)
 
 #: how long a resume waits for the session to process what the client sent before the drop
 SYNC_TIMEOUT_S = 10.0
-
-
-@dataclass
-class RunnerLimits:
-    mailbox_size: int = 256
-    outbox_size: int = 512
-    idle_timeout_s: float = 600.0
-    max_session_s: float = 3600.0
-    #: a ``session.expiring`` warning goes out this long before the lifetime limit closes it
-    expiry_warning_s: float = 60.0
-    max_event_bytes: int = 15 * 1024 * 1024
-    #: client events per second (token bucket; burst = 2 s worth); excess events get an error
-    max_events_per_s: float = 500.0
-    journal_events: int = 8192
-    #: the resume journal's bound in bytes (the oldest events leave first: a resume reports the gap)
-    journal_bytes: int = 16 * 1024 * 1024
-    #: conversation items and instructions together; past it a client's additions are refused
-    max_session_bytes: int = 64 * 1024 * 1024
-    #: client frames waiting in the mailbox, and events waiting in the outbox, each at most this
-    queue_bytes: int = 32 * 1024 * 1024
 
 
 class SessionRunner:
@@ -82,11 +66,9 @@ class SessionRunner:
         self.transport = transport
         self.meter = TurnMeter(self.observer)
         self.close_reason: str | None = None
-        self.mailbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue(self.limits.mailbox_size)
+        self.mailbox: asyncio.Queue[inp.SessionInput] = asyncio.Queue(self.limits.mailbox_size)
         self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
         self.vad: VADStream | None = None
-        self._response_task: asyncio.Task[None] | None = None
-        self._side_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()
         self.started_at = time.monotonic()
@@ -112,13 +94,15 @@ class SessionRunner:
         #: set when rebuilt from the store: what the first resume reports (persist.restoration)
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
-        self._bucket = _TokenBucket(self.limits.max_events_per_s)
+        self._bucket = TokenBucket(self.limits.max_events_per_s)
         #: when the last client event or audio was accepted (the idle clock)
         self.last_client = time.monotonic()
         #: the lifetime limit (monotonic clock)
         self.deadline = self.started_at + self.limits.max_session_s
         #: replies prepared during a pause (composed: it reads this runner through SpeculationHost)
         self.speculation = SpeculativeTurns(self)
+        #: performs the core's actions and owns the tasks they start (composed, like speculation)
+        self.actions = ActionPerformer(self)
 
     @property
     def speculations_adopted(self) -> int:
@@ -135,22 +119,24 @@ class SessionRunner:
         if self.closed.is_set():
             return
         if not self._bucket.take():
-            await self._offer(("rate_limited", len(raw)))
+            await self._offer(inp.RateLimited())
             return
-        if await self._offer(("client", raw)):
+        if await self._offer(inp.ClientEvent(raw)):
             self.last_client = time.monotonic()
 
-    async def submit_audio(self, wire: bytes) -> None:
-        """Queue input audio from a media track (same path as ``input_audio_buffer.append``)."""
-        if await self._offer(("audio_in", wire)):
+    async def submit_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+        """Queue input audio from a media track (same path as ``input_audio_buffer.append``),
+        encoded in ``fmt`` (default: the session's input format now). The format travels with
+        the audio, so a format change queued ahead of it cannot reinterpret it."""
+        if await self._offer(inp.AudioIn(wire, fmt or self.core.config.input_format)):
             self.last_client = time.monotonic()
 
-    async def _offer(self, message: tuple[Any, ...]) -> bool:
+    async def _offer(self, message: inp.SessionInput) -> bool:
         """Put ``message`` in the mailbox, waiting while it is full until the session closes
         (a transport blocked here must still see its session end). False: not delivered."""
         if self.closed.is_set():
             return False
-        size = _payload_bytes(message)
+        size = inp.payload_bytes(message)
         # bytes first: one 15 MiB frame after another would fill memory long before the count
         while size and self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             self._inbox_room.clear()
@@ -179,8 +165,8 @@ class SessionRunner:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
         if self.closed.is_set() or not self.core.sees:
             return False
-        message = ("image", rgb)
-        size = _payload_bytes(message)
+        message = inp.Image(rgb)
+        size = inp.payload_bytes(message)
         if self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             return False
         try:
@@ -230,9 +216,9 @@ class SessionRunner:
 
     def resumed_event(self, replayed: int, gap: bool) -> dict[str, Any]:
         """Extension event opening a resumed connection (not numbered: it belongs to the link)."""
-        event = {"type": "session.resumed", "event_id": "event_resumed", "session": self.core.session_dict(),
-                 "replayed": replayed, "gap": gap, "last_sequence_number": self.journal.last_seq,
-                 "last_client_event_id": self.last_client_event_id}
+        event = server_event("session.resumed", event_id="event_resumed", session=self.core.session_dict(),
+                             replayed=replayed, gap=gap, last_sequence_number=self.journal.last_seq,
+                             last_client_event_id=self.last_client_event_id)
         if self.restored is not None:
             event["restored"], self.restored = self.restored, None
         return event
@@ -250,7 +236,7 @@ class SessionRunner:
         # Bounded both ways: a session that cannot take the marker (full mailbox, full outbox and
         # no writer yet) or never reaches it must not hold the resuming client for ever.
         synced: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        offered = asyncio.ensure_future(self._offer(("sync", synced)))
+        offered = asyncio.ensure_future(self._offer(inp.Sync(synced)))
         await asyncio.wait({offered}, timeout=SYNC_TIMEOUT_S)
         if offered.done() and offered.result():
             await asyncio.wait({synced}, timeout=SYNC_TIMEOUT_S)
@@ -273,7 +259,7 @@ class SessionRunner:
         self.close_reason = self.close_reason or reason
         if not self.closed.is_set():
             try:
-                self.mailbox.put_nowait(("close", reason))
+                self.mailbox.put_nowait(inp.Close(reason))
             except asyncio.QueueFull:
                 self._task.cancel()
         # The task may be blocked on a full outbox whose writer is gone: bounded wait, then cancel.
@@ -301,10 +287,9 @@ class SessionRunner:
                     warn_at = None
                     self.core.warn_expiring(max(int(deadline - now), 0))
                     await self._flush()
-                reason = self._expired(now)
-                if reason is not None:
-                    code, text = _EXPIRY[reason]
-                    self.core.error(ProtocolError(code, text, type="session_error"))
+                code = self._expired(now)
+                if code is not None:
+                    self.core.error(ProtocolError(code, EXPIRY_MESSAGES[code], type="session_error"))
                     self.close_reason = code
                     self.core.close(code)
                     await self._flush()
@@ -314,15 +299,15 @@ class SessionRunner:
                     message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
                 except asyncio.TimeoutError:
                     continue
-                size = _payload_bytes(message)
+                size = inp.payload_bytes(message)
                 if size:
                     self.inbox_bytes -= size
                     self._inbox_room.set()
                 await self._handle(message)
-                if message[0] in ("client", "audio_in"):
+                if isinstance(message, inp.ClientEvent | inp.AudioIn):
                     self.meter.audio_arrived(self.core.input_received_ms, time.monotonic())
                 await self._flush()
-        except _Wedged as exc:
+        except Wedged as exc:
             # Nobody takes what the session sends (a client that never reads, a writer stuck on
             # a dead peer) and a limit passed meanwhile: it ends here, whatever its outbox holds.
             log.info("session %s ended by %s while its outbox was full", self.core.id, exc.reason)
@@ -334,50 +319,40 @@ class SessionRunner:
         finally:
             await self._release()
 
-    async def _handle(self, message: tuple[Any, ...]) -> None:
-        kind = message[0]
+    async def _handle(self, message: inp.SessionInput) -> None:
         core = self.core
-        if kind == "client":
-            try:
-                event = parse_client_event(message[1], self.limits.max_event_bytes)
-            except ProtocolError as exc:
-                core.error(exc)
-                return
-            core.receive(event)
-            if event.event_id:
-                self.last_client_event_id = event.event_id
-        elif kind == "sync":
-            if not message[1].done():
-                message[1].set_result(None)
-        elif kind == "rate_limited":
-            core.error(ProtocolError(
-                "rate_limit_exceeded",
-                f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
-                type="rate_limit_error"))
-        elif kind == "audio_in":
-            try:
-                core.append_audio(message[1])
-            except ProtocolError as exc:
-                core.error(exc)
-        elif kind == "image":
-            core.append_image(message[1])
-        elif kind == "speech":
-            core.on_speech_probabilities(message[1], message[2])
-        elif kind == "transcript":
-            core.on_transcription(message[1], message[2], message[3])
-        elif kind == "text":
-            core.on_response_text(message[1], message[2], message[3])
-        elif kind == "audio":
-            core.on_response_audio(message[1], message[2], message[3], message[4])
-        elif kind == "call":
-            core.on_response_call(message[1], message[2], message[3])
-        elif kind == "usage":
-            core.on_response_usage(*message[1:])
-        elif kind == "end":
-            core.on_response_end(message[1], message[2], message[3], message[4], message[5])
-        elif kind == "close":
-            self.close_reason = self.close_reason or message[1]
-            core.close(message[1])
+        match message:
+            case inp.ClientEvent(raw):
+                try:
+                    event = parse_client_event(raw, self.limits.max_event_bytes)
+                except ProtocolError as exc:
+                    core.error(exc)
+                    return
+                core.receive(event)
+                if event.event_id:
+                    self.last_client_event_id = event.event_id
+            case inp.AudioIn(wire, fmt):
+                try:
+                    core.append_audio(wire, fmt)
+                except ProtocolError as exc:
+                    core.error(exc)
+            case inp.RateLimited():
+                core.error(ProtocolError(
+                    ErrorCode.RATE_LIMIT_EXCEEDED,
+                    f"more than {self.limits.max_events_per_s:.0f} events per second; this event was dropped",
+                    type="rate_limit_error"))
+            case inp.Image(rgb):
+                core.append_image(rgb)
+            case inp.Sync(done):
+                if not done.done():
+                    done.set_result(None)
+            case inp.Transcript(item_id, text, error):
+                core.on_transcription(item_id, text, error)
+            case inp.ResponseText() | inp.ResponseAudio() | inp.ResponseCall() | inp.ResponseUsage() | inp.ResponseEnd():
+                inp.deliver(core, message)
+            case inp.Close(reason):
+                self.close_reason = self.close_reason or reason
+                core.close(reason)
 
     async def _flush(self) -> None:
         """Send what the core emitted and perform what it asked, until both are empty (an
@@ -393,24 +368,24 @@ class SessionRunner:
             if not events and not actions:
                 break
             for action in actions:
-                await self._perform(action)
+                await self.actions.perform(action)
         if changed and self._on_change is not None:
             self._on_change(self, changed)
 
     def _expires_at(self) -> float:
         return min(self.deadline, self.last_client + self.limits.idle_timeout_s)
 
-    def _expired(self, now: float) -> str | None:
+    def _expired(self, now: float) -> ErrorCode | None:
         """``session_expired`` or ``session_idle_timeout`` once a limit has passed, else None."""
         if now >= self.deadline:
-            return "session_expired"
+            return ErrorCode.SESSION_EXPIRED
         if now >= self.last_client + self.limits.idle_timeout_s:
-            return "session_idle_timeout"
+            return ErrorCode.SESSION_IDLE_TIMEOUT
         return None
 
     async def _emit(self, out: Outgoing) -> None:
         """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
-        until the session's idle or lifetime limit (then :class:`_Wedged`), never for ever."""
+        until the session's idle or lifetime limit (then :class:`Wedged`), never for ever."""
         out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
         while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
             self._outbox_room.clear()
@@ -422,104 +397,17 @@ class SessionRunner:
         self.outbox_bytes += out.nbytes
 
     async def _until_expiry(self, wait: Callable[[], Any]) -> None:
-        """Await ``wait()`` until it completes, or raise :class:`_Wedged` once a limit passes."""
+        """Await ``wait()`` until it completes, or raise :class:`Wedged` once a limit passes."""
         while True:
             now = time.monotonic()
             reason = self._expired(now)
             if reason is not None:
-                raise _Wedged(reason)
+                raise Wedged(reason)
             try:
                 await asyncio.wait_for(wait(), self._expires_at() - now)
                 return
             except asyncio.TimeoutError:
                 continue  # the idle clock may have moved meanwhile: look again
-
-    async def _perform(self, action: act.Action) -> None:
-        loop = asyncio.get_running_loop()
-        if isinstance(action, act.DetectSpeech):
-            if self.vad is None:
-                return
-            # Inline (not a side task): turn decisions must follow the audio order.
-            try:
-                probs = await asyncio.wait_for(
-                    loop.run_in_executor(self.vad_executor, self.vad.probabilities, action.pcm16k),
-                    self.pipeline_settings.step_timeout_s)
-            except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
-                log.exception("VAD failed in session %s", self.core.id)
-                return
-            self.core.on_speech_probabilities(probs, action.start_ms)
-        elif isinstance(action, act.Speculate):
-            self.speculation.start(action)
-        elif isinstance(action, act.DropSpeculation):
-            self.speculation.discard(action.spec_id)
-        elif isinstance(action, act.Transcribe):
-            reuse = self.speculation.reuse_transcript(action)
-            self._spawn(reuse if reuse is not None else self._transcribe(action))
-        elif isinstance(action, act.StartResponse):
-            adopted = self.speculation.adopt(action)
-            if adopted is not None:
-                self._response_task = adopted.task
-            else:
-                self._response_task = asyncio.create_task(self._respond(action))
-        elif isinstance(action, act.CancelResponse):
-            task = self._response_task
-            if task is not None and not task.done():
-                task.cancel()
-        elif isinstance(action, act.ConfirmHeard):
-            if self.model is not None:
-                # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(self.model.confirm, action.text),
-                                           self.pipeline_settings.step_timeout_s)
-                except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
-                    log.exception("confirm failed in session %s", self.core.id)
-        elif isinstance(action, act.CloseSession):
-            pass  # the loop in _run sees core.closed
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _transcribe(self, action: act.Transcribe) -> None:
-        loop = asyncio.get_running_loop()
-        text, error = None, None
-        try:
-            if self.model is None:
-                raise RuntimeError("this model cannot transcribe")
-            text = await asyncio.wait_for(
-                loop.run_in_executor(self.executor, self.model.transcribe, action.pcm16k),
-                self.pipeline_settings.step_timeout_s,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported to the client as transcription.failed
-            log.exception("transcription failed")
-            error = str(exc) or type(exc).__name__
-        await self.mailbox.put(("transcript", action.item_id, text, error))
-
-    async def _respond(self, action: act.StartResponse) -> None:
-        rid, epoch = action.response_id, action.epoch
-        assert self.model is not None
-        pipeline = ResponsePipeline(
-            self.model, self.core.model, self.executor, self.pipeline_settings, lambda: self.core.epoch == epoch,
-            self.observer,
-        )
-        sink = Sink(
-            text=lambda text: self.mailbox.put(("text", rid, epoch, text)),
-            audio=lambda wire, text: self.mailbox.put(("audio", rid, epoch, wire, text)),
-            usage=lambda i, o, c: self.mailbox.put(("usage", rid, epoch, i, o, c)),
-            call=lambda piece: self.mailbox.put(("call", rid, epoch, piece)),
-        )
-        try:
-            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
-            await self.mailbox.put(("end", rid, epoch, status, None, reason))
-        except asyncio.CancelledError:
-            action.request.cancelled.set()
-            raise
-        except Exception as exc:  # noqa: BLE001 - fails this response, never the server
-            log.exception("response %s failed", rid)
-            await self.mailbox.put(("end", rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
 
     async def _release(self) -> None:
         """Free everything on every exit path: tasks, model state, the writer."""
@@ -528,7 +416,7 @@ class SessionRunner:
             self._drain.cancel()
         self.speculation.drop()
         self.core.close()
-        tasks = [t for t in [self._response_task, *self._side_tasks] if t is not None and not t.done()]
+        tasks = self.actions.running()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -549,17 +437,6 @@ class SessionRunner:
             self._on_close(self)
 
 
-def _payload_bytes(message: tuple[Any, ...]) -> int:
-    """What a mailbox message from the client side holds (frames, wire audio, camera frames);
-    counted against queue_bytes. Messages from the session's own tasks count 0."""
-    kind = message[0]
-    if kind in ("client", "audio_in"):
-        return len(message[1])
-    if kind == "image":
-        return int(getattr(message[1], "nbytes", 0))
-    return 0
-
-
 async def _first(*waits: Any) -> bool:
     """Wait for the first of several coroutines; the rest are cancelled. True when one finished."""
     tasks = [asyncio.ensure_future(w) for w in waits]
@@ -571,44 +448,9 @@ async def _first(*waits: Any) -> bool:
     return bool(done)
 
 
-class _Wedged(Exception):
-    """A limit passed while the session waited for room in its outbox."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-_EXPIRY = {
-    "session_idle_timeout": ("session_idle_timeout", "session closed after being idle"),
-    "session_expired": ("session_expired", "session reached its maximum duration"),
-}
-
 # Events after which the stored state is out of date (session/persist.py says what each touches).
 _STATE_CHANGES = frozenset({
     "session.updated", "conversation.item.added", "conversation.item.done", "conversation.item.deleted",
     "conversation.item.truncated", "conversation.item.input_audio_transcription.completed",
     "response.output_item.done", "response.done",
 })
-
-
-class _TokenBucket:
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.capacity = 2 * rate
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-
-    def report(self) -> list[dict[str, Any]]:
-        self.take(0)
-        reset = (self.capacity - self.tokens) / self.rate if self.rate else 0.0
-        return [{"name": "requests", "limit": int(self.capacity), "remaining": int(self.tokens), "reset_seconds": round(reset, 3)}]
-
-    def take(self, cost: int = 1) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens < cost:
-            return False
-        self.tokens -= cost
-        return True

@@ -20,6 +20,7 @@ from ..engines.base import ModelSession, ThinkRequest
 from ..observer import Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from . import actions as act
+from . import inputs as inp
 from .core import RealtimeSession
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,8 @@ class Speculation:
     transcript: asyncio.Future[str | None]
     request: ThinkRequest | None = None
     task: asyncio.Task[None] | None = None
-    #: outputs held back until adoption: ("text", t) / ("audio", wire, t) / ("usage", i, o, c) / ("call", piece)
-    held: list[tuple[Any, ...]] = field(default_factory=list)
+    #: outputs held back until adoption (no response id yet: stamped on at adoption)
+    held: list[inp.EngineOutput] = field(default_factory=list)
     #: (status, error, reason) once the prepared pipeline finished before adoption
     finished: tuple[str, str | None, str | None] | None = None
     response_id: str | None = None
@@ -82,7 +83,7 @@ class SpeculationHost(Protocol):
     def observer(self) -> Observer: ...
 
     @property
-    def mailbox(self) -> asyncio.Queue[tuple[Any, ...]]: ...
+    def mailbox(self) -> asyncio.Queue[inp.SessionInput]: ...
 
 
 class SpeculativeTurns:
@@ -158,15 +159,16 @@ class SpeculativeTurns:
         def current() -> bool:
             return not request.cancelled.is_set() and (not spec.adopted or host.core.epoch == spec.epoch)
 
-        async def emit(*item: Any) -> None:
+        async def emit(output: inp.EngineOutput) -> None:
             if spec.adopted:
-                await host.mailbox.put((item[0], spec.response_id, spec.epoch, *item[1:]))
+                assert spec.response_id is not None and spec.epoch is not None
+                await host.mailbox.put(inp.for_response(output, spec.response_id, spec.epoch))
             else:
-                spec.held.append(item)
+                spec.held.append(output)
 
-        sink = Sink(
-            text=lambda t: emit("text", t), audio=lambda w, t: emit("audio", w, t), usage=lambda i, o, c: emit("usage", i, o, c),
-            call=lambda piece: emit("call", piece),
+        sink = Sink(  # the response is not known yet: an empty id and epoch 0 until adoption
+            text=lambda t: emit(inp.ResponseText("", 0, t)), audio=lambda w, t: emit(inp.ResponseAudio("", 0, w, t)),
+            usage=lambda i, o, c: emit(inp.ResponseUsage("", 0, i, o, c)), call=lambda piece: emit(inp.ResponseCall("", 0, piece)),
         )
         pipeline = ResponsePipeline(model, host.core.model, host.executor, host.pipeline_settings, current,
                                     host.observer)
@@ -180,7 +182,8 @@ class SpeculativeTurns:
             log.exception("prepared reply failed")
             result = ("failed", f"{type(exc).__name__}: {exc}", None)
         if spec.adopted:
-            await host.mailbox.put(("end", spec.response_id, spec.epoch, *result))
+            assert spec.response_id is not None and spec.epoch is not None
+            await host.mailbox.put(inp.ResponseEnd(spec.response_id, spec.epoch, *result))
         else:
             spec.finished = result
 
@@ -194,22 +197,14 @@ class SpeculativeTurns:
             error = "transcription was cancelled"
         except Exception as exc:  # noqa: BLE001
             error = str(exc) or type(exc).__name__
-        await self._host.mailbox.put(("transcript", item_id, text, error))
+        await self._host.mailbox.put(inp.Transcript(item_id, text, error))
 
     def _adopt(self, spec: Speculation, action: act.StartResponse) -> None:
         """Release the held outputs under the real response (on the session task, in order)."""
         core = self._host.core
         spec.response_id, spec.epoch = action.response_id, action.epoch
-        for item in spec.held:
-            kind, args = item[0], item[1:]
-            if kind == "text":
-                core.on_response_text(action.response_id, action.epoch, *args)
-            elif kind == "audio":
-                core.on_response_audio(action.response_id, action.epoch, *args)
-            elif kind == "call":
-                core.on_response_call(action.response_id, action.epoch, *args)
-            else:
-                core.on_response_usage(action.response_id, action.epoch, *args)
+        for output in spec.held:
+            inp.deliver(core, inp.for_response(output, action.response_id, action.epoch))
         spec.held.clear()
         if spec.finished is not None:
             core.on_response_end(action.response_id, action.epoch, *spec.finished)

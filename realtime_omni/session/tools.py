@@ -16,8 +16,7 @@ from typing import Any
 import jsonschema
 
 from ..engines.base import ToolChoiceMode, ToolSpec
-from ..protocol import errors
-from ..protocol.errors import ProtocolError
+from ..protocol.errors import ErrorCode, ProtocolError
 
 MAX_TOOLS = 128
 #: the JSON text of one tool's parameters schema (it is rendered into the model's prompt)
@@ -50,54 +49,54 @@ class ToolChoice:
 def parse_tools(value: Any, param: str) -> list[ToolSpec]:
     """A ``tools`` list → specs. Raises ``unsupported_feature`` for MCP, ``invalid_value`` else."""
     if not isinstance(value, list):
-        raise ProtocolError(errors.INVALID_VALUE, "tools must be a list", param=param)
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "tools must be a list", param=param)
     if len(value) > MAX_TOOLS:
-        raise ProtocolError(errors.INVALID_VALUE, f"at most {MAX_TOOLS} tools, got {len(value)}", param=param)
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"at most {MAX_TOOLS} tools, got {len(value)}", param=param)
     specs: list[ToolSpec] = []
     for index, tool in enumerate(value):
         at = f"{param}.{index}"
         match tool:
             case {"type": "mcp"}:
-                raise ProtocolError(errors.UNSUPPORTED, "MCP tools are not supported by this server; "
+                raise ProtocolError(ErrorCode.UNSUPPORTED, "MCP tools are not supported by this server; "
                                     "declare the functions as type 'function'", param=f"{at}.type")
             case {"name": str(name)} if tool.get("type", "function") == "function":
                 specs.append(_function(tool, name, at))
             case _:
-                raise ProtocolError(errors.INVALID_VALUE, "a tool needs a string 'name' and type 'function'", param=at)
+                raise ProtocolError(ErrorCode.INVALID_VALUE, "a tool needs a string 'name' and type 'function'", param=at)
     total = sum(len(json.dumps(spec.parameters)) + len(spec.description) for spec in specs)
     if total > MAX_TOTAL_CHARS:
-        raise ProtocolError(errors.INVALID_VALUE, f"the tools take {total} characters; at most {MAX_TOTAL_CHARS} in all",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"the tools take {total} characters; at most {MAX_TOTAL_CHARS} in all",
                             param=param)
     names = [spec.name for spec in specs]
     for index, name in enumerate(names):
         if name in names[:index]:
-            raise ProtocolError(errors.INVALID_VALUE, f"tool name {name!r} is declared twice", param=f"{param}.{index}.name")
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool name {name!r} is declared twice", param=f"{param}.{index}.name")
     return specs
 
 
 def _function(tool: dict[str, Any], name: str, at: str) -> ToolSpec:
     if not _NAME.match(name):
-        raise ProtocolError(errors.INVALID_VALUE, "a tool name is 1 to 64 letters, digits, '_' or '-'", param=f"{at}.name")
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "a tool name is 1 to 64 letters, digits, '_' or '-'", param=f"{at}.name")
     description = tool.get("description") or ""
     if len(description) > MAX_DESCRIPTION_CHARS:
-        raise ProtocolError(errors.INVALID_VALUE, f"description longer than {MAX_DESCRIPTION_CHARS} characters",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"description longer than {MAX_DESCRIPTION_CHARS} characters",
                             param=f"{at}.description")
     parameters = tool.get("parameters")
     if parameters is None:
         parameters = dict(_EMPTY_OBJECT)
     if not isinstance(parameters, dict):
-        raise ProtocolError(errors.INVALID_VALUE, "parameters must be a JSON schema object", param=f"{at}.parameters")
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "parameters must be a JSON schema object", param=f"{at}.parameters")
     if len(json.dumps(parameters)) > MAX_SCHEMA_CHARS:
-        raise ProtocolError(errors.INVALID_VALUE, f"parameters schema longer than {MAX_SCHEMA_CHARS} characters",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"parameters schema longer than {MAX_SCHEMA_CHARS} characters",
                             param=f"{at}.parameters")
     if parameters.get("type", "object") != "object":
-        raise ProtocolError(errors.INVALID_VALUE, "parameters must describe a JSON object (type 'object')",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, "parameters must describe a JSON object (type 'object')",
                             param=f"{at}.parameters.type")
     try:
         jsonschema.Draft202012Validator.check_schema(parameters)
     except jsonschema.SchemaError as exc:
         where = ".".join(str(p) for p in exc.path)
-        raise ProtocolError(errors.INVALID_VALUE, f"parameters is not a valid JSON schema: {exc.message[:200]}",
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"parameters is not a valid JSON schema: {exc.message[:200]}",
                             param=f"{at}.parameters" + (f".{where}" if where else "")) from None
     _no_remote_refs(parameters, f"{at}.parameters")
     _bounded_counts(parameters, f"{at}.parameters")
@@ -112,7 +111,7 @@ def _no_remote_refs(schema: Any, param: str) -> None:
         if isinstance(node, dict):
             ref = node.get("$ref")
             if isinstance(ref, str) and not ref.startswith("#"):
-                raise ProtocolError(errors.INVALID_VALUE, f"remote $ref {ref[:100]!r} is not allowed", param=param)
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"remote $ref {ref[:100]!r} is not allowed", param=param)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
@@ -127,13 +126,13 @@ def _bounded_counts(schema: Any, param: str) -> None:
             for key in _COUNTS:
                 value = node.get(key)
                 if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SCHEMA_COUNT:
-                    raise ProtocolError(errors.INVALID_VALUE, f"{key} is at most {MAX_SCHEMA_COUNT} here, got {value}",
+                    raise ProtocolError(ErrorCode.INVALID_VALUE, f"{key} is at most {MAX_SCHEMA_COUNT} here, got {value}",
                                         param=f"{at}.{key}")
             pattern = node.get("pattern")
             if isinstance(pattern, str):
                 for match in _REPEAT.finditer(pattern):
                     if any(int(n) > MAX_SCHEMA_COUNT for n in match.groups() if n):
-                        raise ProtocolError(errors.INVALID_VALUE, f"pattern repetition {match.group(0)[:40]} exceeds "
+                        raise ProtocolError(ErrorCode.INVALID_VALUE, f"pattern repetition {match.group(0)[:40]} exceeds "
                                             f"{MAX_SCHEMA_COUNT}", param=f"{at}.pattern")
             stack.extend((value, f"{at}.{key}") for key, value in node.items())
         elif isinstance(node, list):
@@ -148,21 +147,21 @@ def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str) -> ToolChoi
             return ToolChoice(value)
         case "required":
             if not tools:
-                raise ProtocolError(errors.INVALID_VALUE, "tool_choice 'required' needs at least one tool", param=param)
+                raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice 'required' needs at least one tool", param=param)
             return ToolChoice("required")
         case {"type": "function", "name": str(name)}:
             if name not in {tool.name for tool in tools}:
-                raise ProtocolError(errors.INVALID_VALUE, f"tool_choice names {name!r}, which is not among the tools",
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names {name!r}, which is not among the tools",
                                     param=f"{param}.name")
             return ToolChoice("required", name)
         case {"type": "mcp"}:
-            raise ProtocolError(errors.UNSUPPORTED, "MCP tools are not supported by this server", param=param)
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "MCP tools are not supported by this server", param=param)
         case _:
-            raise ProtocolError(errors.INVALID_VALUE, "tool_choice must be auto, none, required or a function",
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice must be auto, none, required or a function",
                                 param=param)
 
 
 def check_tool_text(text: str, param: str) -> None:
     if len(text) > MAX_TOOL_TEXT_CHARS:
-        raise ProtocolError(errors.INVALID_VALUE, f"{param.rsplit('.', 1)[-1]} longer than {MAX_TOOL_TEXT_CHARS} "
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"{param.rsplit('.', 1)[-1]} longer than {MAX_TOOL_TEXT_CHARS} "
                             f"characters ({len(text)})", param=param)

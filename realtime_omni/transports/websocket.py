@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from ..protocol.beta import beta_followers, to_beta
+from ..protocol.errors import ErrorCode
 from ..security import AuthError, Guard
 from ..session.core import Outgoing
 from ..session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
@@ -29,7 +30,7 @@ CLOSE_FLUSH_S = 2.0
 NORMAL_CLOSURE = 1000
 
 
-def _error(code: str, message: str, param: str | None = None) -> dict[str, Any]:
+def _error(code: ErrorCode, message: str, param: str | None = None) -> dict[str, Any]:
     return {"type": "error", "event_id": f"event_{code}", "error": {
         "type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": None}}
 
@@ -57,10 +58,10 @@ async def realtime_websocket(websocket: WebSocket) -> None:
         else:
             runner = manager.open(query.get("model"), owner=owner, transport="websocket")
     except (SessionLimitError, UnknownModelError, ResumeError, ValueError) as exc:
-        code = {SessionLimitError: "session_limit_reached", UnknownModelError: "model_not_found",
-                ResumeError: "resume_token_invalid"}.get(type(exc), "invalid_value")
-        await websocket.send_text(json.dumps(_error(code, str(exc), "model" if code == "model_not_found" else None)))
-        await websocket.close(code=1013 if code == "session_limit_reached" else 1008, reason=code)
+        code = {SessionLimitError: ErrorCode.SESSION_LIMIT_REACHED, UnknownModelError: ErrorCode.MODEL_NOT_FOUND,
+                ResumeError: ErrorCode.RESUME_TOKEN_INVALID}.get(type(exc), ErrorCode.INVALID_VALUE)
+        await websocket.send_text(json.dumps(_error(code, str(exc), "model" if code is ErrorCode.MODEL_NOT_FOUND else None)))
+        await websocket.close(code=1013 if code is ErrorCode.SESSION_LIMIT_REACHED else 1008, reason=code)
         return
     if token:
         await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))

@@ -8,13 +8,14 @@ import pytest
 
 from realtime_omni.audio import AudioFormat
 from realtime_omni.engines.base import ModelInfo
+from realtime_omni.engines.echo import EchoModel
 from realtime_omni.protocol import parse_client_event
 from realtime_omni.session import actions as act
 from realtime_omni.session.core import RealtimeSession
 from tests.helpers import assert_valid_server_event
 
 CASCADE = ModelInfo(id="cascade", capabilities=frozenset({"audio_in", "text_in", "audio_out", "text_out"}), output_rate=24000)
-ECHO = ModelInfo(id="echo", capabilities=frozenset({"audio_in", "audio_out", "echo"}))
+ECHO = EchoModel.info
 
 
 class Driver:
@@ -22,6 +23,8 @@ class Driver:
 
     def __init__(self, info=CASCADE, has_vad=True):
         self.s = RealtimeSession(info, has_vad=has_vad)
+        # a duplex model hears input as the runner would make it (the real engine, inline)
+        self.listener = EchoModel().open_session() if info.duplex else None
         self.events: list[dict] = []
         self.actions: list = []
         self.s.start()
@@ -35,6 +38,13 @@ class Driver:
                 self.s.ledger.mark_sent(out.response_id, out.audio_ms)
         new = self.s.drain_actions()
         self.actions.extend(new)
+        heard = [a for a in new if isinstance(a, act.Listen)]
+        for action in heard:
+            said = self.listener.listen(action.wire, action.format)
+            if said is not None:
+                self.s.on_model_audio(*said)
+        if heard:
+            new += self.pump()
         return new
 
     def send(self, **event):

@@ -20,6 +20,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ...audio import AudioFormat
 from ...protocol.server_events import server_event
 from ...session.core import Outgoing
 from ...session.manager import SessionLimitError, SessionManager, UnknownModelError
@@ -209,7 +210,7 @@ class TwilioCall:
         if track not in ("inbound", "inbound_track"):
             return  # a both_tracks stream also carries our own audio back: not the caller
         self.stats["media_in"] += 1
-        await self.runner.submit_audio(audio)
+        await self.runner.submit_audio(audio, AudioFormat.PCMU)  # what carriers send, whatever the session's format
 
     def _on_mark(self, message: dict[str, Any]) -> None:
         heard = self.playback.on_mark(tw.parse_mark(message))

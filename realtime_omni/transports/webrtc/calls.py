@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ...protocol import parse_client_event
-from ...protocol.errors import ProtocolError
+from ...protocol.errors import ErrorCode, ProtocolError
 from ...security import AuthError
 from ...session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
 from ..bodies import BodyTooLarge, read_body
@@ -87,13 +87,13 @@ async def shutdown(app: Starlette) -> None:
         await reg.close_all()
 
 
-def error(status: int, code: str, message: str, param: str | None = None) -> JSONResponse:
+def error(status: int, code: ErrorCode, message: str, param: str | None = None) -> JSONResponse:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"type": kind, "code": code, "message": message, "param": param}}, status_code=status)
 
 
 class _BadRequest(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(self, code: ErrorCode, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.code, self.message, self.param, self.status = code, message, param, status
 
@@ -106,28 +106,28 @@ def _parse_body(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | N
             b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
         )
         if not message.is_multipart():
-            raise _BadRequest("invalid_multipart", "malformed multipart/form-data body")
+            raise _BadRequest(ErrorCode.INVALID_MULTIPART, "malformed multipart/form-data body")
         fields: dict[str, bytes] = {}
         for part in message.iter_parts():
             name = part.get_param("name", header="content-disposition")
             if isinstance(name, str):
                 fields[name] = part.get_payload(decode=True) or b""
         if "sdp" not in fields:
-            raise _BadRequest("missing_sdp", "multipart body has no 'sdp' field", param="sdp")
+            raise _BadRequest(ErrorCode.MISSING_SDP, "multipart body has no 'sdp' field", param="sdp")
         sdp_text = fields["sdp"].decode("utf-8", "replace")
         session = None
         if fields.get("session"):
             try:
                 session = json.loads(fields["session"])
             except ValueError as exc:
-                raise _BadRequest("invalid_session", f"'session' is not valid JSON: {exc}", param="session") from None
+                raise _BadRequest(ErrorCode.INVALID_SESSION, f"'session' is not valid JSON: {exc}", param="session") from None
             if not isinstance(session, dict):
-                raise _BadRequest("invalid_session", "'session' must be a JSON object", param="session")
+                raise _BadRequest(ErrorCode.INVALID_SESSION, "'session' must be a JSON object", param="session")
         return sdp_text, session
     if media_type in ("application/sdp", "text/plain", ""):
         return body.decode("utf-8", "replace"), None
     raise _BadRequest(
-        "unsupported_media_type", f"send the SDP offer as application/sdp or multipart/form-data, not {media_type!r}",
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"send the SDP offer as application/sdp or multipart/form-data, not {media_type!r}",
         status=415,
     )
 
@@ -135,24 +135,24 @@ def _parse_body(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | N
 def _check_offer(sdp_text: str) -> None:
     """Refuse what can never become a call, before a session is opened for it."""
     if not sdp_text.lstrip().startswith("v=0"):
-        raise _BadRequest("invalid_sdp", "the body is not an SDP offer (it must start with v=0)", param="sdp")
+        raise _BadRequest(ErrorCode.INVALID_SDP, "the body is not an SDP offer (it must start with v=0)", param="sdp")
     try:
         description = aiortc_sdp.SessionDescription.parse(sdp_text)
     except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
-        raise _BadRequest("invalid_sdp", f"the SDP offer could not be parsed: {exc}", param="sdp") from None
+        raise _BadRequest(ErrorCode.INVALID_SDP, f"the SDP offer could not be parsed: {exc}", param="sdp") from None
     kinds = [m.kind for m in description.media]
     if "audio" not in kinds:
-        raise _BadRequest("missing_audio", "the offer has no audio m-line; add an audio transceiver", param="sdp")
+        raise _BadRequest(ErrorCode.MISSING_AUDIO, "the offer has no audio m-line; add an audio transceiver", param="sdp")
     if "application" not in kinds:
         raise _BadRequest(
-            "missing_data_channel", "the offer has no data channel; create the 'oai-events' data channel before the offer",
+            ErrorCode.MISSING_DATA_CHANNEL, "the offer has no data channel; create the 'oai-events' data channel before the offer",
             param="sdp",
         )
     for media in description.media:
         if not (media.ice and media.ice.usernameFragment and media.ice.password):
-            raise _BadRequest("invalid_sdp", f"the {media.kind} m-line has no ICE credentials", param="sdp")
+            raise _BadRequest(ErrorCode.INVALID_SDP, f"the {media.kind} m-line has no ICE credentials", param="sdp")
         if not (media.dtls and media.dtls.fingerprints):
-            raise _BadRequest("invalid_sdp", f"the {media.kind} m-line has no DTLS fingerprint", param="sdp")
+            raise _BadRequest(ErrorCode.INVALID_SDP, f"the {media.kind} m-line has no DTLS fingerprint", param="sdp")
 
 
 async def create_call(request: Request) -> Response:
@@ -169,7 +169,7 @@ async def create_call(request: Request) -> Response:
     try:  # the size is checked before the body is read, and while it is
         body = await read_body(request, MAX_OFFER_BYTES)
     except BodyTooLarge:
-        return error(413, "offer_too_large", f"the offer exceeds {MAX_OFFER_BYTES} bytes")
+        return error(413, ErrorCode.OFFER_TOO_LARGE, f"the offer exceeds {MAX_OFFER_BYTES} bytes")
     try:
         offer, session = _parse_body(request.headers.get("content-type", ""), body)
         _check_offer(offer)
@@ -196,11 +196,11 @@ async def create_call(request: Request) -> Response:
         else:
             runner = manager.open(model, owner=owner, transport="webrtc")
     except SessionLimitError as exc:
-        return error(503, "session_limit_reached", str(exc))
+        return error(503, ErrorCode.SESSION_LIMIT_REACHED, str(exc))
     except UnknownModelError as exc:
-        return error(400, "model_not_found", str(exc), "model")
+        return error(400, ErrorCode.MODEL_NOT_FOUND, str(exc), param="model")
     except (ResumeError, ValueError) as exc:
-        return error(404, "resume_token_invalid", str(exc), "resume_token")
+        return error(404, ErrorCode.RESUME_TOKEN_INVALID, str(exc), param="resume_token")
     if update is not None:
         await runner.submit(update)  # first in the mailbox: before any audio or client event
     peer = Peer(new_call_id(), runner, reg.options, reg.forget)
@@ -215,8 +215,8 @@ async def create_call(request: Request) -> Response:
         log.info("call refused: %s", exc)
         message = str(exc) or type(exc).__name__
         if isinstance(exc, asyncio.TimeoutError):
-            return error(500, "answer_timeout", "the answer could not be created in time")
-        return error(400, "invalid_offer", f"the offer could not be applied: {message}", "sdp")
+            return error(500, ErrorCode.ANSWER_TIMEOUT, "the answer could not be created in time")
+        return error(400, ErrorCode.INVALID_OFFER, f"the offer could not be applied: {message}", param="sdp")
     return Response(
         answer, status_code=201, media_type="application/sdp", headers={"Location": f"/v1/realtime/calls/{peer.id}"}
     )
@@ -244,7 +244,7 @@ def _call_or_404(request: Request) -> Peer | JSONResponse:
     call_id = request.path_params["call_id"]
     peer = registry(request.app).calls.get(call_id)
     if peer is None or not _visible(peer, caller):  # another key's call is not there for this one
-        return error(404, "call_not_found", f"no live call {call_id!r}", "call_id")
+        return error(404, ErrorCode.CALL_NOT_FOUND, f"no live call {call_id!r}", param="call_id")
     return peer
 
 

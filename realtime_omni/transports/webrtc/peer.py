@@ -27,6 +27,7 @@ from aiortc.jitterbuffer import JitterBuffer
 
 from ...audio import AudioFormat, StreamResampler
 from ...audio.formats import parse_audio_format
+from ...protocol.errors import ErrorCode
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
 from .tracks import AudioInputStats, OutgoingAudioTrack, decode_wire, pump_audio_in, server_event
@@ -73,7 +74,7 @@ class Peer:
         runner.kick = lambda: self.hangup("superseded")  # a resume elsewhere takes the session over
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
-        live = options.live_max_ms if runner.core.echo else None  # echo: a live stream, not paced ahead
+        live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
         self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         self.audio_in = AudioInputStats()
@@ -172,7 +173,7 @@ class Peer:
         )
         log.info("call %s: closing data channel %r: %s", self.id, channel.label, why)
         self._note(server_event("error", error={
-            "type": "invalid_request_error", "code": "unsupported_data_channel", "message": why,
+            "type": "invalid_request_error", "code": ErrorCode.UNSUPPORTED_DATA_CHANNEL, "message": why,
             "param": None, "event_id": None}))
         channel.close()
 
@@ -183,7 +184,7 @@ class Peer:
             self._inbox.put_nowait(message)
         except asyncio.QueueFull:  # overflow policy: refuse the event, tell the client
             self._note(server_event("error", error={
-                "type": "invalid_request_error", "code": "rate_limit_exceeded",
+                "type": "invalid_request_error", "code": ErrorCode.RATE_LIMIT_EXCEEDED,
                 "message": "too many events in flight on the data channel; event dropped",
                 "param": None, "event_id": None}))
 

@@ -1,0 +1,178 @@
+"""How a session's runner performs what its core asks (:mod:`.actions`): the VAD and a duplex
+model inline, in audio order; transcription and responses as tasks that report back through the
+mailbox (:mod:`.inputs`). Composed into :class:`~.runner.SessionRunner`, which it reads through
+:class:`PerformerHost`; it owns the tasks it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any, Protocol
+
+from ..engines.base import ModelSession, VADStream
+from ..observer import Observer
+from ..pipeline import PipelineSettings, ResponsePipeline, Sink
+from . import actions as act
+from . import inputs as inp
+from .core import RealtimeSession
+from .speculation import SpeculativeTurns
+
+log = logging.getLogger(__name__)
+
+
+class PerformerHost(Protocol):
+    """What the performer reads of the runner that owns it, read at each use."""
+
+    @property
+    def core(self) -> RealtimeSession: ...
+
+    @property
+    def model(self) -> ModelSession | None: ...
+
+    @property
+    def vad(self) -> VADStream | None: ...
+
+    @property
+    def executor(self) -> concurrent.futures.Executor: ...
+
+    @property
+    def vad_executor(self) -> concurrent.futures.Executor: ...
+
+    @property
+    def pipeline_settings(self) -> PipelineSettings: ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+    @property
+    def mailbox(self) -> asyncio.Queue[inp.SessionInput]: ...
+
+    @property
+    def speculation(self) -> SpeculativeTurns: ...
+
+
+class ActionPerformer:
+    def __init__(self, host: PerformerHost) -> None:
+        self._host = host
+        #: the live response's pipeline (or the adopted prepared reply's)
+        self.response_task: asyncio.Task[None] | None = None
+        #: transcriptions in flight
+        self.side_tasks: set[asyncio.Task[None]] = set()
+
+    def running(self) -> list[asyncio.Task[None]]:
+        """The tasks still running (the runner cancels them when the session ends)."""
+        return [t for t in [self.response_task, *self.side_tasks] if t is not None and not t.done()]
+
+    async def perform(self, action: act.Action) -> None:
+        match action:
+            case act.DetectSpeech():
+                # Inline (not a side task): turn decisions must follow the audio order.
+                await self._detect_speech(action)
+            case act.Listen():
+                # Inline, like the VAD: what the model says back must follow the audio order.
+                await self._listen(action)
+            case act.Speculate():
+                self._host.speculation.start(action)
+            case act.DropSpeculation(spec_id):
+                self._host.speculation.discard(spec_id)
+            case act.Transcribe():
+                reuse = self._host.speculation.reuse_transcript(action)
+                self._spawn(reuse if reuse is not None else self._transcribe(action))
+            case act.StartResponse():
+                adopted = self._host.speculation.adopt(action)
+                if adopted is not None:
+                    self.response_task = adopted.task
+                else:
+                    self.response_task = asyncio.create_task(self._respond(action))
+            case act.CancelResponse():
+                task = self.response_task
+                if task is not None and not task.done():
+                    task.cancel()
+            case act.ConfirmHeard(text):
+                await self._confirm(text)
+            case act.CloseSession():
+                pass  # the loop in SessionRunner._run sees core.closed
+
+    async def _detect_speech(self, action: act.DetectSpeech) -> None:
+        host = self._host
+        if host.vad is None:
+            return
+        try:
+            probs = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.vad.probabilities, action.pcm16k),
+                host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - a VAD failure (or hang) costs these frames, not the session
+            log.exception("VAD failed in session %s", host.core.id)
+            return
+        host.core.on_speech_probabilities(probs, action.start_ms)
+
+    async def _listen(self, action: act.Listen) -> None:
+        host = self._host
+        if host.model is None:
+            return
+        try:
+            said = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.wire,
+                                                           action.format),
+                host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
+            log.exception("duplex model failed in session %s", host.core.id)
+            return
+        if said is not None:
+            host.core.on_model_audio(*said)
+
+    async def _confirm(self, text: str) -> None:
+        model = self._host.model
+        if model is None:
+            return
+        # Bookkeeping, not inference: off the model pool so a busy pool cannot stall it.
+        try:
+            await asyncio.wait_for(asyncio.to_thread(model.confirm, text), self._host.pipeline_settings.step_timeout_s)
+        except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
+            log.exception("confirm failed in session %s", self._host.core.id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.side_tasks.add(task)
+        task.add_done_callback(self.side_tasks.discard)
+
+    async def _transcribe(self, action: act.Transcribe) -> None:
+        loop = asyncio.get_running_loop()
+        text, error = None, None
+        try:
+            if self._host.model is None:
+                raise RuntimeError("this model cannot transcribe")
+            text = await asyncio.wait_for(
+                loop.run_in_executor(self._host.executor, self._host.model.transcribe, action.pcm16k),
+                self._host.pipeline_settings.step_timeout_s,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client as transcription.failed
+            log.exception("transcription failed")
+            error = str(exc) or type(exc).__name__
+        await self._host.mailbox.put(inp.Transcript(action.item_id, text, error))
+
+    async def _respond(self, action: act.StartResponse) -> None:
+        rid, epoch = action.response_id, action.epoch
+        host = self._host
+        assert host.model is not None
+        pipeline = ResponsePipeline(host.model, host.core.model, host.executor, host.pipeline_settings,
+                                    lambda: host.core.epoch == epoch, host.observer)
+        sink = Sink(
+            text=lambda text: self._host.mailbox.put(inp.ResponseText(rid, epoch, text)),
+            audio=lambda wire, text: self._host.mailbox.put(inp.ResponseAudio(rid, epoch, wire, text)),
+            usage=lambda i, o, c: self._host.mailbox.put(inp.ResponseUsage(rid, epoch, i, o, c)),
+            call=lambda piece: self._host.mailbox.put(inp.ResponseCall(rid, epoch, piece)),
+        )
+        try:
+            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
+            await self._host.mailbox.put(inp.ResponseEnd(rid, epoch, status, None, reason))
+        except asyncio.CancelledError:
+            action.request.cancelled.set()
+            raise
+        except Exception as exc:  # noqa: BLE001 - fails this response, never the server
+            log.exception("response %s failed", rid)
+            await self._host.mailbox.put(inp.ResponseEnd(rid, epoch, "failed", f"{type(exc).__name__}: {exc}", None))
