@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ...audio import AudioFormat
 from ..base import (
     ModelAtCapacity,
     ModelInfo,
@@ -503,6 +504,10 @@ class RaySession(ModelSession):
 
     def transcribe(self, pcm16k: np.ndarray) -> str:
         return self._owner._call(self, "transcribe", (pcm16k,))
+
+    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
+        # a duplex model hears each input chunk where it lives: one actor call per chunk
+        return self._owner._call(self, "listen", (wire, fmt))
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()

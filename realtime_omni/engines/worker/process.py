@@ -153,7 +153,8 @@ class WorkerHost:
         self.parent_gone = False
         #: calls run on the reader thread itself: one thread hand-off less per call (VAD frames
         #: are ~0.1-0.3 ms of work, 31 per second per session; a cancel waits at most one)
-        self.inline_methods: frozenset[str] = frozenset({"vad"})
+        # per-frame calls answered on the reader thread, in arrival order (VAD, a duplex model hearing)
+        self.inline_methods: frozenset[str] = frozenset({"vad", "listen"})
 
     # -- channel ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -336,7 +337,7 @@ class WorkerHost:
             if entry is None or entry.session is None:
                 return None  # state from a dead worker: nothing here to cut back
             return entry.session.confirm(*args)
-        if method in ("transcribe", "decode", "talk_boundary"):
+        if method in ("transcribe", "decode", "talk_boundary", "listen"):
             _entry, session = self._session(key)
             return getattr(session, method)(*args)
         raise ValueError(f"unknown worker call {method!r}")

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ...audio import AudioFormat
 from ..base import (
     ModelAtCapacity,
     ModelInfo,
@@ -286,6 +287,10 @@ class IsolatedSession(ModelSession):
     def transcribe(self, pcm16k: np.ndarray) -> str:
         self._check()
         return self._owner._call(self.key, "transcribe", (pcm16k,))
+
+    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
+        self._check()
+        return self._owner._call(self.key, "listen", (wire, fmt))
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()
