@@ -5,8 +5,12 @@ downmixes, resamples (stateful soxr) to the session's input rate and feeds
 :meth:`SessionRunner.submit_audio` — the same path as ``input_audio_buffer.append``.
 
 Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms,
-48 kHz mono frame per tick of its own clock, with ``pts`` advancing by exactly 960 each frame, so
-RTP timestamps never jump: silence fills the gaps between responses and any underrun. It is the
+48 kHz mono frame per tick of the loop's shared :class:`FrameClock` (one timer for every call, not
+a sleep per track), with ``pts`` advancing by exactly 960 each frame, so RTP timestamps never
+jump: silence fills the gaps between responses and any underrun. It hands aiortc an Opus
+``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
+which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
+pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
 playback truth of the call: it reports the milliseconds of each response that actually went out
 into the session's :class:`~realtime_omni.session.playback.PlaybackLedger` frame by frame, and it
 tells the writer when a response starts, stops and is cleared (``output_audio_buffer.*``).
@@ -19,6 +23,7 @@ import fractions
 import logging
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from av import AudioFrame, CodecContext, Packet
 
 from ...audio import AudioFormat, StreamResampler
 from ...session.runner import SessionRunner
@@ -38,6 +43,96 @@ FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
 TIME_BASE = fractions.Fraction(1, RATE)
 WIRE_RATE = 24_000  # the session's audio/pcm rate
+
+
+class FrameClock:
+    """One 20 ms tick for every outgoing track of an event loop: a single timer per tick wakes
+    all the tracks waiting on it (a per-track ``asyncio.sleep`` costs a timer, a future and a
+    heap operation per call per frame). Ticks are counted from the first use; a loop stall of
+    more than 100 ms re-anchors the grid instead of bursting."""
+
+    def __init__(self, period_s: float = FRAME_MS / 1000.0) -> None:
+        self.period = period_s
+        self.tick = 0  # ticks fired so far
+        self._start: float | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.stalls = 0
+
+    def current(self) -> int:
+        """The tick in progress now (starting the clock if it was not)."""
+        if self._start is None:
+            self._start = time.monotonic()
+        return self.tick
+
+    def next_tick(self) -> asyncio.Future[None]:
+        """A future done at the next tick (shared by every waiter of that tick)."""
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = time.monotonic()
+        if self._waiter is None or self._waiter.done():
+            self._waiter = loop.create_future()
+        if self._handle is None:
+            # loop.time() is time.monotonic() on the default and uvloop loops
+            due = self._start + (self.tick + 1) * self.period
+            self._handle = loop.call_at(loop.time() + (due - time.monotonic()), self._fire)
+        return self._waiter
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.tick += 1
+        assert self._start is not None
+        behind = time.monotonic() - (self._start + self.tick * self.period)
+        if behind > 0.1:  # the loop stalled: re-anchor rather than fire a burst of ticks
+            self.stalls += 1
+            self._start = time.monotonic() - self.tick * self.period
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameClock] = weakref.WeakKeyDictionary()
+
+
+def frame_clock() -> FrameClock:
+    """The running loop's shared :class:`FrameClock`."""
+    loop = asyncio.get_running_loop()
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = FrameClock()
+    return clock
+
+
+class OpusPacketEncoder:
+    """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
+    thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
+    packets. ``complexity`` is libopus's 0–10 (libopus default 10; 5 is what mobile WebRTC uses)."""
+
+    def __init__(self, bitrate: int = 48_000, complexity: int | None = 5) -> None:
+        codec = CodecContext.create("libopus", "w")
+        codec.format = "s16"
+        codec.layout = "mono"
+        codec.sample_rate = RATE
+        codec.bit_rate = bitrate
+        options = {"application": "voip"}
+        if complexity is not None:
+            options["compression_level"] = str(complexity)
+        codec.options = options
+        codec.time_base = TIME_BASE
+        self._codec = codec
+
+    def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = pts
+        frame.time_base = TIME_BASE
+        packets = self._codec.encode(frame)
+        if not packets:
+            return None
+        packet = packets[-1]
+        packet.pts = pts  # libopus starts at -312 (its pre-skip): RTP time is the frame's own
+        packet.time_base = TIME_BASE
+        return packet
 
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -67,6 +162,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         notify: Callable[[dict[str, Any]], None],
         max_queue_ms: float = 5000.0,
         live_max_ms: float | None = None,
+        encoder: OpusPacketEncoder | None = None,
     ) -> None:
         super().__init__()
         #: a live stream (the echo model) arrives at real time, not ahead of it: every late input
@@ -84,8 +180,9 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._resampler = StreamResampler(WIRE_RATE, RATE)
         self._resampler_rid: str | None = None
         self._resampler_epoch = 0
-        self._start: float | None = None
+        self._tick: int | None = None  # the clock tick of the next frame
         self._frames = 0
+        self._encoder = encoder
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
@@ -231,31 +328,38 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self.audio_frames_sent += 1
         return out
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet | AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._frames * FRAME_MS / 1000.0
-        if due > now:
-            await asyncio.sleep(due - now)
-        elif now - due > 0.1:
-            # The loop stalled: re-anchor the clock instead of bursting frames to catch up.
-            # pts still advance by one frame, so RTP timestamps stay continuous.
+        clock = frame_clock()
+        now = clock.current()
+        if self._tick is None:
+            self._tick = now + 1
+        if self._tick > now:
+            await clock.next_tick()
+        elif now - self._tick > 5:
+            # this track fell behind the clock (its sender stalled): skip ahead instead of
+            # bursting frames to catch up. pts still advance by one frame, so RTP timestamps
+            # stay continuous.
             self.late_frames += 1
-            self._start = now - self._frames * FRAME_MS / 1000.0
+            self._tick = now
+        self._tick += 1
         if self.readyState != "live":
             raise MediaStreamError
         samples = self._next_samples()
-        # Packed stereo (both channels equal): aiortc's Opus encoder works in stereo, and its
-        # mono→stereo upmix would cost a resampler pass and 3 dB of level.
-        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate = RATE
-        frame.pts = self._frames * FRAME_SAMPLES
-        frame.time_base = TIME_BASE
+        pts = self._frames * FRAME_SAMPLES
         self._frames += 1
         self.frames_sent += 1
+        if self._encoder is None:
+            self._encoder = OpusPacketEncoder()
+        packet = self._encoder.encode(samples, pts)
+        if packet is not None:
+            return packet
+        # the encoder held the frame back (never seen with libopus): hand aiortc the raw frame
+        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
+        frame.sample_rate = RATE
+        frame.pts = pts
+        frame.time_base = TIME_BASE
         return frame
 
     def stop(self) -> None:
@@ -277,6 +381,10 @@ def decode_wire(wire: bytes, fmt: AudioFormat, resamplers: dict[str, StreamResam
 def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     """A decoded audio frame → mono int16 samples (packed s16 stereo is averaged)."""
     data = frame.to_ndarray()
+    if data.dtype == np.int16 and data.shape[0] == 1 and len(frame.layout.channels) == 2:
+        # packed s16 stereo (what aiortc's Opus decoder gives): average the pairs in int32
+        pairs = data.reshape(-1, 2).astype(np.int32)
+        return ((pairs[:, 0] + pairs[:, 1]) >> 1).astype(np.int16)
     if frame.format.name != "s16":
         data = (np.clip(data, -1.0, 1.0) * 32767).astype(np.int16) if data.dtype.kind == "f" else data.astype(np.int16)
     channels = len(frame.layout.channels)
