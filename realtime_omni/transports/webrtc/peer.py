@@ -29,7 +29,7 @@ from ...audio import AudioFormat, StreamResampler
 from ...audio.formats import parse_audio_format
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
-from .tracks import AudioInputStats, OutgoingAudioTrack, decode_wire, pump_audio_in, server_event
+from .tracks import AudioInputStats, InlineAudioDecoder, OutgoingAudioTrack, decode_wire, pump_audio_in, server_event
 from .video import VideoSampler, pump_video_in
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class Peer:
         self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         self.audio_in = AudioInputStats()
+        #: decodes the microphone in the loop (None: aiortc's decoder thread does)
+        self.decoder: InlineAudioDecoder | None = None
         self.channel: Any | None = None
         self.created_at = time.monotonic()
         self.connected_at: float | None = None
@@ -122,6 +124,7 @@ class Peer:
                 transceiver.sender.replaceTrack(self.track)
                 transceiver.direction = "sendrecv"
                 self._tune_jitter_buffer(transceiver.receiver)
+                self.decoder = InlineAudioDecoder.install(transceiver.receiver)
             elif transceiver.kind == "video" and not video_seen and self.sees:
                 video_seen = True
                 transceiver.direction = "recvonly"
@@ -419,6 +422,7 @@ class Peer:
             "underruns": self.track.underruns,
             "skipped_ms": round(self.track.skipped_ms, 1),
             "video_frames": self.video.frames_seen,
+            "inline_decoder": self.decoder is not None,
         }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import logging
+import threading
 import time
 import uuid
 import weakref
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import av
+from aiortc.codecs import get_decoder
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, CodecContext, Packet
 
@@ -106,9 +109,13 @@ def frame_clock() -> FrameClock:
 class OpusPacketEncoder:
     """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
     thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
-    packets. ``complexity`` is libopus's 0–10 (libopus default 10; 5 is what mobile WebRTC uses)."""
+    packets. Digital silence is encoded until the encoder's packet for it stops changing (a few
+    frames: the decoder's overlap has decayed by then), and that packet is reused from then on
+    without calling libopus: an idle track (between responses, most of a call) costs no encoding.
+    ``complexity`` is libopus's 0–10; its default (10) measured cheaper here than 5, which also
+    stops emitting its 3-byte silence packets."""
 
-    def __init__(self, bitrate: int = 48_000, complexity: int | None = 5) -> None:
+    def __init__(self, bitrate: int = 48_000, complexity: int | None = None) -> None:
         codec = CodecContext.create("libopus", "w")
         codec.format = "s16"
         codec.layout = "mono"
@@ -120,16 +127,36 @@ class OpusPacketEncoder:
         codec.options = options
         codec.time_base = TIME_BASE
         self._codec = codec
+        self._last_silent: bytes | None = None
+        self._silence: bytes | None = None  # the steady packet for digital silence, once seen
+        self.encoded = 0
+        self.reused = 0
 
     def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
+        silent = not samples.any()
+        if silent and self._silence is not None:
+            self.reused += 1
+            return self._packet(Packet(self._silence), pts)
         frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE
         frame.pts = pts
         frame.time_base = TIME_BASE
         packets = self._codec.encode(frame)
+        self.encoded += 1
         if not packets:
             return None
         packet = packets[-1]
+        if silent:
+            data = bytes(packet)
+            if data == self._last_silent:
+                self._silence = data
+            self._last_silent = data
+        else:
+            self._last_silent = self._silence = None
+        return self._packet(packet, pts)
+
+    @staticmethod
+    def _packet(packet: Packet, pts: int) -> Packet:
         packet.pts = pts  # libopus starts at -312 (its pre-skip): RTP time is the frame's own
         packet.time_base = TIME_BASE
         return packet
@@ -395,6 +422,75 @@ def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     else:
         mixed = data.reshape(-1, channels).astype(np.int32).mean(axis=1)
     return mixed.astype(np.int16)
+
+
+class InlineAudioDecoder:
+    """Decodes a receiver's audio in the event loop, in place of aiortc's decoder thread.
+
+    aiortc gives every receiver a thread: each 20 ms frame crosses a ``queue.Queue`` into it and
+    comes back through ``run_coroutine_threadsafe`` (two thread switches, a GIL hand-over and a
+    loop wake-up per frame per call; with tens of calls the threads also contend for the GIL
+    with the loop). This object takes the place of the receiver's decoder queue: ``put`` decodes
+    at once and hands the frames to the track's queue. Opus is decoded to mono (no downmix
+    afterwards). aiortc's thread still starts, but ``get`` parks it until the receiver stops.
+    """
+
+    def __init__(self, frames: asyncio.Queue[Any]) -> None:
+        self._frames = frames
+        self._stopped = threading.Event()
+        self._decoder: Any = None
+        self._codec_name: str | None = None
+        self.errors = 0
+
+    @classmethod
+    def install(cls, receiver: Any) -> InlineAudioDecoder | None:
+        """Swap it into an aiortc ``RTCRtpReceiver`` that has not started (None: left as it was)."""
+        name = "_RTCRtpReceiver__decoder_queue"
+        track = getattr(receiver, "track", None)
+        if (getattr(receiver, "_RTCRtpReceiver__decoder_thread", "missing") is not None
+                or not hasattr(receiver, name) or not isinstance(getattr(track, "_queue", None), asyncio.Queue)):
+            return None
+        inline = cls(track._queue)
+        setattr(receiver, name, inline)
+        return inline
+
+    # the receiver's side (the event loop)
+    def put(self, item: Any) -> None:
+        if item is None:  # the receiver stops: end the track, release the parked thread
+            self._stopped.set()
+            self._frames.put_nowait(None)
+            return
+        codec, encoded = item
+        if codec.name != self._codec_name:
+            self._codec_name = codec.name
+            self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
+        try:
+            frames = self._decoder.decode(encoded)
+        except av.FFmpegError as exc:
+            self.errors += 1
+            log.debug("audio decode failed: %s", exc)
+            return
+        for frame in frames:
+            self._frames.put_nowait(frame)
+
+    # aiortc's decoder thread
+    def get(self, *args: Any, **kwargs: Any) -> None:
+        self._stopped.wait()
+        return None
+
+
+class _MonoOpusDecoder:
+    def __init__(self) -> None:
+        self.codec = CodecContext.create("libopus", "r")
+        self.codec.format = "s16"
+        self.codec.layout = "mono"
+        self.codec.sample_rate = RATE
+
+    def decode(self, encoded: Any) -> list[AudioFrame]:
+        packet = Packet(encoded.data)
+        packet.pts = encoded.timestamp
+        packet.time_base = TIME_BASE
+        return self.codec.decode(packet)  # type: ignore[return-value]
 
 
 class AudioInputStats:
