@@ -106,14 +106,21 @@ def frame_clock() -> FrameClock:
     return clock
 
 
+_ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+
+
 class OpusPacketEncoder:
     """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
     thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
-    packets. Digital silence is encoded until the encoder's packet for it stops changing (a few
-    frames: the decoder's overlap has decayed by then), and that packet is reused from then on
-    without calling libopus: an idle track (between responses, most of a call) costs no encoding.
+    packets. Silence is encoded until the encoder's packet for it stops changing (a few frames:
+    the decoder's overlap has decayed by then), and that packet is reused from then on without
+    calling libopus: an idle track (between responses, most of a call) costs no encoding. A frame
+    whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
+    resampling leave in silence) counts as silence and goes out as digital silence.
     ``complexity`` is libopus's 0–10; its default (10) measured cheaper here than 5, which also
     stops emitting its 3-byte silence packets."""
+
+    SILENCE_PEAK = 4
 
     def __init__(self, bitrate: int = 48_000, complexity: int | None = None) -> None:
         codec = CodecContext.create("libopus", "w")
@@ -133,10 +140,13 @@ class OpusPacketEncoder:
         self.reused = 0
 
     def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
-        silent = not samples.any()
-        if silent and self._silence is not None:
-            self.reused += 1
-            return self._packet(Packet(self._silence), pts)
+        peak = self.SILENCE_PEAK
+        silent = int(samples.max()) <= peak and int(samples.min()) >= -peak
+        if silent:
+            if self._silence is not None:
+                self.reused += 1
+                return self._packet(Packet(self._silence), pts)
+            samples = _ZEROS
         frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE
         frame.pts = pts
