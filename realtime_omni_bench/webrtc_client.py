@@ -22,7 +22,12 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
 from realtime_omni.transports.webrtc.ice import gather_on, rtc_ice_servers
-from realtime_omni.transports.webrtc.tracks import InlineAudioDecoder, OpusPacketEncoder, frame_to_mono
+from realtime_omni.transports.webrtc.tracks import (
+    ImmediateAudioJitterBuffer,
+    InlineAudioDecoder,
+    OpusPacketEncoder,
+    frame_to_mono,
+)
 
 RATE = 48_000
 FRAME = 960
@@ -124,9 +129,10 @@ class WebRTCClient:
         pc = self.pc
         if self._want_audio:
             transceiver = pc.addTransceiver(self.source, direction="sendrecv")
-            if self.jitter_prefetch is not None:
-                setattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer",
-                        JitterBuffer(capacity=16, prefetch=self.jitter_prefetch))
+            if self.jitter_prefetch is not None:  # 0: decode each packet on arrival
+                buffer = (ImmediateAudioJitterBuffer() if self.jitter_prefetch <= 0
+                          else JitterBuffer(capacity=16, prefetch=self.jitter_prefetch))
+                setattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer", buffer)
         if self._want_channel:
             self.channel = pc.createDataChannel("oai-events")
             self.channel.on("open", self._opened.set)

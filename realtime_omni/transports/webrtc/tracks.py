@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import av
 from aiortc.codecs import get_decoder
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.utils import uint16_gt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, CodecContext, Packet
 
@@ -45,6 +47,11 @@ RATE = 48_000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
 TIME_BASE = fractions.Fraction(1, RATE)
+# live streams (echo): the playout buffer's window, the cushion it keeps above one frame, and the
+# least spare audio worth skipping
+LIVE_WINDOW = 25  # frames (0.5 s)
+LIVE_CUSHION = RATE * 5 // 1000  # 5 ms
+LIVE_SPARE = RATE * 10 // 1000  # 10 ms
 WIRE_RATE = 24_000  # the session's audio/pcm rate
 
 
@@ -206,6 +213,11 @@ class OutgoingAudioTrack(MediaStreamTrack):
         #: frame would leave 20 ms more backlog for good. Past ``live_max_ms`` the oldest audio is
         #: skipped back to two frames of cushion (a playout buffer that shrinks, not only grows).
         self._live_max = None if live_max_ms is None else int(RATE * live_max_ms / 1000)
+        # ... and below that cap, a playout buffer that follows the input: the least audio queued
+        # at a frame's send time over the last LIVE_WINDOW frames is cushion that was never
+        # needed; past LIVE_SPARE of it, it is skipped (every frame of it is latency for good).
+        self._live_low: int | None = None
+        self._live_seen = 0
         self.skipped_ms = 0.0
         self._runner = runner
         self._notify = notify
@@ -308,9 +320,21 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self._chunks and self._chunks[0].epoch != epoch:
             self.clear()
 
-    def _skip_backlog(self) -> None:
+    def _follow_live(self) -> None:
         assert self._live_max is not None
-        excess = self._queued - FRAME_SAMPLES * 2
+        if self._queued > self._live_max:
+            self._skip_backlog(self._queued - FRAME_SAMPLES * 2)
+            self._live_low, self._live_seen = None, 0
+            return
+        self._live_low = self._queued if self._live_low is None else min(self._live_low, self._queued)
+        self._live_seen += 1
+        if self._live_seen >= LIVE_WINDOW:
+            spare = self._live_low - FRAME_SAMPLES - LIVE_CUSHION
+            if spare >= LIVE_SPARE:
+                self._skip_backlog(spare)
+            self._live_low, self._live_seen = None, 0
+
+    def _skip_backlog(self, excess: int) -> None:
         self.skipped_ms += 1000.0 * excess / RATE
         while excess > 0 and self._chunks:
             chunk = self._chunks[0]
@@ -323,8 +347,8 @@ class OutgoingAudioTrack(MediaStreamTrack):
 
     def _next_samples(self) -> np.ndarray:
         self._fence()
-        if self._live_max is not None and self._queued > self._live_max:
-            self._skip_backlog()
+        if self._live_max is not None:
+            self._follow_live()
         if not self._chunks:
             if self._playing is not None and self._playing not in self._complete:
                 self.underruns += 1  # the response is still being produced: silence gap
@@ -487,6 +511,27 @@ class InlineAudioDecoder:
     def get(self, *args: Any, **kwargs: Any) -> None:
         self._stopped.wait()
         return None
+
+
+class ImmediateAudioJitterBuffer(JitterBuffer):
+    """Releases each audio packet as soon as it arrives, newer than the last one released.
+
+    aiortc's buffer knows a frame is complete only when a packet of the next frame arrives, so
+    even ``prefetch`` 0 or 1 holds every frame for one more packet time (20 ms). An Opus frame
+    is one RTP packet: it is complete on arrival. A packet older than one already released (a
+    reordered or duplicated packet) is dropped; lost packets leave a gap, as with aiortc's
+    buffer. For a lossy, reordering path a prefetch of 2 or more keeps aiortc's buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16, prefetch=0)
+        self._last: int | None = None
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._last is not None and not uint16_gt(seq, self._last):
+            return False, None
+        self._last = seq
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
 
 
 class _MonoOpusDecoder:
