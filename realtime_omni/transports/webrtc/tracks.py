@@ -179,6 +179,18 @@ class OpusPacketEncoder:
         return packet
 
 
+#: soxr quality of a call's 48 ↔ 24 kHz conversions. soxr's HQ (the project's default) works in
+#: blocks: between 48 and 24 kHz it returns 0 samples for one 20 ms frame and 830 for the next,
+#: holding back 13–27 ms per direction on average. LQ returns every frame's samples at once
+#: (0.4 ms held) at about the same CPU; its passband ends near 9.5 kHz instead of 11 kHz.
+CALL_RESAMPLER_QUALITY = "LQ"
+
+
+def call_resampler(in_rate: int, out_rate: int) -> StreamResampler:
+    """The resampler for one direction of a call's audio (low delay, see above)."""
+    return StreamResampler(in_rate, out_rate, quality=CALL_RESAMPLER_QUALITY)
+
+
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "event_id": f"event_{uuid.uuid4().hex[:20]}", **fields}
 
@@ -226,7 +238,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._queued = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._resampler = StreamResampler(WIRE_RATE, RATE)
+        self._resampler = call_resampler(WIRE_RATE, RATE)
         self._resampler_rid: str | None = None
         self._resampler_epoch = 0
         self._tick: int | None = None  # the clock tick of the next frame
@@ -572,7 +584,7 @@ async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: A
         fmt = runner.core.config.input_format
         if key != (frame.sample_rate, fmt.rate):
             key = (frame.sample_rate, fmt.rate)
-            resampler = StreamResampler(frame.sample_rate, fmt.rate)
+            resampler = call_resampler(frame.sample_rate, fmt.rate)
         assert resampler is not None
         pcm = resampler.process(frame_to_mono(frame))
         if not len(pcm):
