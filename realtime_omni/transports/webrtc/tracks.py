@@ -453,6 +453,10 @@ def decode_wire(wire: bytes, fmt: AudioFormat, resamplers: dict[str, StreamResam
 
 def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     """A decoded audio frame → mono int16 samples (packed s16 stereo is averaged)."""
+    if frame.format.name == "s16" and len(frame.layout.channels) == 1:
+        # mono s16 (the inline decoder's output): the plane's bytes are the samples, no copy
+        # through to_ndarray's stacking of planes
+        return np.frombuffer(frame.planes[0], dtype=np.int16, count=frame.samples)
     data = frame.to_ndarray()
     if data.dtype == np.int16 and data.shape[0] == 1 and len(frame.layout.channels) == 2:
         # packed s16 stereo (what aiortc's Opus decoder gives): average the pairs in int32
