@@ -376,7 +376,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
             if self._playing is not None:
                 self.underruns += 1
             return self._silence
-        out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        out: np.ndarray | None = None
         filled = 0
         ledger = self._runner.core.ledger
         played: dict[str, int] = {}
@@ -388,7 +388,12 @@ class OutgoingAudioTrack(MediaStreamTrack):
                 self._playing = chunk.response_id
                 self._notify(server_event("output_audio_buffer.started", response_id=chunk.response_id))
             n = min(FRAME_SAMPLES - filled, len(chunk.pcm) - chunk.pos)
-            out[filled : filled + n] = chunk.pcm[chunk.pos : chunk.pos + n]
+            if n == FRAME_SAMPLES:  # the whole frame from one chunk: a view, no copy
+                out = chunk.pcm[chunk.pos : chunk.pos + n]
+            else:
+                if out is None:
+                    out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+                out[filled : filled + n] = chunk.pcm[chunk.pos : chunk.pos + n]
             filled += n
             chunk.pos += n
             played[chunk.response_id] = played.get(chunk.response_id, 0) + n
@@ -404,6 +409,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         elif filled < FRAME_SAMPLES and self._playing not in self._complete:
             self.underruns += 1
         self.audio_frames_sent += 1
+        assert out is not None  # the queue held audio: the loop ran
         return out
 
     async def recv(self) -> Packet | AudioFrame:
