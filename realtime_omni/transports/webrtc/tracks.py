@@ -119,18 +119,15 @@ _ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 class OpusPacketEncoder:
     """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
     thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
-    packets. Silence is encoded until the encoder's packet for it stops changing; that packet is
-    then reused without calling libopus, once ``SETTLE_FRAMES`` silent frames after any sound
-    have been encoded for real (the decoder's overlap has decayed by then): an idle track
-    (between responses, most of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
+    packets. After any sound, silence is encoded until the encoder's packet for it stops
+    changing (its state, and so the listener's decoder state, has settled); that packet is then
+    reused without calling libopus until the next sound: an idle track (between responses, most
+    of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
     resampling leave in silence) counts as silence and goes out as digital silence.
     ``complexity`` is libopus's 0–10; its default (10) measured cheaper here than 5, which also
     stops emitting its 3-byte silence packets."""
 
     SILENCE_PEAK = 4
-    #: silent frames encoded for real after sound, before the steady packet is reused: the
-    #: encoder (and the listener's decoder) settle on silence within a few frames
-    SETTLE_FRAMES = 4
 
     def __init__(self, bitrate: int = 48_000, complexity: int | None = None) -> None:
         codec = CodecContext.create("libopus", "w")
@@ -145,7 +142,7 @@ class OpusPacketEncoder:
         codec.time_base = TIME_BASE
         self._codec = codec
         self._last_silent: bytes | None = None
-        self._quiet = 0  # silent frames in a row
+        self._settled = False  # this silence has reached the steady packet
         self._silence: bytes | None = None  # the steady packet for digital silence, once seen
         self.encoded = 0
         self.reused = 0
@@ -154,13 +151,13 @@ class OpusPacketEncoder:
         peak = self.SILENCE_PEAK
         silent = int(samples.max()) <= peak and int(samples.min()) >= -peak
         if silent:
-            self._quiet += 1
-            if self._silence is not None and self._quiet > self.SETTLE_FRAMES:
+            if self._settled:
                 self.reused += 1
-                return self._packet(Packet(self._silence), pts)
+                return self._packet(Packet(self._silence), pts)  # type: ignore[arg-type]
             samples = _ZEROS
         else:
-            self._quiet = 0
+            self._settled = False
+            self._last_silent = None
         frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = RATE
         frame.pts = pts
@@ -170,10 +167,12 @@ class OpusPacketEncoder:
         if not packets:
             return None
         packet = packets[-1]
-        if silent and self._silence is None:
+        if silent:
             data = bytes(packet)
             if data == self._last_silent:
-                self._silence = data  # the same for every silence from now on (same settings)
+                # two identical packets in a row: the encoder has settled on silence, and a
+                # decoder fed the same packet stays where the encoder is
+                self._silence, self._settled = data, True
             self._last_silent = data
         return self._packet(packet, pts)
 
