@@ -16,8 +16,10 @@ Two parts, both with real aiortc clients over loopback (host candidates on 127.0
   frame of the reply.
 
 aiortc's receive jitter buffer waits for 4 packets (80 ms) before it decodes the first frame; the
-server lowers it to 1 (``REALTIME_OMNI_WEBRTC_JITTER_PREFETCH``, default 1) and the bench's clients
-too (``--client-prefetch``), so the numbers show what the server adds rather than a playout buffer.
+bench runs the server with 0 (``REALTIME_OMNI_WEBRTC_JITTER_PREFETCH``: each packet decoded on
+arrival, ``--server-prefetch``; the server's own default is still 1, which holds each frame until
+the next packet, +20 ms) and its clients with 1 (``--client-prefetch``), so the numbers show what
+the server adds rather than a playout buffer.
 """
 
 from __future__ import annotations
@@ -307,8 +309,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded", help="model of the spoken turns")
     parser.add_argument("--client-cpus", default="1", help="CPUs of the benchmark's clients")
     parser.add_argument("--client-prefetch", type=int, default=1,
-                        help="the clients' aiortc jitter-buffer prefetch in frames (aiortc's default: 4)")
-    parser.add_argument("--server-prefetch", type=int, default=1, help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH)")
+                        help="the clients' aiortc jitter-buffer prefetch in frames (aiortc's default: 4; 0: on arrival)")
+    parser.add_argument("--server-prefetch", type=int, default=0,
+                        help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH; 0: decode each packet on arrival)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,7 +8,6 @@ is kept with its arrival times; server events are kept in order.
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import time
 from collections import deque
@@ -20,10 +19,15 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from av import Packet
 
 from realtime_omni.transports.webrtc.ice import gather_on, rtc_ice_servers
-from realtime_omni.transports.webrtc.tracks import frame_to_mono
+from realtime_omni.transports.webrtc.tracks import (
+    ImmediateAudioJitterBuffer,
+    InlineAudioDecoder,
+    OpusPacketEncoder,
+    frame_to_mono,
+)
 
 RATE = 48_000
 FRAME = 960
@@ -41,6 +45,7 @@ class PcmSource(MediaStreamTrack):
         self._start: float | None = None
         self._index = 0
         self._on_frame = on_frame
+        self._encoder: OpusPacketEncoder | None = None
 
     def play(self, pcm48k: np.ndarray) -> float:
         """Queue audio; returns its duration in seconds."""
@@ -55,7 +60,7 @@ class PcmSource(MediaStreamTrack):
         self._pending.clear()
         self._buffer = np.zeros(0, dtype=np.int16)
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet:
         if self.readyState != "live":
             raise MediaStreamError
         if self._start is None:
@@ -74,14 +79,14 @@ class PcmSource(MediaStreamTrack):
             self._buffer = np.zeros(0, dtype=np.int16)
         if self._on_frame is not None:
             self._on_frame(self._index, time.monotonic(), samples)
-        # Packed stereo (both channels equal): aiortc's Opus encoder works in stereo, and its
-        # mono→stereo upmix would cost a resampler pass and 3 dB of level.
-        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate = RATE
-        frame.pts = self._index * FRAME
-        frame.time_base = fractions.Fraction(1, RATE)
+        # Encoded here, as the server's track does: aiortc only packs the packet (no thread hop,
+        # no pure-Python audio level), so the clients cost less than the server they measure.
+        if self._encoder is None:
+            self._encoder = OpusPacketEncoder()
+        packet = self._encoder.encode(samples, self._index * FRAME)
         self._index += 1
-        return frame
+        assert packet is not None  # libopus returns one packet per 20 ms frame
+        return packet
 
 
 class WebRTCClient:
@@ -124,9 +129,10 @@ class WebRTCClient:
         pc = self.pc
         if self._want_audio:
             transceiver = pc.addTransceiver(self.source, direction="sendrecv")
-            if self.jitter_prefetch is not None:
-                setattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer",
-                        JitterBuffer(capacity=16, prefetch=self.jitter_prefetch))
+            if self.jitter_prefetch is not None:  # 0: decode each packet on arrival
+                buffer = (ImmediateAudioJitterBuffer() if self.jitter_prefetch <= 0
+                          else JitterBuffer(capacity=16, prefetch=self.jitter_prefetch))
+                setattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer", buffer)
         if self._want_channel:
             self.channel = pc.createDataChannel("oai-events")
             self.channel.on("open", self._opened.set)
@@ -157,6 +163,9 @@ class WebRTCClient:
 
     def _on_track(self, track: Any) -> None:
         if track.kind == "audio":
+            for transceiver in self.pc.getTransceivers():
+                if transceiver.receiver.track is track:  # before aiortc starts its decoder thread
+                    InlineAudioDecoder.install(transceiver.receiver)
             self._tasks.append(asyncio.ensure_future(self._read_audio(track)))
 
     async def _read_audio(self, track: Any) -> None:

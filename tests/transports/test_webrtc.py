@@ -405,3 +405,54 @@ def test_video_sampler_keeps_only_the_newest_sample() -> None:
     blind = VideoSampler(enabled=False)
     blind.offer(VideoFrame.from_ndarray(np.zeros((8, 8, 3), np.uint8), format="rgb24"))
     assert blind.latest() is None
+
+
+def test_opus_encoder_reuses_one_packet_for_silence_and_settles_after_sound() -> None:
+    from av import CodecContext, Packet
+
+    from realtime_omni.transports.webrtc.tracks import FRAME_SAMPLES, OpusPacketEncoder
+
+    encoder = OpusPacketEncoder()
+    tone = (np.sin(np.arange(FRAME_SAMPLES) / 5) * 8000).astype(np.int16)
+    hiss = np.full(FRAME_SAMPLES, 3, np.int16)  # within SILENCE_PEAK: goes out as silence
+    frames = [tone] * 5 + [hiss] * 20 + [tone] * 3 + [hiss] * 20
+    packets = [encoder.encode(f, i * FRAME_SAMPLES) for i, f in enumerate(frames)]
+    assert all(p is not None for p in packets)
+    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(len(frames))]  # RTP time is ours
+    # after each sound, silence goes through libopus only until its packet stops changing
+    assert encoder.reused >= 20 and encoder.encoded + encoder.reused == len(frames)
+    decoder = CodecContext.create("libopus", "r")
+    decoder.format, decoder.layout, decoder.sample_rate = "s16", "mono", 48_000
+    pcm = np.concatenate([f.to_ndarray().reshape(-1) for p in packets for f in decoder.decode(Packet(bytes(p)))])
+    heard = pcm.reshape(len(frames), -1)
+    assert np.abs(heard[2]).max() > 4000  # the tone is audible
+    assert np.abs(heard[15:25]).max() == 0 and np.abs(heard[40:]).max() == 0  # silence is silent
+
+
+def test_immediate_jitter_buffer_releases_each_packet_on_arrival() -> None:
+    from aiortc.rtp import RtpPacket
+
+    from realtime_omni.transports.webrtc.tracks import ImmediateAudioJitterBuffer
+
+    def packet(seq: int) -> RtpPacket:
+        p = RtpPacket(sequence_number=seq, timestamp=seq * 960)
+        p._data = bytes([seq % 256])  # type: ignore[attr-defined]
+        return p
+
+    buffer = ImmediateAudioJitterBuffer()
+    released = [buffer.add(packet(seq))[1] for seq in (65534, 65535, 0, 2, 1, 2, 3)]
+    got = [None if f is None else f.timestamp // 960 for f in released]
+    assert got == [65534, 65535, 0, 2, None, None, 3]  # wraps; late and duplicate packets dropped
+
+
+async def test_one_frame_clock_tick_wakes_every_track() -> None:
+    from realtime_omni.transports.webrtc.tracks import frame_clock
+
+    clock = frame_clock()
+    assert frame_clock() is clock  # one per loop
+    first, second = clock.next_tick(), clock.next_tick()
+    assert first is second  # one future (and one timer) for all waiters
+    start = time.monotonic()
+    tick = clock.tick
+    await first
+    assert clock.tick == tick + 1 and time.monotonic() - start < 0.1

@@ -30,7 +30,15 @@ from ...audio.formats import parse_audio_format
 from ...protocol.errors import ErrorCode
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
-from .tracks import AudioInputStats, OutgoingAudioTrack, decode_wire, pump_audio_in, server_event
+from .tracks import (
+    AudioInputStats,
+    ImmediateAudioJitterBuffer,
+    InlineAudioDecoder,
+    OutgoingAudioTrack,
+    decode_wire,
+    pump_audio_in,
+    server_event,
+)
 from .video import VideoSampler, pump_video_in
 
 log = logging.getLogger(__name__)
@@ -45,7 +53,8 @@ class WebRTCOptions:
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
     #: addresses to gather host candidates on (None: every non-loopback interface, via aioice)
     local_addresses: list[str] | None = None
-    #: aiortc's receive jitter buffer holds this many frames before decoding (aiortc: 4 = 80 ms)
+    #: aiortc's receive jitter buffer holds this many frames before decoding (aiortc: 4 = 80 ms);
+    #: 0: each packet is decoded on arrival (:class:`~.tracks.ImmediateAudioJitterBuffer`)
     jitter_prefetch: int = 1
     video_fps: float = 1.0
     #: the data channel must open within this long after the connection is up
@@ -78,6 +87,8 @@ class Peer:
         self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         self.audio_in = AudioInputStats()
+        #: decodes the microphone in the loop (None: aiortc's decoder thread does)
+        self.decoder: InlineAudioDecoder | None = None
         self.channel: Any | None = None
         self.created_at = time.monotonic()
         self.connected_at: float | None = None
@@ -123,6 +134,7 @@ class Peer:
                 transceiver.sender.replaceTrack(self.track)
                 transceiver.direction = "sendrecv"
                 self._tune_jitter_buffer(transceiver.receiver)
+                self.decoder = InlineAudioDecoder.install(transceiver.receiver)
             elif transceiver.kind == "video" and not video_seen and self.sees:
                 video_seen = True
                 transceiver.direction = "recvonly"
@@ -138,13 +150,15 @@ class Peer:
 
     def _tune_jitter_buffer(self, receiver: Any) -> None:
         # aiortc 1.16 hard-codes JitterBuffer(capacity=16, prefetch=4) for audio: 4 frames = 80 ms
-        # before the first decode. A server feeding a VAD/ASR needs no playout smoothing, so a
-        # one-frame prefetch (a frame is released when the next one arrives) is enough.
+        # before the first decode. A server feeding a VAD/ASR needs no playout smoothing: 0
+        # releases each packet on arrival (ImmediateAudioJitterBuffer); 1-3 keep aiortc's buffer
+        # with that prefetch (which holds each frame until the next packet arrives, +20 ms).
         name = "_RTCRtpReceiver__jitter_buffer"
         prefetch = self.options.jitter_prefetch
         if prefetch >= 4 or not hasattr(receiver, name):
             return
-        setattr(receiver, name, JitterBuffer(capacity=16, prefetch=max(prefetch, 0)))
+        buffer = ImmediateAudioJitterBuffer() if prefetch <= 0 else JitterBuffer(capacity=16, prefetch=prefetch)
+        setattr(receiver, name, buffer)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=f"webrtc-{self.id}-{name}")
@@ -420,6 +434,7 @@ class Peer:
             "underruns": self.track.underruns,
             "skipped_ms": round(self.track.skipped_ms, 1),
             "video_frames": self.video.frames_seen,
+            "inline_decoder": self.decoder is not None,
         }
 
 

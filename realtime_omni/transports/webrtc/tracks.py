@@ -5,8 +5,12 @@ downmixes, resamples (stateful soxr) to the session's input rate and feeds
 :meth:`SessionRunner.submit_audio` — the same path as ``input_audio_buffer.append``.
 
 Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms,
-48 kHz mono frame per tick of its own clock, with ``pts`` advancing by exactly 960 each frame, so
-RTP timestamps never jump: silence fills the gaps between responses and any underrun. It is the
+48 kHz mono frame per tick of the loop's shared :class:`FrameClock` (one timer for every call, not
+a sleep per track), with ``pts`` advancing by exactly 960 each frame, so RTP timestamps never
+jump: silence fills the gaps between responses and any underrun. It hands aiortc an Opus
+``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
+which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
+pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
 playback truth of the call: it reports the milliseconds of each response that actually went out
 into the session's :class:`~realtime_omni.session.playback.PlaybackLedger` frame by frame, and it
 tells the writer when a response starts, stops and is cleared (``output_audio_buffer.*``).
@@ -17,16 +21,22 @@ from __future__ import annotations
 import asyncio
 import fractions
 import logging
+import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import av
+from aiortc.codecs import get_decoder
+from aiortc.jitterbuffer import JitterBuffer, JitterFrame
+from aiortc.utils import uint16_gt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame
+from av import AudioFrame, CodecContext, Packet
 
 from ...audio import AudioFormat, StreamResampler
 from ...session.runner import SessionRunner
@@ -37,7 +47,152 @@ RATE = 48_000
 FRAME_MS = 20
 FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
 TIME_BASE = fractions.Fraction(1, RATE)
+# live streams (echo): the playout buffer's window, the cushion it keeps above one frame, and the
+# least spare audio worth skipping
+LIVE_WINDOW = 25  # frames (0.5 s)
+LIVE_CUSHION = RATE * 5 // 1000  # 5 ms
+LIVE_SPARE = RATE * 10 // 1000  # 10 ms
 WIRE_RATE = 24_000  # the session's audio/pcm rate
+
+
+class FrameClock:
+    """One 20 ms tick for every outgoing track of an event loop: a single timer per tick wakes
+    all the tracks waiting on it (a per-track ``asyncio.sleep`` costs a timer, a future and a
+    heap operation per call per frame). Ticks are counted from the first use; a loop stall of
+    more than 100 ms re-anchors the grid instead of bursting."""
+
+    def __init__(self, period_s: float = FRAME_MS / 1000.0) -> None:
+        self.period = period_s
+        self.tick = 0  # ticks fired so far
+        self._start: float | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.stalls = 0
+
+    def current(self) -> int:
+        """The tick in progress now (starting the clock if it was not)."""
+        if self._start is None:
+            self._start = time.monotonic()
+        return self.tick
+
+    def next_tick(self) -> asyncio.Future[None]:
+        """A future done at the next tick (shared by every waiter of that tick)."""
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = time.monotonic()
+        if self._waiter is None or self._waiter.done():
+            self._waiter = loop.create_future()
+        if self._handle is None:
+            # loop.time() is time.monotonic() on the default and uvloop loops
+            due = self._start + (self.tick + 1) * self.period
+            self._handle = loop.call_at(loop.time() + (due - time.monotonic()), self._fire)
+        return self._waiter
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.tick += 1
+        assert self._start is not None
+        behind = time.monotonic() - (self._start + self.tick * self.period)
+        if behind > 0.1:  # the loop stalled: re-anchor rather than fire a burst of ticks
+            self.stalls += 1
+            self._start = time.monotonic() - self.tick * self.period
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameClock] = weakref.WeakKeyDictionary()
+
+
+def frame_clock() -> FrameClock:
+    """The running loop's shared :class:`FrameClock`."""
+    loop = asyncio.get_running_loop()
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = FrameClock()
+    return clock
+
+
+_ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+
+
+class OpusPacketEncoder:
+    """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
+    thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
+    packets. After any sound, silence is encoded until the encoder's packet for it stops
+    changing (its state, and so the listener's decoder state, has settled); that packet is then
+    reused without calling libopus until the next sound: an idle track (between responses, most
+    of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
+    resampling leave in silence) counts as silence and goes out as digital silence.
+    ``complexity`` is libopus's 0–10; its default (10) measured cheaper here than 5, which also
+    stops emitting its 3-byte silence packets."""
+
+    SILENCE_PEAK = 4
+
+    def __init__(self, bitrate: int = 48_000, complexity: int | None = None) -> None:
+        codec = CodecContext.create("libopus", "w")
+        codec.format = "s16"
+        codec.layout = "mono"
+        codec.sample_rate = RATE
+        codec.bit_rate = bitrate
+        options = {"application": "voip"}
+        if complexity is not None:
+            options["compression_level"] = str(complexity)
+        codec.options = options
+        codec.time_base = TIME_BASE
+        self._codec = codec
+        self._last_silent: bytes | None = None
+        self._settled = False  # this silence has reached the steady packet
+        self._silence: bytes | None = None  # the steady packet for digital silence, once seen
+        self.encoded = 0
+        self.reused = 0
+
+    def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
+        peak = self.SILENCE_PEAK
+        silent = int(samples.max()) <= peak and int(samples.min()) >= -peak
+        if silent:
+            if self._settled:
+                self.reused += 1
+                return self._packet(Packet(self._silence), pts)  # type: ignore[arg-type]
+            samples = _ZEROS
+        else:
+            self._settled = False
+            self._last_silent = None
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = RATE
+        frame.pts = pts
+        frame.time_base = TIME_BASE
+        packets = self._codec.encode(frame)
+        self.encoded += 1
+        if not packets:
+            return None
+        packet = packets[-1]
+        if silent:
+            data = bytes(packet)
+            if data == self._last_silent:
+                # two identical packets in a row: the encoder has settled on silence, and a
+                # decoder fed the same packet stays where the encoder is
+                self._silence, self._settled = data, True
+            self._last_silent = data
+        return self._packet(packet, pts)
+
+    @staticmethod
+    def _packet(packet: Packet, pts: int) -> Packet:
+        packet.pts = pts  # libopus starts at -312 (its pre-skip): RTP time is the frame's own
+        packet.time_base = TIME_BASE
+        return packet
+
+
+#: soxr quality of a call's 48 ↔ 24 kHz conversions. soxr's HQ (the project's default) works in
+#: blocks: between 48 and 24 kHz it returns 0 samples for one 20 ms frame and 830 for the next,
+#: holding back 13–27 ms per direction on average. LQ returns every frame's samples at once
+#: (0.4 ms held) at about the same CPU; its passband ends near 9.5 kHz instead of 11 kHz.
+CALL_RESAMPLER_QUALITY = "LQ"
+
+
+def call_resampler(in_rate: int, out_rate: int) -> StreamResampler:
+    """The resampler for one direction of a call's audio (low delay, see above)."""
+    return StreamResampler(in_rate, out_rate, quality=CALL_RESAMPLER_QUALITY)
 
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
@@ -67,12 +222,18 @@ class OutgoingAudioTrack(MediaStreamTrack):
         notify: Callable[[dict[str, Any]], None],
         max_queue_ms: float = 5000.0,
         live_max_ms: float | None = None,
+        encoder: OpusPacketEncoder | None = None,
     ) -> None:
         super().__init__()
         #: a live stream (the echo model) arrives at real time, not ahead of it: every late input
         #: frame would leave 20 ms more backlog for good. Past ``live_max_ms`` the oldest audio is
         #: skipped back to two frames of cushion (a playout buffer that shrinks, not only grows).
         self._live_max = None if live_max_ms is None else int(RATE * live_max_ms / 1000)
+        # ... and below that cap, a playout buffer that follows the input: the least audio queued
+        # at a frame's send time over the last LIVE_WINDOW frames is cushion that was never
+        # needed; past LIVE_SPARE of it, it is skipped (every frame of it is latency for good).
+        self._live_low: int | None = None
+        self._live_seen = 0
         self.skipped_ms = 0.0
         self._runner = runner
         self._notify = notify
@@ -81,11 +242,12 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._queued = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._resampler = StreamResampler(WIRE_RATE, RATE)
+        self._resampler = call_resampler(WIRE_RATE, RATE)
         self._resampler_rid: str | None = None
         self._resampler_epoch = 0
-        self._start: float | None = None
+        self._tick: int | None = None  # the clock tick of the next frame
         self._frames = 0
+        self._encoder = encoder
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
@@ -174,9 +336,21 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self._chunks and self._chunks[0].epoch != epoch:
             self.clear()
 
-    def _skip_backlog(self) -> None:
+    def _follow_live(self) -> None:
         assert self._live_max is not None
-        excess = self._queued - FRAME_SAMPLES * 2
+        if self._queued > self._live_max:
+            self._skip_backlog(self._queued - FRAME_SAMPLES * 2)
+            self._live_low, self._live_seen = None, 0
+            return
+        self._live_low = self._queued if self._live_low is None else min(self._live_low, self._queued)
+        self._live_seen += 1
+        if self._live_seen >= LIVE_WINDOW:
+            spare = self._live_low - FRAME_SAMPLES - LIVE_CUSHION
+            if spare >= LIVE_SPARE:
+                self._skip_backlog(spare)
+            self._live_low, self._live_seen = None, 0
+
+    def _skip_backlog(self, excess: int) -> None:
         self.skipped_ms += 1000.0 * excess / RATE
         while excess > 0 and self._chunks:
             chunk = self._chunks[0]
@@ -189,8 +363,8 @@ class OutgoingAudioTrack(MediaStreamTrack):
 
     def _next_samples(self) -> np.ndarray:
         self._fence()
-        if self._live_max is not None and self._queued > self._live_max:
-            self._skip_backlog()
+        if self._live_max is not None:
+            self._follow_live()
         if not self._chunks:
             if self._playing is not None and self._playing not in self._complete:
                 self.underruns += 1  # the response is still being produced: silence gap
@@ -201,7 +375,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
             if self._playing is not None:
                 self.underruns += 1
             return self._silence
-        out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        out: np.ndarray | None = None
         filled = 0
         ledger = self._runner.core.ledger
         played: dict[str, int] = {}
@@ -213,7 +387,12 @@ class OutgoingAudioTrack(MediaStreamTrack):
                 self._playing = chunk.response_id
                 self._notify(server_event("output_audio_buffer.started", response_id=chunk.response_id))
             n = min(FRAME_SAMPLES - filled, len(chunk.pcm) - chunk.pos)
-            out[filled : filled + n] = chunk.pcm[chunk.pos : chunk.pos + n]
+            if n == FRAME_SAMPLES:  # the whole frame from one chunk: a view, no copy
+                out = chunk.pcm[chunk.pos : chunk.pos + n]
+            else:
+                if out is None:
+                    out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+                out[filled : filled + n] = chunk.pcm[chunk.pos : chunk.pos + n]
             filled += n
             chunk.pos += n
             played[chunk.response_id] = played.get(chunk.response_id, 0) + n
@@ -229,33 +408,41 @@ class OutgoingAudioTrack(MediaStreamTrack):
         elif filled < FRAME_SAMPLES and self._playing not in self._complete:
             self.underruns += 1
         self.audio_frames_sent += 1
+        assert out is not None  # the queue held audio: the loop ran
         return out
 
-    async def recv(self) -> AudioFrame:
+    async def recv(self) -> Packet | AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._frames * FRAME_MS / 1000.0
-        if due > now:
-            await asyncio.sleep(due - now)
-        elif now - due > 0.1:
-            # The loop stalled: re-anchor the clock instead of bursting frames to catch up.
-            # pts still advance by one frame, so RTP timestamps stay continuous.
+        clock = frame_clock()
+        now = clock.current()
+        if self._tick is None:
+            self._tick = now + 1
+        if self._tick > now:
+            await clock.next_tick()
+        elif now - self._tick > 5:
+            # this track fell behind the clock (its sender stalled): skip ahead instead of
+            # bursting frames to catch up. pts still advance by one frame, so RTP timestamps
+            # stay continuous.
             self.late_frames += 1
-            self._start = now - self._frames * FRAME_MS / 1000.0
+            self._tick = now
+        self._tick += 1
         if self.readyState != "live":
             raise MediaStreamError
         samples = self._next_samples()
-        # Packed stereo (both channels equal): aiortc's Opus encoder works in stereo, and its
-        # mono→stereo upmix would cost a resampler pass and 3 dB of level.
-        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate = RATE
-        frame.pts = self._frames * FRAME_SAMPLES
-        frame.time_base = TIME_BASE
+        pts = self._frames * FRAME_SAMPLES
         self._frames += 1
         self.frames_sent += 1
+        if self._encoder is None:
+            self._encoder = OpusPacketEncoder()
+        packet = self._encoder.encode(samples, pts)
+        if packet is not None:
+            return packet
+        # the encoder held the frame back (never seen with libopus): hand aiortc the raw frame
+        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
+        frame.sample_rate = RATE
+        frame.pts = pts
+        frame.time_base = TIME_BASE
         return frame
 
     def stop(self) -> None:
@@ -276,7 +463,15 @@ def decode_wire(wire: bytes, fmt: AudioFormat, resamplers: dict[str, StreamResam
 
 def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     """A decoded audio frame → mono int16 samples (packed s16 stereo is averaged)."""
+    if frame.format.name == "s16" and len(frame.layout.channels) == 1:
+        # mono s16 (the inline decoder's output): the plane's bytes are the samples, no copy
+        # through to_ndarray's stacking of planes
+        return np.frombuffer(frame.planes[0], dtype=np.int16, count=frame.samples)
     data = frame.to_ndarray()
+    if data.dtype == np.int16 and data.shape[0] == 1 and len(frame.layout.channels) == 2:
+        # packed s16 stereo (what aiortc's Opus decoder gives): average the pairs in int32
+        pairs = data.reshape(-1, 2).astype(np.int32)
+        return ((pairs[:, 0] + pairs[:, 1]) >> 1).astype(np.int16)
     if frame.format.name != "s16":
         data = (np.clip(data, -1.0, 1.0) * 32767).astype(np.int16) if data.dtype.kind == "f" else data.astype(np.int16)
     channels = len(frame.layout.channels)
@@ -287,6 +482,96 @@ def frame_to_mono(frame: AudioFrame) -> np.ndarray:
     else:
         mixed = data.reshape(-1, channels).astype(np.int32).mean(axis=1)
     return mixed.astype(np.int16)
+
+
+class InlineAudioDecoder:
+    """Decodes a receiver's audio in the event loop, in place of aiortc's decoder thread.
+
+    aiortc gives every receiver a thread: each 20 ms frame crosses a ``queue.Queue`` into it and
+    comes back through ``run_coroutine_threadsafe`` (two thread switches, a GIL hand-over and a
+    loop wake-up per frame per call; with tens of calls the threads also contend for the GIL
+    with the loop). This object takes the place of the receiver's decoder queue: ``put`` decodes
+    at once and hands the frames to the track's queue. Opus is decoded to mono (no downmix
+    afterwards). aiortc's thread still starts, but ``get`` parks it until the receiver stops.
+    """
+
+    def __init__(self, frames: asyncio.Queue[Any]) -> None:
+        self._frames = frames
+        self._stopped = threading.Event()
+        self._decoder: Any = None
+        self._codec_name: str | None = None
+        self.errors = 0
+
+    @classmethod
+    def install(cls, receiver: Any) -> InlineAudioDecoder | None:
+        """Swap it into an aiortc ``RTCRtpReceiver`` that has not started (None: left as it was)."""
+        name = "_RTCRtpReceiver__decoder_queue"
+        track = getattr(receiver, "track", None)
+        if (getattr(receiver, "_RTCRtpReceiver__decoder_thread", "missing") is not None
+                or not hasattr(receiver, name) or not isinstance(getattr(track, "_queue", None), asyncio.Queue)):
+            return None
+        inline = cls(track._queue)
+        setattr(receiver, name, inline)
+        return inline
+
+    # the receiver's side (the event loop)
+    def put(self, item: Any) -> None:
+        if item is None:  # the receiver stops: end the track, release the parked thread
+            self._stopped.set()
+            self._frames.put_nowait(None)
+            return
+        codec, encoded = item
+        if codec.name != self._codec_name:
+            self._codec_name = codec.name
+            self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
+        try:
+            frames = self._decoder.decode(encoded)
+        except av.FFmpegError as exc:
+            self.errors += 1
+            log.debug("audio decode failed: %s", exc)
+            return
+        for frame in frames:
+            self._frames.put_nowait(frame)
+
+    # aiortc's decoder thread
+    def get(self, *args: Any, **kwargs: Any) -> None:
+        self._stopped.wait()
+        return None
+
+
+class ImmediateAudioJitterBuffer(JitterBuffer):
+    """Releases each audio packet as soon as it arrives, newer than the last one released.
+
+    aiortc's buffer knows a frame is complete only when a packet of the next frame arrives, so
+    even ``prefetch`` 0 or 1 holds every frame for one more packet time (20 ms). An Opus frame
+    is one RTP packet: it is complete on arrival. A packet older than one already released (a
+    reordered or duplicated packet) is dropped; lost packets leave a gap, as with aiortc's
+    buffer. For a lossy, reordering path a prefetch of 2 or more keeps aiortc's buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=16, prefetch=0)
+        self._last: int | None = None
+
+    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
+        seq = packet.sequence_number
+        if self._last is not None and not uint16_gt(seq, self._last):
+            return False, None
+        self._last = seq
+        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+
+
+class _MonoOpusDecoder:
+    def __init__(self) -> None:
+        self.codec = CodecContext.create("libopus", "r")
+        self.codec.format = "s16"
+        self.codec.layout = "mono"
+        self.codec.sample_rate = RATE
+
+    def decode(self, encoded: Any) -> list[AudioFrame]:
+        packet = Packet(encoded.data)
+        packet.pts = encoded.timestamp
+        packet.time_base = TIME_BASE
+        return self.codec.decode(packet)  # type: ignore[return-value]
 
 
 class AudioInputStats:
@@ -313,7 +598,7 @@ async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: A
         fmt = runner.core.config.input_format
         if key != (frame.sample_rate, fmt.rate):
             key = (frame.sample_rate, fmt.rate)
-            resampler = StreamResampler(frame.sample_rate, fmt.rate)
+            resampler = call_resampler(frame.sample_rate, fmt.rate)
         assert resampler is not None
         pcm = resampler.process(frame_to_mono(frame))
         if not len(pcm):
