@@ -113,7 +113,7 @@ def machine_info() -> dict[str, Any]:
 
 def repo_root() -> Path:
     """The checkout the running package comes from (for ``git rev-parse``)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[1]
 
 
 def git_info(root: Path | None = None) -> dict[str, Any]:
