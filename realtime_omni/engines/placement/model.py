@@ -27,7 +27,6 @@ Every blocking method is called from a worker thread of the server, except ``ope
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import itertools
 import logging
@@ -511,12 +510,7 @@ class RaySession(ModelSession):
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()
-        wire = copy.copy(request)
-        wire.cancelled = None  # type: ignore[assignment]  # an Event cannot travel; the worker sets its own
-        if self._owner.strip_unheard_audio and not self._owner.info.hears_audio:
-            wire.messages = [
-                dataclasses.replace(m, audio=None) if m.audio is not None else m for m in request.messages
-            ]
+        wire = p.wire_request(request, self._owner.strip_unheard_audio and not self._owner.info.hears_audio)
         return self._owner._stream(self, "think", (wire,), request.cancelled)
 
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:

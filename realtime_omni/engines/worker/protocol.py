@@ -41,6 +41,20 @@ NO_SESSION = 0
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
+def wire_request(request: Any, strip_audio: bool) -> Any:
+    """A ``ThinkRequest`` as it travels to a worker (a local process or a Ray actor): without its
+    cancel Event (the worker keeps its own), and without the user's audio when the engine would
+    not hear it anyway (``strip_audio``: less to pickle per turn)."""
+    import copy
+    import dataclasses
+
+    wire = copy.copy(request)
+    wire.cancelled = None
+    if strip_audio:
+        wire.messages = [dataclasses.replace(m, audio=None) if m.audio is not None else m for m in request.messages]
+    return wire
+
+
 def dumps(obj: Any) -> bytes:
     return pickle.dumps(obj, _PROTOCOL)
 

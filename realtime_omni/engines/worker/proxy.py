@@ -13,8 +13,6 @@ the ones that must not block and therefore never touch the pipe: ``open_session`
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import itertools
 import queue
 import threading
@@ -294,12 +292,7 @@ class IsolatedSession(ModelSession):
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()
-        wire = copy.copy(request)
-        wire.cancelled = None  # type: ignore[assignment]  # an Event cannot travel; the worker sets its own
-        if self._owner.strip_unheard_audio and not self._owner.info.hears_audio:
-            wire.messages = [
-                dataclasses.replace(m, audio=None) if m.audio is not None else m for m in request.messages
-            ]
+        wire = p.wire_request(request, self._owner.strip_unheard_audio and not self._owner.info.hears_audio)
         return self._owner._stream(self.key, "think", (wire,), request.cancelled)
 
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
