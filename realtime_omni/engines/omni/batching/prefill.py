@@ -204,7 +204,7 @@ class PrefillBatcher(Mailbox):
 
 def thinker_rows(loaded: Any, reads: Any) -> RowsForward:
     """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row;
-    ``reads``: the :class:`~..thinker.TalkerReads` of the model."""
+    ``reads``: the :class:`~..talker_reads.TalkerReads` of the model."""
 
     def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch

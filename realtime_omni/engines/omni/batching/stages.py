@@ -18,8 +18,9 @@ from typing import Any
 from ..loader import LoadedOmni
 from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
+from ..talker_reads import TalkerReads
 from ..talker_stream import CodeSampling, TalkerSettings
-from ..thinker import TalkerReads, ThinkerSettings, thinker_sampling
+from ..thinker import ThinkerSettings, thinker_sampling
 from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
 from .rows import Rows, SessionRows
