@@ -128,15 +128,21 @@ async def test_a_full_cluster_refuses_with_session_limit_reached(served):
     await ws.close()
 
 
-async def test_a_cancelled_reply_stops_on_its_worker(served):
-    srv, registry = served
-    talky = registry.get("talky")
+async def ask_for_a_long_text_reply(srv, text: str, tokens: int):
+    """A talky session that asked for a text reply of ``tokens`` words; returns the socket."""
     ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=talky")
     await recv(ws)
     await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
     await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "talk for a while"}]}}))
-    await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 300}}))
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+    await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": tokens}}))
+    return ws
+
+
+async def test_a_cancelled_reply_stops_on_its_worker(served):
+    srv, registry = served
+    talky = registry.get("talky")
+    ws = await ask_for_a_long_text_reply(srv, "talk for a while", 300)
     await until(ws, "response.output_text.delta")
     cancelled_at = time.monotonic()
     await ws.send(json.dumps({"type": "response.cancel"}))
@@ -189,12 +195,7 @@ async def test_a_spoken_turn_to_the_embedded_model_on_ray_with_the_vad_in_the_ga
 async def test_a_worker_killed_mid_turn_fails_the_reply_within_2_s_and_another_worker_answers(served):
     srv, registry = served
     talky = registry.get("talky")
-    ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=talky")
-    await recv(ws)
-    await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"]}}))
-    await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "a long story please"}]}}))
-    await ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 200}}))
+    ws = await ask_for_a_long_text_reply(srv, "a long story please", 200)
     first, _ = await until(ws, "response.output_text.delta")
     pid = int(first["delta"].strip().removeprefix("pid"))
     victim = next(w for w in talky.workers if w.pid == pid)
