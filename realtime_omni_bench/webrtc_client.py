@@ -22,12 +22,12 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import Packet
 
 from realtime_omni.transports.webrtc.ice import gather_on, rtc_ice_servers
-from realtime_omni.transports.webrtc.tracks import (
+from realtime_omni.transports.webrtc.incoming import (
     ImmediateAudioJitterBuffer,
     InlineAudioDecoder,
-    OpusPacketEncoder,
     frame_to_mono,
 )
+from realtime_omni.transports.webrtc.tracks import OpusPacketEncoder
 
 RATE = 48_000
 FRAME = 960

@@ -432,7 +432,7 @@ def test_opus_encoder_reuses_one_packet_for_silence_and_settles_after_sound() ->
 def test_immediate_jitter_buffer_releases_each_packet_on_arrival() -> None:
     from aiortc.rtp import RtpPacket
 
-    from realtime_omni.transports.webrtc.tracks import ImmediateAudioJitterBuffer
+    from realtime_omni.transports.webrtc.incoming import ImmediateAudioJitterBuffer
 
     def packet(seq: int) -> RtpPacket:
         p = RtpPacket(sequence_number=seq, timestamp=seq * 960)

@@ -26,7 +26,12 @@ from starlette.routing import Route
 from ...protocol import parse_client_event
 from ...protocol.errors import ErrorCode, ProtocolError
 from ...security import AuthError
-from ...session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
+from ...session.manager import (
+    ResumeError,
+    SessionLimitError,
+    SessionManager,
+    UnknownModelError,
+)
 from ..bodies import BodyTooLarge, read_body
 from .ice import local_addresses, parse_ice_servers
 from .peer import Peer, WebRTCOptions, new_call_id

@@ -30,15 +30,13 @@ from ...audio.formats import parse_audio_format
 from ...protocol.errors import ErrorCode
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
-from .tracks import (
+from .incoming import (
     AudioInputStats,
     ImmediateAudioJitterBuffer,
     InlineAudioDecoder,
-    OutgoingAudioTrack,
-    decode_wire,
     pump_audio_in,
-    server_event,
 )
+from .tracks import OutgoingAudioTrack, decode_wire, server_event
 from .video import VideoSampler, pump_video_in
 
 log = logging.getLogger(__name__)
@@ -54,7 +52,7 @@ class WebRTCOptions:
     #: addresses to gather host candidates on (None: every non-loopback interface, via aioice)
     local_addresses: list[str] | None = None
     #: aiortc's receive jitter buffer holds this many frames before decoding (aiortc: 4 = 80 ms);
-    #: 0: each packet is decoded on arrival (:class:`~.tracks.ImmediateAudioJitterBuffer`)
+    #: 0: each packet is decoded on arrival (:class:`~.incoming.ImmediateAudioJitterBuffer`)
     jitter_prefetch: int = 1
     video_fps: float = 1.0
     #: the data channel must open within this long after the connection is up

@@ -1,8 +1,6 @@
-"""Media edges of a WebRTC call: the incoming microphone track and the outgoing paced track.
+"""The outgoing side of a WebRTC call's media: the paced assistant track and its Opus packets.
 
-Incoming: aiortc decodes Opus to ``av.AudioFrame`` (48 kHz, s16, stereo); :func:`pump_audio_in`
-downmixes, resamples (stateful soxr) to the session's input rate and feeds
-:meth:`SessionRunner.submit_audio` — the same path as ``input_audio_buffer.append``.
+Incoming (the microphone): see :mod:`.incoming`.
 
 Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms,
 48 kHz mono frame per tick of the loop's shared :class:`FrameClock` (one timer for every call, not
@@ -21,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import fractions
 import logging
-import threading
 import time
 import uuid
 import weakref
@@ -31,10 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import av
-from aiortc.codecs import get_decoder
-from aiortc.jitterbuffer import JitterBuffer, JitterFrame
-from aiortc.utils import uint16_gt
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, CodecContext, Packet
 
@@ -459,151 +452,3 @@ def decode_wire(wire: bytes, fmt: AudioFormat, resamplers: dict[str, StreamResam
         return pcm
     resampler = resamplers.setdefault(fmt.value, StreamResampler(fmt.rate, WIRE_RATE))
     return resampler.process(pcm)
-
-
-def frame_to_mono(frame: AudioFrame) -> np.ndarray:
-    """A decoded audio frame → mono int16 samples (packed s16 stereo is averaged)."""
-    if frame.format.name == "s16" and len(frame.layout.channels) == 1:
-        # mono s16 (the inline decoder's output): the plane's bytes are the samples, no copy
-        # through to_ndarray's stacking of planes
-        return np.frombuffer(frame.planes[0], dtype=np.int16, count=frame.samples)
-    data = frame.to_ndarray()
-    if data.dtype == np.int16 and data.shape[0] == 1 and len(frame.layout.channels) == 2:
-        # packed s16 stereo (what aiortc's Opus decoder gives): average the pairs in int32
-        pairs = data.reshape(-1, 2).astype(np.int32)
-        return ((pairs[:, 0] + pairs[:, 1]) >> 1).astype(np.int16)
-    if frame.format.name != "s16":
-        data = (np.clip(data, -1.0, 1.0) * 32767).astype(np.int16) if data.dtype.kind == "f" else data.astype(np.int16)
-    channels = len(frame.layout.channels)
-    if channels == 1:
-        return data.reshape(-1).astype(np.int16, copy=False)
-    if frame.format.is_planar:
-        mixed = data.astype(np.int32).mean(axis=0)
-    else:
-        mixed = data.reshape(-1, channels).astype(np.int32).mean(axis=1)
-    return mixed.astype(np.int16)
-
-
-class InlineAudioDecoder:
-    """Decodes a receiver's audio in the event loop, in place of aiortc's decoder thread.
-
-    aiortc gives every receiver a thread: each 20 ms frame crosses a ``queue.Queue`` into it and
-    comes back through ``run_coroutine_threadsafe`` (two thread switches, a GIL hand-over and a
-    loop wake-up per frame per call; with tens of calls the threads also contend for the GIL
-    with the loop). This object takes the place of the receiver's decoder queue: ``put`` decodes
-    at once and hands the frames to the track's queue. Opus is decoded to mono (no downmix
-    afterwards). aiortc's thread still starts, but ``get`` parks it until the receiver stops.
-    """
-
-    def __init__(self, frames: asyncio.Queue[Any]) -> None:
-        self._frames = frames
-        self._stopped = threading.Event()
-        self._decoder: Any = None
-        self._codec_name: str | None = None
-        self.errors = 0
-
-    @classmethod
-    def install(cls, receiver: Any) -> InlineAudioDecoder | None:
-        """Swap it into an aiortc ``RTCRtpReceiver`` that has not started (None: left as it was)."""
-        name = "_RTCRtpReceiver__decoder_queue"
-        track = getattr(receiver, "track", None)
-        if (getattr(receiver, "_RTCRtpReceiver__decoder_thread", "missing") is not None
-                or not hasattr(receiver, name) or not isinstance(getattr(track, "_queue", None), asyncio.Queue)):
-            return None
-        inline = cls(track._queue)
-        setattr(receiver, name, inline)
-        return inline
-
-    # the receiver's side (the event loop)
-    def put(self, item: Any) -> None:
-        if item is None:  # the receiver stops: end the track, release the parked thread
-            self._stopped.set()
-            self._frames.put_nowait(None)
-            return
-        codec, encoded = item
-        if codec.name != self._codec_name:
-            self._codec_name = codec.name
-            self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
-        try:
-            frames = self._decoder.decode(encoded)
-        except av.FFmpegError as exc:
-            self.errors += 1
-            log.debug("audio decode failed: %s", exc)
-            return
-        for frame in frames:
-            self._frames.put_nowait(frame)
-
-    # aiortc's decoder thread
-    def get(self, *args: Any, **kwargs: Any) -> None:
-        self._stopped.wait()
-        return None
-
-
-class ImmediateAudioJitterBuffer(JitterBuffer):
-    """Releases each audio packet as soon as it arrives, newer than the last one released.
-
-    aiortc's buffer knows a frame is complete only when a packet of the next frame arrives, so
-    even ``prefetch`` 0 or 1 holds every frame for one more packet time (20 ms). An Opus frame
-    is one RTP packet: it is complete on arrival. A packet older than one already released (a
-    reordered or duplicated packet) is dropped; lost packets leave a gap, as with aiortc's
-    buffer. For a lossy, reordering path a prefetch of 2 or more keeps aiortc's buffer."""
-
-    def __init__(self) -> None:
-        super().__init__(capacity=16, prefetch=0)
-        self._last: int | None = None
-
-    def add(self, packet: Any) -> tuple[bool, JitterFrame | None]:
-        seq = packet.sequence_number
-        if self._last is not None and not uint16_gt(seq, self._last):
-            return False, None
-        self._last = seq
-        return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
-
-
-class _MonoOpusDecoder:
-    def __init__(self) -> None:
-        self.codec = CodecContext.create("libopus", "r")
-        self.codec.format = "s16"
-        self.codec.layout = "mono"
-        self.codec.sample_rate = RATE
-
-    def decode(self, encoded: Any) -> list[AudioFrame]:
-        packet = Packet(encoded.data)
-        packet.pts = encoded.timestamp
-        packet.time_base = TIME_BASE
-        return self.codec.decode(packet)  # type: ignore[return-value]
-
-
-class AudioInputStats:
-    def __init__(self) -> None:
-        self.frames = 0
-        self.dropped = 0
-        self.last_at = 0.0
-
-
-async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: AudioInputStats) -> None:
-    """Microphone → session, until the track ends. Never lets aiortc's frame queue grow: when
-    the session's mailbox is full (the session is stuck), frames are dropped and counted."""
-    resampler: StreamResampler | None = None
-    key: tuple[int, int] | None = None
-    while True:
-        try:
-            frame = await track.recv()
-        except MediaStreamError:
-            return
-        stats.frames += 1
-        stats.last_at = time.monotonic()
-        if runner.closed.is_set():
-            return
-        fmt = runner.core.config.input_format
-        if key != (frame.sample_rate, fmt.rate):
-            key = (frame.sample_rate, fmt.rate)
-            resampler = call_resampler(frame.sample_rate, fmt.rate)
-        assert resampler is not None
-        pcm = resampler.process(frame_to_mono(frame))
-        if not len(pcm):
-            continue
-        if runner.mailbox.full():
-            stats.dropped += 1
-            continue
-        await runner.submit_audio(fmt.encode(pcm))
