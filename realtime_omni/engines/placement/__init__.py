@@ -4,6 +4,7 @@ Ray is an optional extra (``pip install 'realtime-omni[ray]'``); importing this 
 import Ray, connecting (``RayModel.load``) does.
 """
 
-from .model import RayModel, RaySession, RayVADSession, RayVADStream, Worker
+from .model import RayModel, Worker
+from .session import RaySession, RayVADSession, RayVADStream
 
 __all__ = ["RayModel", "RaySession", "RayVADSession", "RayVADStream", "Worker"]
