@@ -70,8 +70,12 @@ def stats_delta(before: dict, after: dict) -> dict:
         steps = a["steps"] - b["steps"]
         rows = a["rows"] - b["rows"]
         busy = a["busy_s"] - b["busy_s"]
+        dev = a.get("device_s", 0.0) - b.get("device_s", 0.0)
+        dev_steps = a.get("device_steps", 0) - b.get("device_steps", 0)
         out[name] = {"steps": steps, "mean_rows": rows / steps if steps else 0.0,
                      "ms_per_step": 1000 * busy / steps if steps else None, "busy_s": busy,
+                     # the device's span of a step (CUDA events), beside the loop's wall time
+                     "device_ms_per_step": 1000 * dev / dev_steps if dev_steps else None, "device_s": dev,
                      "step_ms_by_bucket": a.get("step_ms", {})}
     return out
 
@@ -130,6 +134,19 @@ def run_n(model, req, n: int) -> dict:
     }
 
 
+def level(model, req, n: int, variant: str) -> dict:
+    res = run_n(model, req, n)
+    brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
+                                  "underrun_sessions", "gpu_mem_peak_gb")}
+    brief["variant"] = variant
+    brief["rows"] = {k: round(v["mean_rows"], 1) for k, v in res["batches"].items()}
+    brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
+    brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
+                                   for k, v in res["batches"].items()}
+    print(json.dumps(brief, default=float), flush=True)
+    return res
+
+
 def profile_level(model, req, n: int) -> dict:
     """One more level of ``n`` sessions under the torch profiler: the operators that took the
     most device and host time (where the time of a level goes)."""
@@ -146,6 +163,32 @@ def profile_level(model, req, n: int) -> dict:
         for row in out[key][:25]:
             print(f"profile {key}: {row['ms']:9.1f} ms {row['calls']:7d} x {row['name'][:90]}", flush=True)
     return out
+
+
+#: what a ``--sweep`` variant may change between levels, without rebuilding the model
+SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead"}
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
+    """``name:key=value,key=value`` (keys in :data:`SWEEP_KEYS`)."""
+    name, _, body = spec.partition(":")
+    settings = {}
+    for part in filter(None, body.split(",")):
+        key, _, value = part.partition("=")
+        if key not in SWEEP_KEYS:
+            raise SystemExit(f"--sweep: unknown setting {key!r} (one of {sorted(SWEEP_KEYS)})")
+        settings[key] = float(value)
+    return name, settings
+
+
+def apply_variant(model, settings: dict[str, float], defaults: dict[str, float]) -> None:
+    values = {**defaults, **settings}
+    sys.setswitchinterval(values["switch_ms"] / 1000.0)
+    for batcher in model.batching.batchers:
+        batcher.overlap = bool(values["overlap"])
+    model.batching.prefill.token_budget = int(values["prefill_tokens"])
+    model.talker_settings.max_new_tokens = int(values["frames"]) + 1
+    model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
 
 
 def check_alone(model, req) -> dict:
@@ -177,13 +220,15 @@ def run_config(path: Path, args) -> dict:
     raw = json.loads(path.read_text())
     arch = detect_architecture(raw, where=str(path))
     frames = args.frames or (3 * args.reply_tokens if arch == "qwen2_5_omni" else args.reply_tokens)
-    slots = max(max(args.sessions), args.profile)
+    variants = [parse_variant(v) for v in args.sweep]
+    most_frames = max([frames] + [int(v.get("frames", frames)) for _, v in variants])
+    slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "lookahead": args.lookahead,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
     model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
-                             max_new_tokens=args.reply_tokens, talker_max_new_tokens=frames + 1, seed=0,
+                             max_new_tokens=args.reply_tokens, talker_max_new_tokens=most_frames + 1, seed=0,
                              model_id=path.parent.name, max_sessions=slots, cache_tokens=args.cache_tokens,
                              batch_gather_ms=args.gather_ms, lookahead_steps=args.lookahead)
     _sync()
@@ -195,17 +240,25 @@ def run_config(path: Path, args) -> dict:
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
     stream_once(model, warm)
+    defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 1.0,
+                "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
+                "lookahead": model.batching.lookahead}
+    apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:
-        res = run_n(model, req, n)
-        result["runs"].append(res)
-        brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
-                                      "underrun_sessions", "gpu_mem_peak_gb")}
-        brief["rows"] = {k: round(v["mean_rows"], 1) for k, v in res["batches"].items()}
-        brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
-        print(json.dumps(brief, default=float), flush=True)
+        result["runs"].append(level(model, req, n, "default"))
         if args.partial is not None:
             args.partial.write_text(json.dumps(result, indent=1, default=float))
+    result["sweep"] = []
+    for name, settings in variants:
+        apply_variant(model, settings, defaults)
+        entry = {"name": name, "settings": {**defaults, **settings}, "runs": []}
+        result["sweep"].append(entry)
+        for n in args.sweep_sessions or args.sessions:
+            entry["runs"].append(level(model, req, n, name))
+            if args.partial is not None:
+                args.partial.write_text(json.dumps(result, indent=1, default=float))
+    apply_variant(model, {}, defaults)
     if args.profile:
         result["profile"] = profile_level(model, req, args.profile)
     if args.check_alone:
@@ -233,6 +286,10 @@ def main(argv=None) -> int:
     ap.add_argument("--check-alone", action="store_true")
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
+    ap.add_argument("--sweep", nargs="*", default=[],
+                    help="variants run after the default levels, e.g. switch:switch_ms=0.5 "
+                         "(settings: " + ", ".join(sorted(SWEEP_KEYS)) + ")")
+    ap.add_argument("--sweep-sessions", type=int, nargs="*", help="levels of the variants (default: --sessions)")
     ap.add_argument("--timeouts", type=float, nargs="*")
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--partial", type=Path, default=None, help=argparse.SUPPRESS)
@@ -254,6 +311,10 @@ def main(argv=None) -> int:
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile),
                "--sessions", *map(str, args.sessions)]
+        if args.sweep:
+            cmd += ["--sweep", *args.sweep]
+        if args.sweep_sessions:
+            cmd += ["--sweep-sessions", *map(str, args.sweep_sessions)]
         if args.frames:
             cmd += ["--frames", str(args.frames)]
         if args.check_alone:

@@ -345,11 +345,15 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
         model.close()
 
 
-def test_codec_windows_of_several_sessions_decode_together(pair):
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded-to-bucket"])
+def test_codec_windows_of_several_sessions_decode_together(pair, padded):
     """Same-shape windows from several sessions go through the codec in one pass and each gets
-    what it would get alone (Qwen2.5: DiT + BigVGAN with the speaker per window; Qwen3: code2wav)."""
+    what it would get alone (Qwen2.5: DiT + BigVGAN with the speaker per window; Qwen3: code2wav).
+    Padded: the group of three runs as a bucket of four (as it replays a captured graph on CUDA)."""
     codec = pair["batched"].codec
     assert codec.batcher is not None
+    codec.batcher.pad_groups = padded
+    padded_before = codec.batcher.padded_rows
     high = codec.max_code + 1
     shape = (24,) if codec.arch == "qwen2_5_omni" else (6, codec.groups)
     gen = torch.Generator().manual_seed(3)
@@ -372,8 +376,10 @@ def test_codec_windows_of_several_sessions_decode_together(pair):
             th.join(60)
     finally:
         codec.batcher.gather_s = 0.003
+        codec.batcher.pad_groups = False
     after = codec.batcher.stats()
     assert after["rows"] - before["rows"] == 3 and after["steps"] - before["steps"] == 1
+    assert codec.batcher.padded_rows - padded_before == (1 if padded else 0)
     for i in range(3):
         assert out[i].shape == alone[i].shape
         np.testing.assert_allclose(out[i], alone[i], atol=2e-5)

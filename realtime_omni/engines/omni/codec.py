@@ -62,20 +62,21 @@ class CodecSettings:
 class OmniCodec:
     """Shared (per model) decoder; per-reply state lives in :class:`CodecStream`."""
 
-    def __init__(self, loaded: LoadedOmni, settings: CodecSettings, batch_windows: bool = False) -> None:
+    def __init__(self, loaded: LoadedOmni, settings: CodecSettings, batch_windows: bool = False,
+                 batch_rows: int = 64) -> None:
         self.loaded = loaded
         self.settings = settings
         self.arch = loaded.arch
         self.samples_per_code = samples_per_code(loaded)
         self._speaker_cache: dict[tuple, Any] = {}
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
-                                   name=f"{loaded.arch} codec window", **loaded.graph_streams("codec"))
+                                   name=f"{loaded.arch} codec window", limit=48, **loaded.graph_streams("codec"))
         #: windows of all sessions decoded together (``batching``), or each on its own
         self.batcher: Any = None
         if batch_windows:
             from .batching.codec_windows import CodecBatcher
 
-            self.batcher = CodecBatcher(self.windows, loaded.stream("codec"))
+            self.batcher = CodecBatcher(self.windows, loaded.stream("codec"), max_rows=batch_rows)
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config
             self.repeats = int(dit.repeats)
@@ -131,8 +132,10 @@ class OmniCodec:
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def _window(self, key, fn, inputs: tuple, steady: bool, first: bool = False):
-        if self.batcher is not None and not _probing():
-            return self.batcher.run(key, fn, inputs, steady, urgent=first)
+        if self.batcher is not None:
+            if not _probing():
+                return self.batcher.run(key, fn, inputs, steady, urgent=first)
+            self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
         with on_stream(self.loaded.stream("codec")):
             return self.windows.run(key, fn, inputs, capture=steady)
 

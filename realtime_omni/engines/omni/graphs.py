@@ -12,6 +12,7 @@ be captured (a host sync inside, an unsupported kernel) is logged once and runs 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -68,13 +69,14 @@ def _host_sync_in(step: Callable[[], Any]) -> str | None:
 
 
 @contextlib.contextmanager
-def on_stream(stream: Any) -> Iterator[None]:
+def on_stream(stream: Any, wait: bool = True) -> Iterator[None]:
     """Run a stage's GPU work on its own CUDA stream (``None``: as is).
 
     The thinker, the talker and the codec each get a stream so that their kernels overlap on the
     GPU instead of queueing behind each other on the default stream. Entering waits for work
     already queued on the current stream (inputs made there); leaving waits for the stage's
-    work, so what it produced is complete for every other stream and thread.
+    work, so what it produced is complete for every other stream and thread — unless ``wait`` is
+    off, where the caller hands a :func:`ready_event` to whoever reads the results.
     """
     if stream is None:
         yield
@@ -82,12 +84,59 @@ def on_stream(stream: Any) -> Iterator[None]:
     import torch
 
     stream.wait_stream(torch.cuda.current_stream(stream.device))
+    ok = False
     try:
         with torch.cuda.stream(stream):
             yield
+        ok = True
     finally:
-        # also on errors: the caller may free what the stage's queued kernels still use
-        stream.synchronize()
+        if wait or not ok:
+            # also on errors: the caller may free what the stage's queued kernels still use
+            stream.synchronize()
+
+
+def ready_event(stream: Any) -> Any:
+    """An event recorded now on ``stream`` (None off CUDA): its readers wait for it, not the loop."""
+    if stream is None:
+        return None
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(stream)
+    return event
+
+
+class DeviceSpans:
+    """Device time of a loop's steps, from CUDA events recorded around each one, read once both
+    have completed (no host sync). Off CUDA it stays at zero."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.seconds = 0.0
+        self.count = 0
+        self._open: collections.deque[tuple[Any, Any]] = collections.deque(maxlen=4096)
+
+    def begin(self, stream: Any) -> Any:
+        if not self.enabled or stream is None:
+            return None
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def end(self, begin: Any, stream: Any) -> None:
+        if begin is None:
+            return
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        self._open.append((begin, event))
+        while self._open and self._open[0][1].query():
+            start, stop = self._open.popleft()
+            self.seconds += start.elapsed_time(stop) / 1000.0
+            self.count += 1
 
 
 def same_device(a: Any, b: Any) -> bool:
@@ -253,6 +302,11 @@ class ShapeGraphs:
                 self._failed.add(key)
                 self._graphs.pop(key, None)
             return _clone(out)
+
+    def has(self, key: Hashable) -> bool:
+        """Whether ``key`` replays a captured graph."""
+        entry = self._graphs.get(key)
+        return entry is not None and entry[1].captured
 
     @property
     def captured(self) -> int:

@@ -191,7 +191,7 @@ class OmniModel(VoiceModel):
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
-        ), batch_windows=self.batching is not None)
+        ), batch_windows=self.batching is not None, batch_rows=self.max_sessions)
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         if self.loaded is None and self.random_weights:
@@ -237,6 +237,10 @@ class OmniModel(VoiceModel):
                     for size in sizes:
                         stream.push(torch.randint(0, high, (size, *groups)), start=start)
                         start += size
+                if codec.batcher is not None:
+                    keys = codec.batcher.capture_groups()
+                    progress(f"codec: {len(keys)} window shapes captured for groups of "
+                             f"{', '.join(map(str, codec.batcher.buckets))} sessions")
         found = graphs.verdicts()
         progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
         return found

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import StepGraph, on_stream
+from ..graphs import DeviceSpans, StepGraph, graphs_available, on_stream, ready_event
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: tuple[Any, ...] | None = None
     error: BaseException | None = None
+    ready: Any = None  # CUDA event: the step's outputs are complete once it has passed
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Mailbox:
         self.steps = 0
         self.rows = 0
         self.busy_s = 0.0
+        self.spans = DeviceSpans(False)  # a loop on CUDA turns it on
         self._thread = threading.Thread(target=self._loop, name=f"batch-{self.name}", daemon=True)
 
     def _start(self) -> None:
@@ -107,6 +109,7 @@ class Mailbox:
         if req.error is not None:
             raise req.error
         assert req.result is not None
+        _wait_ready(req)
         return req.result
 
     def withdraw(self, reqs: Sequence[Any]) -> None:
@@ -122,6 +125,7 @@ class Mailbox:
         for req in reqs:
             if not req.done.wait(self.step_timeout_s):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
+            _wait_ready(req)
 
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
@@ -145,7 +149,8 @@ class Mailbox:
 
     def stats(self) -> dict[str, Any]:
         return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
-                "mean_rows": self.rows / self.steps if self.steps else 0.0}
+                "mean_rows": self.rows / self.steps if self.steps else 0.0,
+                "device_s": self.spans.seconds, "device_steps": self.spans.count}
 
     def close(self) -> None:
         with self._cond:
@@ -218,7 +223,11 @@ class StepBatcher(Mailbox):
         self.sizes = sorted({b for b in buckets if b < self.capacity} | {self.capacity})
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
+        #: hand each step's results over with a CUDA event instead of waiting for the step, so
+        #: the loop prepares the next step while the device runs this one
+        self.overlap = True
         super().__init__()
+        self.spans = DeviceSpans(graphs_available(device))
         self._buckets: dict[int, _Bucket] = {}
         self._bucket_lock = threading.Lock()
         self.step_ms: dict[int, float] = {}  # bucket -> moving average of a step's wall time
@@ -312,19 +321,25 @@ class StepBatcher(Mailbox):
             need = max(rows) + 1
             size = next(s for s in self.sizes if s >= need)
             bucket = self._bucket(size)
-            with torch.inference_mode(), on_stream(self.stream):
+            overlap = self.overlap and self.spans.enabled
+            with torch.inference_mode(), on_stream(self.stream, wait=not overlap):
+                span = self.spans.begin(self.stream)
                 index = torch.tensor(rows, dtype=torch.long)
                 pos = torch.full((size,), self.scratch, dtype=torch.long)
                 pos[index] = torch.tensor([req.write_pos for req in take], dtype=torch.long)
-                bucket.write_pos.copy_(pos, non_blocking=False)
-                device_index = index.to(self.device)
+                bucket.write_pos.copy_(_staged(pos, overlap), non_blocking=overlap)
+                device_index = _staged(index, overlap).to(self.device, non_blocking=overlap)
                 for k, buf in enumerate(bucket.inputs):
                     values = torch.stack([torch.as_tensor(req.inputs[k]).reshape(buf.shape[1:]) for req in take])
-                    buf.index_copy_(0, device_index, values.to(device=buf.device, dtype=buf.dtype))
+                    values = _staged(values, overlap).to(device=buf.device, dtype=buf.dtype, non_blocking=overlap)
+                    buf.index_copy_(0, device_index, values)
                 outputs = bucket.graph()
                 outputs = tuple(o.clone() for o in outputs)
+                self.spans.end(span, self.stream)
+                ready = ready_event(self.stream) if overlap else None
             for req, row in zip(take, rows, strict=True):
                 req.result = tuple(o[row] for o in outputs)
+                req.ready = ready
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni %s: batched step failed", self.name)
             for req in take:
@@ -378,3 +393,15 @@ class Lookahead:
         self._queued.clear()
         if reqs:
             self.batcher.withdraw(reqs)
+
+
+def _staged(host: Any, pinned: bool) -> Any:
+    """A host tensor in pinned memory, so its copy to the device does not wait for the stream
+    (torch keeps the pinned block until the copy has run); device tensors pass as they are."""
+    return host.pin_memory() if pinned and host.device.type == "cpu" else host
+
+
+def _wait_ready(req: Any) -> None:
+    ready = getattr(req, "ready", None)
+    if ready is not None:
+        ready.synchronize()

@@ -4,7 +4,11 @@ Each session's codec stream renders windows of codes (left context + new chunk).
 streaming most sessions render windows of the same shape (and, for Qwen2.5, the same speaker), so
 the :class:`CodecBatcher` gathers the windows pending at the same moment, groups them by shape
 key, and decodes each group as one batch. A group of one takes the single-window path (a CUDA
-graph when its shape was captured at load); larger groups run eagerly in one pass.
+graph when its shape was captured at load). A larger group is padded (with copies of its first
+window) to the next batch bucket whose graph was captured at load for that key — the first
+window of a reply and the steady window, the two shapes every reply renders — and replays it;
+other groups run eagerly in one pass. Eager codec passes are thousands of small launches, each
+taking the interpreter lock the thinker's and the talker's loops also need.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import ShapeGraphs, on_stream
+from ..graphs import DeviceSpans, ShapeGraphs, on_stream
 from .batcher import Mailbox
 
 log = logging.getLogger(__name__)
@@ -34,17 +38,52 @@ class WindowRequest:
     error: BaseException | None = None
 
 
+#: batch sizes a group of same-shape windows is padded to (capped by the session slots)
+GROUP_BUCKETS = (2, 4, 8, 16, 32, 64)
+
+
 class CodecBatcher(Mailbox):
     name = "codec"
 
     def __init__(self, windows: ShapeGraphs, stream: Any, *, gather_s: float = 0.003,
-                 step_timeout_s: float = 60.0) -> None:
+                 step_timeout_s: float = 60.0, max_rows: int = 64) -> None:
         super().__init__()
         self.windows = windows
         self.stream = stream
         self.gather_s = gather_s
         self.step_timeout_s = step_timeout_s
+        self.buckets = tuple(b for b in GROUP_BUCKETS if b <= max(2, max_rows))
+        #: pad groups to a bucket even without a captured graph (tests check the padding on CPU)
+        self.pad_groups = False
+        self.padded_rows = 0  # rows of copies run to fill buckets
+        self._shapes: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+        self._last: Hashable = None
+        self.spans = DeviceSpans(stream is not None)
         self._start()
+
+    def remember(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...]) -> None:
+        """While the model warms up: a window shape replies render (see :meth:`capture_groups`)."""
+        self._shapes.setdefault(key, (fn, tuple(inputs)))
+        self._last = key
+
+    def capture_groups(self) -> list[Hashable]:
+        """At load (inside :func:`~..graphs.probing`): capture every group bucket of the first
+        window shape and of the steady one; returns the keys captured."""
+        if not self.windows.enabled or not self._shapes:
+            return []
+        first = next(iter(self._shapes))
+        keys = [first] if self._last == first else [first, self._last]
+        import torch
+
+        with torch.inference_mode(), on_stream(self.stream):
+            for key in keys:
+                fn, inputs = self._shapes[key]
+                for size in self.buckets:
+                    padded = tuple(t.expand(size, *t.shape[1:]).contiguous() for t in inputs)
+                    for _ in range(2):  # a shape is captured on its second use
+                        self.windows.run((key, size), fn, padded, capture=True)
+        self._shapes.clear()
+        return keys
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
             urgent: bool = False) -> Any:
@@ -72,14 +111,13 @@ class CodecBatcher(Mailbox):
         started = time.perf_counter()
         try:
             with torch.inference_mode(), on_stream(self.stream):
+                span = self.spans.begin(self.stream)
                 first = group[0]
                 if len(group) == 1:
                     first.result = self.windows.run(first.key, first.fn, first.inputs, capture=first.steady)
                 else:
-                    inputs = tuple(torch.cat(parts, dim=0) for parts in zip(*(r.inputs for r in group), strict=True))
-                    out = first.fn(*inputs)
-                    for b, req in enumerate(group):
-                        req.result = out[b : b + 1].clone()
+                    self._run_group(group)
+                self.spans.end(span, self.stream)
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni: batched codec windows failed")
             for req in group:
@@ -88,3 +126,27 @@ class CodecBatcher(Mailbox):
             self._count(len(group), started)
             for req in group:
                 req.done.set()
+
+    def _run_group(self, group: list[WindowRequest]) -> None:
+        import torch
+
+        top = self.buckets[-1]
+        if len(group) > top:  # more windows than the largest bucket: a bucket at a time
+            for lo in range(0, len(group), top):
+                part = group[lo : lo + top]
+                if len(part) == 1:
+                    part[0].result = self.windows.run(part[0].key, part[0].fn, part[0].inputs, capture=False)
+                else:
+                    self._run_group(part)
+            return
+        first = group[0]
+        size = next((b for b in self.buckets if b >= len(group)
+                     and (self.pad_groups or self.windows.has((first.key, b)))), None)
+        rows = [r.inputs for r in group]
+        if size is not None and size > len(group):
+            rows += [first.inputs] * (size - len(group))  # copies of a real window, discarded
+            self.padded_rows += size - len(group)
+        inputs = tuple(torch.cat(parts, dim=0) for parts in zip(*rows, strict=True))
+        out = first.fn(*inputs) if size is None else self.windows.run((first.key, size), first.fn, inputs, capture=False)
+        for b, req in enumerate(group):
+            req.result = out[b : b + 1].clone()

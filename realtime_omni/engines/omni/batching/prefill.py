@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import on_stream
+from ..graphs import DeviceSpans, graphs_available, on_stream
 from .batcher import Mailbox
 from .slots import SlotPool
 
@@ -118,6 +118,7 @@ class PrefillBatcher(Mailbox):
         self.token_budget = token_budget
         self.step_timeout_s = step_timeout_s
         super().__init__()
+        self.spans = DeviceSpans(graphs_available(loaded.device))
         self._start()
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
@@ -159,8 +160,11 @@ class PrefillBatcher(Mailbox):
         started = time.perf_counter()
         finished: list[PrefillRequest] = []
         try:
-            with torch.inference_mode(), on_stream(self.loaded.stream(self.stage)):
+            stream = self.loaded.stream(self.stage)
+            with torch.inference_mode(), on_stream(stream):
+                span = self.spans.begin(stream)
                 results = self.forward(take, self._pad(take))
+                self.spans.end(span, stream)
             for piece, res in zip(take, results, strict=True):
                 req = piece.request
                 req.parts.append(res)
