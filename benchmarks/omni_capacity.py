@@ -240,7 +240,7 @@ def run_config(path: Path, args) -> dict:
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
     stream_once(model, warm)
-    defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 1.0,
+    defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 0.0,
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "lookahead": model.batching.lookahead}
     apply_variant(model, {}, defaults)

@@ -70,7 +70,7 @@ class OmniCodec:
         self.samples_per_code = samples_per_code(loaded)
         self._speaker_cache: dict[tuple, Any] = {}
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
-                                   name=f"{loaded.arch} codec window", limit=48, **loaded.graph_streams("codec"))
+                                   name=f"{loaded.arch} codec window", limit=96, **loaded.graph_streams("codec"))
         #: windows of all sessions decoded together (``batching``), or each on its own
         self.batcher: Any = None
         if batch_windows:

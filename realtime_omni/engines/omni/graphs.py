@@ -101,7 +101,9 @@ def ready_event(stream: Any) -> Any:
         return None
     import torch
 
-    event = torch.cuda.Event()
+    # blocking: a reader sleeps until it passes (dozens of sessions spinning on their events
+    # took the cores the stage loops need)
+    event = torch.cuda.Event(blocking=True)
     event.record(stream)
     return event
 

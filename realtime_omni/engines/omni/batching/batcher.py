@@ -224,8 +224,9 @@ class StepBatcher(Mailbox):
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
         #: hand each step's results over with a CUDA event instead of waiting for the step, so
-        #: the loop prepares the next step while the device runs this one
-        self.overlap = True
+        #: the loop prepares the next step while the device runs this one (off: measured slower
+        #: on the H200 with spinning events, see docs/benchmarks/omni-capacity.md)
+        self.overlap = False
         super().__init__()
         self.spans = DeviceSpans(graphs_available(device))
         self._buckets: dict[int, _Bucket] = {}

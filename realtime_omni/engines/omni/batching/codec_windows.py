@@ -5,9 +5,9 @@ streaming most sessions render windows of the same shape (and, for Qwen2.5, the 
 the :class:`CodecBatcher` gathers the windows pending at the same moment, groups them by shape
 key, and decodes each group as one batch. A group of one takes the single-window path (a CUDA
 graph when its shape was captured at load). A larger group is padded (with copies of its first
-window) to the next batch bucket whose graph was captured at load for that key — the first
-window of a reply and the steady window, the two shapes every reply renders — and replays it;
-other groups run eagerly in one pass. Eager codec passes are thousands of small launches, each
+window) to the next batch bucket whose graph was captured at load for that key (every window
+shape of a reply, from the first to the steady one) and replays it; other groups (a reply's
+last window) run eagerly in one pass. Eager codec passes are thousands of small launches, each
 taking the interpreter lock the thinker's and the talker's loops also need.
 """
 
@@ -39,7 +39,7 @@ class WindowRequest:
 
 
 #: batch sizes a group of same-shape windows is padded to (capped by the session slots)
-GROUP_BUCKETS = (2, 4, 8, 16, 32, 64)
+GROUP_BUCKETS = (2, 4, 8, 16, 32)
 
 
 class CodecBatcher(Mailbox):
@@ -57,22 +57,19 @@ class CodecBatcher(Mailbox):
         self.pad_groups = False
         self.padded_rows = 0  # rows of copies run to fill buckets
         self._shapes: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
-        self._last: Hashable = None
         self.spans = DeviceSpans(stream is not None)
         self._start()
 
     def remember(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...]) -> None:
         """While the model warms up: a window shape replies render (see :meth:`capture_groups`)."""
         self._shapes.setdefault(key, (fn, tuple(inputs)))
-        self._last = key
 
     def capture_groups(self) -> list[Hashable]:
-        """At load (inside :func:`~..graphs.probing`): capture every group bucket of the first
-        window shape and of the steady one; returns the keys captured."""
+        """At load (inside :func:`~..graphs.probing`): capture every group bucket of each window
+        shape a reply renders (replies that start together render them in step); returns the keys."""
         if not self.windows.enabled or not self._shapes:
             return []
-        first = next(iter(self._shapes))
-        keys = [first] if self._last == first else [first, self._last]
+        keys = list(self._shapes)
         import torch
 
         with torch.inference_mode(), on_stream(self.stream):
