@@ -640,3 +640,28 @@ def test_serving_settings_come_from_the_environment(omni, monkeypatch):
     monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "0")
     with pytest.raises(ValidationError, match="chunk_frames"):
         resolve_builder(f"omni:{omni.path}")()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_rms_norm_computes_what_transformers_does(dtype):
+    """On CUDA the omni models' RMSNorms run as torch's one-kernel ``rms_norm``; the result must
+    be transformers' own (to rounding), and norms of another shape of code stay as they are."""
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as q3
+
+    from realtime_omni.engines.omni.fused import fuse_rms_norms
+
+    dt = getattr(torch, dtype)
+    norm = q3.Qwen3OmniMoeTextRMSNorm(64, eps=1e-6).to(dt)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64))
+    other = torch.nn.LayerNorm(64).to(dt)
+    model = torch.nn.Sequential(norm, other)
+    x = torch.randn(3, 5, 64, dtype=dt) * 4
+    want = norm(x)
+    assert fuse_rms_norms(model) == 1
+    got = norm(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 1e-5 if dtype == "float32" else 3e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert fuse_rms_norms(model) == 0  # once is enough
+    assert fuse_rms_norms(torch.nn.Sequential(other)) == 0

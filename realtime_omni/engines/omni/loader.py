@@ -327,6 +327,9 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
     if arch == "qwen3_omni_moe" and torch.device(device).type == "cuda":
         _grouped_experts(model)
     if torch.device(device).type == "cuda":
+        from .fused import fuse_rms_norms
+
+        fuse_rms_norms(model)
         # the float32 codec (Qwen2.5's DiT and BigVGAN) on tensor cores: TF32 matmuls, as convs
         # already are by default; the bf16 thinker and talker are unaffected
         torch.backends.cuda.matmul.allow_tf32 = True
