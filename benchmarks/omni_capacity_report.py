@@ -32,20 +32,22 @@ def _f(value, digits=0):
 def table(model: dict) -> list[str]:
     lines = ["| sessions | TTFA p50 / p95 / max (ms) | first token p50 (ms) | chunk RTF p50 / p95 / max | "
              "audio s per wall s | sessions with underruns | rows per step: thinker / talker / codec | "
-             "ms per step: thinker / talker / codec | prefill batches: thinker / talker | GPU peak (GB) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "ms per step: thinker / talker / codec | device ms per step: thinker / talker / codec | "
+             "prefill batches: thinker / talker | GPU peak (GB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in model["runs"]:
         t, c, b = r["ttfa_ms"], r["chunk_rtf"], r["batches"]
         # earlier runs batched the code predictor on its own; now it is inside the talker's step
         names = ["thinker", "talker", "codec" if "codec" in b else "code predictor"]
         rows = " / ".join(_f(b[n]["mean_rows"], 1) if n in b else "—" for n in names)
         ms = " / ".join(_f(b[n]["ms_per_step"], 1) if n in b else "—" for n in names)
+        dev = " / ".join(_f(b[n].get("device_ms_per_step"), 1) if n in b else "—" for n in names)
         prefills = " / ".join(f"{b[n]['steps']} × {_f(b[n]['mean_rows'], 1)}" if n in b else "—"
                               for n in ("thinker prefill", "talker prefill"))
         lines.append(f"| {r['sessions']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
                      f"{_f(r['first_token_ms_p50'])} | {_f(c['p50'], 2)} / {_f(c['p95'], 2)} / {_f(c['max'], 2)} | "
                      f"{_f(r['audio_s_per_wall_s'], 1)} | {r['underrun_sessions']} of {r['sessions']} | {rows} | {ms} | "
-                     f"{prefills} | "
+                     f"{dev} | {prefills} | "
                      f"{_f(r['gpu_mem_peak_gb'], 1)} |")
     return lines
 
@@ -53,7 +55,8 @@ def table(model: dict) -> list[str]:
 def lookahead_table(runs: list[tuple[int, list[dict]]]) -> list[str]:
     """The same levels with sessions queueing 1, 4, 12 … steps ahead per stage."""
     lines = ["## Steps queued ahead per stage (`REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS`)", "",
-             "Same model and prompt. Lookahead 1: a session hands its next step over only after reading the last "
+             "Measured at earlier commits (before the codec's group graphs and the fused norms). Same model and "
+             "prompt. Lookahead 1: a session hands its next step over only after reading the last "
              "one, so the sessions reach each stage's loop in waves as their threads come round; with more, each "
              "session keeps that many steps queued (the thinker chains its tokens on the device).", "",
              "| model | sessions | lookahead | audio s per wall s | TTFA p50 (ms) | chunk RTF p50 / p95 | "
@@ -75,9 +78,37 @@ def lookahead_table(runs: list[tuple[int, list[dict]]]) -> list[str]:
     return lines + [""]
 
 
-def server_table(server: dict, lookahead: int) -> list[str]:
+def sweep_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
+    """``omni_capacity.py --sweep``: settings changed between levels of one process."""
+    lines = ["## Settings compared in one process (`omni_capacity.py --sweep`)", "",
+             "Each variant changes settings on the loaded model and runs its levels; the default levels of the "
+             "same process are shown beside it. `overlap`: steps handed over with a CUDA event, the loop "
+             "preparing the next step while the device runs this one; `switch_ms`: the interpreter's thread "
+             "switch interval; `frames`: codec frames per reply (192 frames for 64 text tokens is about the "
+             "ratio of speech, 3–4 tokens per second; 64 frames forces one text token per 80 ms frame).", "",
+             "| run | model | variant | sessions | audio s per wall s | TTFA p50 / p95 (ms) | chunk RTF p50 / p95 | "
+             "sessions with underruns | rows per step: thinker / talker | ms per step: thinker / talker / codec |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for label, models in sweeps:
+        for m in models:
+            entries = [("default", m.get("runs", []))] + [(v["name"], v["runs"]) for v in m.get("sweep", [])]
+            levels = {r["sessions"] for _, runs in entries[1:] for r in runs}
+            for name, runs in entries:
+                for r in runs:
+                    if r["sessions"] not in levels:
+                        continue
+                    b, t, c = r["batches"], r["ttfa_ms"], r["chunk_rtf"]
+                    rows = " / ".join(_f(b[k]["mean_rows"], 1) for k in ("thinker", "talker"))
+                    ms = " / ".join(_f(b[k]["ms_per_step"], 1) if k in b else "—" for k in ("thinker", "talker", "codec"))
+                    lines.append(f"| {label} | {m['name']} | {name} | {r['sessions']} | {_f(r['audio_s_per_wall_s'], 1)} | "
+                                 f"{_f(t['p50'])} / {_f(t['p95'])} | {_f(c['p50'], 2)} / {_f(c['p95'], 2)} | "
+                                 f"{r['underrun_sessions']} of {r['sessions']} | {rows} | {ms} |")
+    return lines + [""]
+
+
+def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
     """``omni_server.py``: N WebSocket clients with a spoken turn each, through the real server."""
-    lines = [f"## Through the real server (WebSocket clients), lookahead {lookahead}", "",
+    lines = [f"## Through the real server (WebSocket clients), lookahead {lookahead}{note}", "",
              f"`realtime-omni serve --model omni:<dir>` in its own process, the model in its worker process, "
              f"{server.get('slots')} session slots, random weights (`REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`); "
              f"server up and graphs captured after {_f(server.get('load_s'))} s. Each of N `/v1/realtime` clients "
@@ -127,8 +158,10 @@ def plot(models: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("raw", type=Path, nargs="+")
-    ap.add_argument("--server", action="append", default=[], metavar="LOOKAHEAD:PATH",
-                    help="omni_server.py output, with the lookahead it ran with")
+    ap.add_argument("--server", action="append", default=[], metavar="LOOKAHEAD:PATH[:NOTE]",
+                    help="omni_server.py output, with the lookahead it ran with (and a note for the title)")
+    ap.add_argument("--sweep-run", action="append", default=[], metavar="LABEL:PATH",
+                    help="omni_capacity.py output with --sweep variants")
     ap.add_argument("--lookahead-run", action="append", default=[], metavar="LOOKAHEAD:PATH",
                     help="capacity runs with other --lookahead values, compared level by level")
     ap.add_argument("--commit", required=True)
@@ -159,7 +192,8 @@ def main(argv=None) -> int:
                f"(thinker context {m.get('cache_tokens', 1024)} tokens); model built and every bucket graph "
                f"captured in {_f(m.get('build_s'), 0)} s; GPU memory after load {_f(m.get('gpu_mem_after_load_gb'), 1)} GB; "
                f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}; steps queued ahead per "
-               f"stage: {m.get('lookahead', 4)} (the default was 4 when this ran; 12 since, see below).", ""]
+               f"stage: {m.get('lookahead', 4)}. Ms per step: the loop's wall time; device ms: the span of its "
+               "CUDA events (both include waiting for the other stages' kernels on the shared GPU).", ""]
         md += table(m) + [""]
         check = m.get("check_alone")
         if check:
@@ -174,31 +208,46 @@ def main(argv=None) -> int:
     la_runs = [(int(k), json.loads(Path(v).read_text())["models"]) for k, v in (a.split(":", 1) for a in args.lookahead_run)]
     if la_runs:
         md += lookahead_table(la_runs)
-    servers = [(int(k), json.loads(Path(v).read_text())) for k, v in (a.split(":", 1) for a in args.server)]
-    for lookahead, server in servers:
-        md += server_table(server, lookahead)
+    sweeps = [(label, json.loads(Path(v).read_text())["models"]) for label, v in (a.split(":", 1) for a in args.sweep_run)]
+    if sweeps:
+        md += sweep_table(sweeps)
+    servers = []
+    for arg in args.server:
+        k, path, *note = arg.split(":", 2)
+        servers.append((int(k), json.loads(Path(path).read_text()), note[0] if note else ""))
+    for lookahead, server, note in servers:
+        md += server_table(server, lookahead, f" ({note})" if note else "")
     if args.sections.exists():
         md += [args.sections.read_text().strip(), ""]
     md += ["## Reproduce", "", "```sh",
            "mkdir -p .omni_cfg .whl && cp -r ../shared/model_configs/Qwen2.5-Omni-7B ../shared/model_configs/Qwen3-Omni-30B-A3B-Instruct .omni_cfg/",
            "python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
            "--platform manylinux2014_x86_64 -d .whl transformers==5.24.0 'regex>=2025.10.22'",
-           "# on the GPU machine (carry .whl and .omni_cfg):",
-           "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD",
+           "# .whl_min: pydantic, pydantic-core, pydantic-settings, python-dotenv, typing-inspection, "
+           "annotated-types, typing-extensions, soxr (docs/gpu-machine.md)",
+           "# on the GPU machine (carry .whl, .whl_min and .omni_cfg):",
+           "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .whl_min/*.whl && export PYTHONPATH=/tmp/site:$PWD",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 1 8 16 32 48 64 --check-alone "
-           "--timeouts 330 250 --out cap.json",
+           "--sessions 1 8 16 32 64 --sweep speech:frames=192 --sweep-sessions 32 64 --timeouts 300 --out q3.json",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json "
+           "--sessions 1 8 16 32 --timeouts 250 --out q25.json",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--sessions 16 32 --lookahead 1 --out cap-la1.json   # likewise --lookahead 4",
-           "# through the server: carry .whl_server too (the server's wheels, see docs/gpu-machine.md) and a spoken",
-           "# question made here: python -c \"import numpy as n, sys; sys.path[:0]=['benchmarks']; "
+           "--sessions 1 8 16 32 64 --sweep overlap:overlap=1 switch:switch_ms=0.5 speech:frames=192 "
+           "--sweep-sessions 32 64 --profile 8 --out q3-sweep.json",
+           "# through the server: carry .whl_tf (transformers as a tar.xz: the wheels no longer fit beside the "
+           "server's) and .whl_server (docs/gpu-machine.md), and a spoken question made here:",
+           "# python -c \"import numpy as n, sys; sys.path[:0]=['benchmarks']; "
            "from omni_server import speech; n.save('.omni_cfg/turn.npy', speech(None))\"",
+           "mkdir -p /tmp/site && tar -xJf .whl_tf/transformers.tar.xz -C /tmp/site && python3 -m pip install -q --no-index "
+           "--no-deps --target /tmp/site .whl_tf/*.whl .whl_server/*.whl",
            "mkdir -p /tmp/q3 && cp .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/q3/config.json",
            "python3 benchmarks/omni_server.py --model-dir /tmp/q3 --random-weights --sessions 8 32 --slots 40 "
            "--speech .omni_cfg/turn.npy --out server.json",
-           "# here again:",
-           "python benchmarks/omni_capacity_report.py cap.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
-           "--lookahead-run 1:cap-la1.json --lookahead-run 12:cap.json --server 12:server.json",
+           "# here again (la*.json, server-before.json: the earlier runs kept in docs/benchmarks/omni-capacity.json):",
+           "python benchmarks/omni_capacity_report.py q3.json q25.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
+           "--lookahead-run 1:la1.json --lookahead-run 4:la4.json --lookahead-run 12:la12.json "
+           "--sweep-run 'before the fused norms:q3-sweep.json' --sweep-run 'this commit:q3.json' "
+           "--server '12:server-before.json:before the codec group graphs and fused norms' --server 12:server.json",
            "```", ""]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "omni-capacity.md").write_text("\n".join(md))
@@ -219,7 +268,8 @@ def main(argv=None) -> int:
            "command": "python3 benchmarks/omni_capacity.py --config <Qwen3-Omni-30B-A3B config> --config "
                       "<Qwen2.5-Omni-7B config> --sessions 1 8 16 32 48 64 --check-alone --out cap.json",
            "baseline": {k: {str(n): v for n, v in b.items()} for k, b in BASELINE.items()}, "models": models,
-           "lookahead_runs": {str(k): v for k, v in la_runs}, "server": {str(k): v for k, v in servers}}
+           "lookahead_runs": {str(k): v for k, v in la_runs}, "sweeps": {label: v for label, v in sweeps},
+           "servers": [{"lookahead": k, "note": note, **v} for k, v, note in servers]}
     (args.out / "omni-capacity.json").write_text(json.dumps(doc, indent=1, default=float))
     plot(models, args.out / "omni-capacity.png")
     return 0
