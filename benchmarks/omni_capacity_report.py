@@ -232,6 +232,9 @@ def main(argv=None) -> int:
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json "
            "--sessions 1 8 16 32 --timeouts 250 --out q25.json",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 32 --sweep budget:prefill_tokens=8192 budget_speech:prefill_tokens=8192,frames=192 "
+           "--sweep-sessions 32 64 --out q3b.json",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--sessions 1 8 16 32 64 --sweep overlap:overlap=1 switch:switch_ms=0.5 speech:frames=192 "
            "--sweep-sessions 32 64 --profile 8 --out q3-sweep.json",
            "# through the server: carry .whl_tf (transformers as a tar.xz: the wheels no longer fit beside the "
@@ -247,6 +250,7 @@ def main(argv=None) -> int:
            "python benchmarks/omni_capacity_report.py q3.json q25.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
            "--lookahead-run 1:la1.json --lookahead-run 4:la4.json --lookahead-run 12:la12.json "
            "--sweep-run 'before the fused norms:q3-sweep.json' --sweep-run 'this commit:q3.json' "
+           "--sweep-run 'prefill budget:q3b.json' "
            "--server '12:server-before.json:before the codec group graphs and fused norms' --server 12:server.json",
            "```", ""]
     args.out.mkdir(parents=True, exist_ok=True)

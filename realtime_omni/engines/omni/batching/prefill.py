@@ -100,12 +100,13 @@ Merge = Callable[[list[tuple[Any, ...]]], tuple[Any, ...]]
 
 class PrefillBatcher(Mailbox):
     """``token_budget`` bounds one batch (so the other sessions' decode steps, queued behind it on
-    the stage's stream, wait at most one batch); a text prefill longer than ``chunk_tokens`` runs in
+    the stage's stream, wait at most one batch; 8192 measured better than 4096 on the H200 when 64
+    replies start together: first audio p95 3.7 s instead of 5.2 s); a text prefill longer than ``chunk_tokens`` runs in
     chunks, one per batch. Prefills with audio or images run whole (their clips must meet their
     placeholders in one forward)."""
 
     def __init__(self, loaded: Any, pool: SlotPool, forward: RowsForward, *, stage: str,
-                 merge: Merge = lambda parts: parts[-1], gather_s: float = 0.01, token_budget: int = 4096,
+                 merge: Merge = lambda parts: parts[-1], gather_s: float = 0.01, token_budget: int = 8192,
                  chunk_tokens: int = 512, step_timeout_s: float = 120.0) -> None:
         self.loaded = loaded
         self.pool = pool
