@@ -154,6 +154,45 @@ async def test_second_data_channel_is_refused_with_an_error_event(echo_server) -
         await client.close()
 
 
+async def test_a_data_channel_flood_is_bounded_and_the_call_goes_on(echo_server) -> None:
+    """Hostile input on ``oai-events``: thousands of events at once, broken JSON, deep nesting and
+    binary frames. The server refuses what it cannot take with error events, its inbox stays
+    bounded, and the call answers the next valid event."""
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    try:
+        await client.wait_for("session.updated")
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        before = peer.events_received
+        bound = peer._inbox.maxsize
+        deepest = 0
+        for i in range(1500):
+            client.send({"type": "input_audio_buffer.clear", "event_id": f"evt_{i}"})
+            if i % 500 == 0:
+                client.channel.send("{not json")
+                client.channel.send("[" * 100_000 + "]" * 100_000)
+                client.channel.send(b"\x00\xff binary")
+            if i % 100 == 0:
+                await asyncio.sleep(0)  # let the server's loop run, as a network would
+                deepest = max(deepest, peer._inbox.qsize())
+        await wait_until(lambda: peer.events_received - before >= 1500, 30)
+        assert deepest <= bound
+        codes = {e["error"]["code"] for e in client.events if e["type"] == "error"}
+        assert {"invalid_json", "rate_limit_exceeded"} & codes, codes
+        for event in client.events:
+            assert_valid_server_event(event)
+        # the session is alive and still answers, in order, after the flood
+        client.send({"type": "session.update", "event_id": "evt_after",
+                     "session": {"type": "realtime", "instructions": "still here"}})
+        updated = await client.wait_for("session.updated", timeout=90,
+                                        where=lambda e: e["session"].get("instructions") == "still here")
+        assert updated["session"]["instructions"] == "still here"
+        assert live_calls(echo_server) == 1 and peer.pc.connectionState == "connected"
+    finally:
+        await client.close()
+    await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
+
+
 # ---------------------------------------------------------------------------------- (c) leaks
 async def test_hangup_and_peer_loss_release_everything(echo_server) -> None:
     base_pcs = open_peer_connections()
