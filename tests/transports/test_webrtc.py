@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -191,6 +192,76 @@ async def test_a_data_channel_flood_is_bounded_and_the_call_goes_on(echo_server)
     finally:
         await client.close()
     await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
+
+
+async def test_lost_packets_keep_the_callers_timeline(echo_server) -> None:
+    """10 % of the caller's RTP packets are dropped on the way (in the test peer, before they
+    reach the network): the server fills each hole with silence, so the audio the session
+    receives lasts as long as what was sent, and the call goes on."""
+    import random
+
+    from aiortc.rtp import is_rtcp
+
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    try:
+        await client.wait_for("session.updated")
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        decoder = peer.decoder
+        assert decoder is not None
+        transport = client.pc.getSenders()[0].transport
+        send_rtp = transport._send_rtp
+        rng = random.Random(7)
+        counts = {"sent": 0, "dropped": 0}
+
+        async def lossy(data: bytes) -> None:
+            if is_rtcp(data):
+                return await send_rtp(data)
+            counts["sent"] += 1
+            if counts["sent"] > 5 and rng.random() < 0.1:  # keep the first few: the decoder's anchor
+                counts["dropped"] += 1
+                return None
+            return await send_rtp(data)
+
+        await asyncio.sleep(0.3)
+        start_samples = decoder.decoded_samples + decoder.concealed_samples
+        start_sent = counts["sent"]
+        transport._send_rtp = lossy
+        client.source.play(chirp(2.0))
+        await asyncio.sleep(2.5)
+        transport._send_rtp = send_rtp
+        await asyncio.sleep(0.3)  # the last packets in flight
+        sent = counts["sent"] - start_sent
+        got = decoder.decoded_samples + decoder.concealed_samples - start_samples
+        assert counts["dropped"] >= 0.05 * sent, counts
+        assert decoder.concealed_samples >= 0.8 * counts["dropped"] * 960
+        # the timeline the session sees matches the caller's (within 3 packets in flight)
+        assert abs(got - sent * 960) <= 3 * 960, (got, sent * 960, counts)
+        client.send({"type": "output_audio_buffer.clear"})
+        await client.wait_for("output_audio_buffer.cleared", timeout=10)
+    finally:
+        await client.close()
+
+
+def test_a_hostile_timestamp_jump_is_not_filled() -> None:
+    """Silence fills at most 200 ms: a peer that jumps its RTP timestamps by hours gets no
+    hours of audio; the decoder resynchronises instead."""
+    from types import SimpleNamespace
+
+    from realtime_omni.transports.webrtc.incoming import InlineAudioDecoder
+
+    frames: asyncio.Queue = asyncio.Queue()
+    decoder = InlineAudioDecoder(frames)
+    codec = SimpleNamespace(name="opus")
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = 48_000, "mono", "s16"
+    pcm = av.AudioFrame.from_ndarray(np.zeros((1, 960), np.int16), format="s16", layout="mono")
+    pcm.sample_rate = 48_000
+    payload = bytes(next(iter(encoder.encode(pcm))))
+    for timestamp in (0, 960, 960 + 3 * 960, 2**31):  # in order, a 2-packet hole, a jump by hours
+        decoder.put((codec, SimpleNamespace(data=payload, timestamp=timestamp)))
+    assert decoder.concealed_samples == 2 * 960
+    assert decoder.decoded_samples == 4 * 960
 
 
 # ---------------------------------------------------------------------------------- (c) leaks

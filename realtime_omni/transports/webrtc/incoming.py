@@ -69,7 +69,10 @@ class InlineAudioDecoder:
         self._stopped = threading.Event()
         self._decoder: Any = None
         self._codec_name: str | None = None
+        self._next_ts: int | None = None  # RTP timestamp the next Opus packet should carry
         self.errors = 0
+        self.concealed_samples = 0  # silence put in place of lost packets (48 kHz)
+        self.decoded_samples = 0
 
     @classmethod
     def install(cls, receiver: Any) -> InlineAudioDecoder | None:
@@ -93,6 +96,8 @@ class InlineAudioDecoder:
         if codec.name != self._codec_name:
             self._codec_name = codec.name
             self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
+        if isinstance(self._decoder, _MonoOpusDecoder):
+            self._conceal_gap(encoded.timestamp)
         try:
             frames = self._decoder.decode(encoded)
         except av.FFmpegError as exc:
@@ -100,12 +105,36 @@ class InlineAudioDecoder:
             log.debug("audio decode failed: %s", exc)
             return
         for frame in frames:
+            self.decoded_samples += frame.samples
+            if self._next_ts is not None:
+                self._next_ts = (self._next_ts + frame.samples) & 0xFFFFFFFF
             self._frames.put_nowait(frame)
+
+    def _conceal_gap(self, timestamp: int) -> None:
+        """Lost packets leave a hole in the timeline: fill it with silence, so the session's
+        audio clock (turn detection, item timestamps, truncation) stays in step with the
+        caller's. Bounded (a hostile timestamp jump cannot inflate the input); larger jumps
+        (a new stream, a long transmission pause) just resynchronise."""
+        expected, self._next_ts = self._next_ts, timestamp
+        if expected is None:
+            return
+        gap = (timestamp - expected) & 0xFFFFFFFF
+        if 0 < gap <= MAX_CONCEALED_SAMPLES:
+            silence = AudioFrame.from_ndarray(np.zeros((1, gap), dtype=np.int16), format="s16", layout="mono")
+            silence.sample_rate = RATE
+            silence.pts = expected
+            silence.time_base = TIME_BASE
+            self.concealed_samples += gap
+            self._frames.put_nowait(silence)
 
     # aiortc's decoder thread
     def get(self, *args: Any, **kwargs: Any) -> None:
         self._stopped.wait()
         return None
+
+
+#: the longest run of lost audio filled with silence (48 kHz samples: 200 ms, ten Opus packets)
+MAX_CONCEALED_SAMPLES = 10 * 960
 
 
 class ImmediateAudioJitterBuffer(JitterBuffer):
@@ -114,8 +143,8 @@ class ImmediateAudioJitterBuffer(JitterBuffer):
     aiortc's buffer knows a frame is complete only when a packet of the next frame arrives, so
     even ``prefetch`` 0 or 1 holds every frame for one more packet time (20 ms). An Opus frame
     is one RTP packet: it is complete on arrival. A packet older than one already released (a
-    reordered or duplicated packet) is dropped; lost packets leave a gap, as with aiortc's
-    buffer. For a lossy, reordering path a prefetch of 2 or more keeps aiortc's buffer."""
+    reordered or duplicated packet) is dropped; the decoder fills the time of lost packets with
+    silence. For a reordering path a prefetch of 2 or more keeps aiortc's buffer."""
 
     def __init__(self) -> None:
         super().__init__(capacity=16, prefetch=0)
