@@ -237,6 +237,8 @@ def main(argv=None) -> int:
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--sessions 1 8 16 32 64 --sweep overlap:overlap=1 switch:switch_ms=0.5 speech:frames=192 "
            "--sweep-sessions 32 64 --profile 8 --out q3-sweep.json",
+           "python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--buckets 1 32 --out step.json   # one step of each stage alone, kernel by kernel",
            "# through the server: carry .whl_tf (transformers as a tar.xz: the wheels no longer fit beside the "
            "server's) and .whl_server (docs/gpu-machine.md), and a spoken question made here:",
            "# python -c \"import numpy as n, sys; sys.path[:0]=['benchmarks']; "
