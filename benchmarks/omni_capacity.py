@@ -216,6 +216,7 @@ def run_config(path: Path, args) -> dict:
 
     from realtime_omni.engines.omni import OmniModel
     from realtime_omni.engines.omni.loader import detect_architecture
+    from realtime_omni.engines.settings import OmniSettings
 
     raw = json.loads(path.read_text())
     arch = detect_architecture(raw, where=str(path))
@@ -227,10 +228,11 @@ def run_config(path: Path, args) -> dict:
                     "lookahead": args.lookahead,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
-    model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
-                             max_new_tokens=args.reply_tokens, talker_max_new_tokens=most_frames + 1, seed=0,
-                             model_id=path.parent.name, max_sessions=slots, cache_tokens=args.cache_tokens,
-                             batch_gather_ms=args.gather_ms, lookahead_steps=args.lookahead)
+    settings = OmniSettings(device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
+                            max_new_tokens=args.reply_tokens, talker_max_frames=most_frames + 1, seed=0,
+                            max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
+                            lookahead_steps=args.lookahead)
+    model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0
     result["gpu_mem_after_load_gb"] = torch.cuda.memory_allocated() / 1e9 if torch.cuda.is_available() else None

@@ -314,6 +314,7 @@ def run_config(path: Path, args) -> dict:
 
     from realtime_omni.engines.omni import OmniModel
     from realtime_omni.engines.omni.loader import detect_architecture
+    from realtime_omni.engines.settings import OmniSettings
 
     raw = json.loads(path.read_text())
     arch = detect_architecture(raw, where=str(path))
@@ -321,11 +322,11 @@ def run_config(path: Path, args) -> dict:
     t0 = time.perf_counter()
     # the system prompt is kept short: the benchmark's byte-level stand-in tokenizer would make
     # Qwen2.5's official system prompt ~190 tokens instead of ~40
-    model = OmniModel.random(path, device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
-                             max_new_tokens=args.reply_tokens, talker_max_new_tokens=args.frames + 1,
-                             first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-                             left_context_frames=args.left_context_frames, seed=0, model_id=path.parent.name,
-                             cuda_graphs=args.graphs)
+    settings = OmniSettings(device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
+                            max_new_tokens=args.reply_tokens, talker_max_frames=args.frames + 1,
+                            first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
+                            left_context_frames=args.left_context_frames, seed=0, cuda_graphs=args.graphs)
+    model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0
     loaded = model.loaded

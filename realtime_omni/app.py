@@ -118,37 +118,38 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         reg = registry
         if reg is None:
             reg = ModelRegistry()
-            await asyncio.to_thread(reg.load, settings.models, None, settings.isolate_models,
-                                    settings.ray_address)
-        reg.aliases = dict(settings.model_aliases)
+            await asyncio.to_thread(reg.load, settings.serving.models, None, settings.serving.isolate,
+                                    settings.serving.ray_address, settings.engines)
+        reg.aliases = dict(settings.serving.aliases)
         reg.check_aliases()
+        lim = settings.limits
         limits = RunnerLimits(
-            idle_timeout_s=settings.idle_timeout_s, max_session_s=settings.max_session_s,
-            max_event_bytes=settings.max_event_bytes, max_events_per_s=settings.max_events_per_s,
-            expiry_warning_s=settings.expiry_warning_s, max_session_bytes=settings.max_session_bytes,
-            journal_bytes=settings.journal_bytes, queue_bytes=settings.queue_bytes,
+            idle_timeout_s=lim.idle_timeout_s, max_session_s=lim.max_session_s,
+            max_event_bytes=lim.max_event_bytes, max_events_per_s=lim.max_events_per_s,
+            expiry_warning_s=lim.expiry_warning_s, max_session_bytes=lim.max_session_bytes,
+            journal_bytes=lim.journal_bytes, queue_bytes=lim.queue_bytes,
         )
         app.state.loop = asyncio.get_running_loop()
         #: set by the server (server_thread.DrainingServer) when it starts shutting down
         app.state.draining = asyncio.Event()
-        lead = settings.output_lead_ms if settings.output_lead_ms >= 0 else None
-        store = await asyncio.to_thread(open_store, settings.session_store, settings.persist_ttl_s)
+        lead = lim.output_lead_ms if lim.output_lead_ms >= 0 else None
+        store = await asyncio.to_thread(open_store, settings.store.url, settings.store.ttl_s)
         app.state.manager = SessionManager(
-            reg, max_sessions=settings.max_sessions, limits=limits,
-            pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.model_threads,
-            store=store, resume_grace_s=settings.resume_grace_s, persist_ttl_s=settings.persist_ttl_s,
+            reg, max_sessions=lim.max_sessions, limits=limits,
+            pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.serving.threads,
+            store=store, resume_grace_s=settings.store.resume_grace_s, persist_ttl_s=settings.store.ttl_s,
             observer=app.state.metrics,
-            store_transcripts=settings.store_transcripts,
+            store_transcripts=settings.store.transcripts,
         )
         app.state.manager.start()
-        log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.host, settings.port)
+        log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.server.host, settings.server.port)
         try:
             yield
         finally:
             # uvicorn has had half of shutdown_timeout_s for the connections; this is the rest
-            deadline = asyncio.get_running_loop().time() + settings.shutdown_timeout_s / 2
+            deadline = asyncio.get_running_loop().time() + settings.server.shutdown_timeout_s / 2
             try:
-                async with asyncio.timeout_at(deadline - settings.shutdown_timeout_s / 4):
+                async with asyncio.timeout_at(deadline - settings.server.shutdown_timeout_s / 4):
                     await webrtc.shutdown(app)
             except TimeoutError:
                 log.warning("shutdown: WebRTC calls did not hang up in time; going on")
@@ -166,11 +167,12 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         *twilio_routes(),
         *webrtc.routes(),
     ]
-    web_dir = Path(settings.web_dir) if settings.web_dir else Path(__file__).resolve().parent.parent / "web"
+    web_dir = Path(settings.server.web_dir) if settings.server.web_dir else Path(__file__).resolve().parent.parent / "web"
     if web_dir.is_dir():
         routes.append(Mount("/", StaticFiles(directory=web_dir, html=True), name="web"))
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.settings = settings
     app.state.metrics = metrics.Metrics()
-    app.state.guard = Guard(list(settings.api_keys), settings.allowed_origins, settings.client_secret_ttl_s)
+    auth = settings.auth
+    app.state.guard = Guard(list(auth.api_keys), auth.allowed_origins, auth.client_secret_ttl_s)
     return app

@@ -6,14 +6,17 @@ import argparse
 import errno
 import importlib.metadata
 import logging
+import os
 import re
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
 from .config import ServerSettings
+from .config_sources import SettingsError, load_settings
 
 DESCRIPTION = "A realtime, full-duplex speech server that speaks the OpenAI Realtime API."
 
@@ -26,11 +29,14 @@ examples:
 """
 
 SERVE_EPILOG = """\
-Every option can also be set in the environment as REALTIME_OMNI_<SETTING> (e.g.
-REALTIME_OMNI_PORT=9000; lists as JSON: REALTIME_OMNI_MODELS='["echo"]'); a flag wins.
+Every setting can also come from the environment, REALTIME_OMNI_<SECTION>__<NAME> or the flat
+REALTIME_OMNI_<NAME> (e.g. REALTIME_OMNI_LIMITS__MAX_SESSIONS=32 or REALTIME_OMNI_MAX_SESSIONS=32;
+lists as JSON: REALTIME_OMNI_MODELS='["echo"]'), or from a TOML/JSON file given with --config.
+A flag wins over the environment, which wins over the file.
 
 examples:
   realtime-omni serve --port 9000
+  realtime-omni serve --config realtime-omni.toml
   realtime-omni serve --model echo --session-store none
   realtime-omni serve --model omni:/models/Qwen3-Omni-30B-A3B --max-sessions 32
   realtime-omni serve --model embedded --ray auto   (workers on the Ray cluster this host is in)
@@ -40,7 +46,7 @@ examples:
 @dataclass(frozen=True)
 class _Option:
     flag: str
-    setting: str  # the ServerSettings field it overrides
+    setting: str  # the dotted path in ServerSettings of what it overrides
     help: str
     type: Any = str
     repeat: bool = False
@@ -49,32 +55,47 @@ class _Option:
 
 
 SERVE_OPTIONS = (
-    _Option("--host", "host", "address to listen on; 0.0.0.0 for every interface", metavar="ADDR"),
-    _Option("--port", "port", "TCP port to listen on (0: any free port)", int, metavar="N"),
-    _Option("--model", "models", "model to load, repeatable (the first is the default): embedded, echo, or "
+    _Option("--host", "server.host", "address to listen on; 0.0.0.0 for every interface", metavar="ADDR"),
+    _Option("--port", "server.port", "TCP port to listen on (0: any free port)", int, metavar="N"),
+    _Option("--model", "serving.models", "model to load, repeatable (the first is the default): embedded, echo, or "
             "omni:<checkpoint dir> (Qwen2.5-Omni / Qwen3-Omni)", repeat=True, metavar="NAME"),
-    _Option("--log-level", "log_level", "how much the server logs", choices=("debug", "info", "warning", "error")),
-    _Option("--ray", "ray_address", "run model workers as actors on this Ray cluster (auto, host:port or "
+    _Option("--log-level", "server.log_level", "how much the server logs", choices=("debug", "info", "warning", "error")),
+    _Option("--ray", "serving.ray_address", "run model workers as actors on this Ray cluster (auto, host:port or "
             "ray://host:port), placed by free capacity; none: a local worker process", metavar="ADDRESS"),
-    _Option("--max-sessions", "max_sessions", "concurrent sessions; more are refused (WebSocket close 1013)", int,
+    _Option("--max-sessions", "limits.max_sessions", "concurrent sessions; more are refused (WebSocket close 1013)", int,
             metavar="N"),
-    _Option("--output-lead-ms", "output_lead_ms", "send reply audio at most this far ahead of real time; -1: unpaced",
+    _Option("--output-lead-ms", "limits.output_lead_ms", "send reply audio at most this far ahead of real time; -1: unpaced",
             float, metavar="MS"),
-    _Option("--api-key", "api_keys", "accepted API key, repeatable; none: no authentication", repeat=True,
+    _Option("--api-key", "auth.api_keys", "accepted API key, repeatable; none: no authentication", repeat=True,
             metavar="KEY"),
-    _Option("--allowed-origin", "allowed_origins", "browser Origin allowed to connect, repeatable; none: any",
+    _Option("--allowed-origin", "auth.allowed_origins", "browser Origin allowed to connect, repeatable; none: any",
             repeat=True, metavar="ORIGIN"),
-    _Option("--session-store", "session_store", "where sessions persist for resume: sqlite:///path.db, "
+    _Option("--session-store", "store.url", "where sessions persist for resume: sqlite:///path.db, "
             "redis://host:port/0 or none", metavar="URL"),
-    _Option("--resume-grace-s", "resume_grace_s", "how long a dropped session stays resumable (0: not at all)", float,
+    _Option("--resume-grace-s", "store.resume_grace_s", "how long a dropped session stays resumable (0: not at all)", float,
             metavar="S"),
-    _Option("--shutdown-timeout-s", "shutdown_timeout_s", "on SIGTERM, exit within this many seconds even with "
+    _Option("--shutdown-timeout-s", "server.shutdown_timeout_s", "on SIGTERM, exit within this many seconds even with "
             "stuck clients", float, metavar="S"),
 )
 
 
-def _default(setting: str) -> str:
-    value = ServerSettings.model_fields[setting].get_default(call_default_factory=True)
+#: flags that switch a setting on or off (--x / --no-x)
+SERVE_SWITCHES = (
+    _Option("--isolate-models", "serving.isolate", "run models in a supervised worker process, so a crash fails "
+            "replies, not the server"),
+    _Option("--store-transcripts", "store.transcripts", "keep what was said in the session store; off: stored "
+            "items keep their shape only"),
+)
+
+
+def _default(setting: str) -> Any:
+    value: Any = ServerSettings()
+    for part in setting.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _shown(value: Any) -> str:
     if value in (None, []):
         return "none"
     if isinstance(value, list):
@@ -91,16 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the server", description="Serve the OpenAI Realtime API over WebSocket, "
                            "WebRTC and telephony, with the browser demo at /.", epilog=SERVE_EPILOG,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--config", metavar="FILE", help="read settings from this TOML (or .json) file, sections "
+                       "as in the README ([limits], [engines.omni], ...); flags and the environment win over "
+                       "it (default: $REALTIME_OMNI_CONFIG, else none)")
     for option in SERVE_OPTIONS:
-        serve.add_argument(option.flag, dest=option.setting, type=option.type,
-                           action="append" if option.repeat else "store",
-                           metavar=option.metavar, choices=option.choices, help=f"{option.help} (default: {_default(option.setting)})")
-    serve.add_argument("--isolate-models", action=argparse.BooleanOptionalAction, default=None,
-                       help="run models in a supervised worker process, so a crash fails replies, not the server "
-                            f"(default: {'on' if ServerSettings.model_fields['isolate_models'].default else 'off'})")
-    serve.add_argument("--store-transcripts", action=argparse.BooleanOptionalAction, default=None,
-                       help="keep what was said in the session store; off: stored items keep their shape only "
-                            f"(default: {'on' if ServerSettings.model_fields['store_transcripts'].default else 'off'})")
+        serve.add_argument(option.flag, dest=_dest(option.setting), type=option.type,
+                           action="append" if option.repeat else "store", metavar=option.metavar,
+                           choices=option.choices, help=f"{option.help} (default: {_shown(_default(option.setting))})")
+    for option in SERVE_SWITCHES:
+        serve.add_argument(option.flag, dest=_dest(option.setting), action=argparse.BooleanOptionalAction,
+                           default=None, help=f"{option.help} (default: {'on' if _default(option.setting) else 'off'})")
     serve.set_defaults(func=_serve)
 
     _add_bench(sub)
@@ -127,19 +148,32 @@ def _add_bench(sub: Any) -> None:
     add_bench_parser(sub)
 
 
+def _dest(setting: str) -> str:
+    return setting.replace(".", "__")
+
+
+def settings_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerSettings:
+    """The settings tree of a ``serve`` command line: flags > ``environ`` > --config file >
+    defaults (SettingsError, one line, for a bad value or file)."""
+    options = (*SERVE_OPTIONS, *SERVE_SWITCHES)
+    return load_settings(cli={o.setting: getattr(args, _dest(o.setting)) for o in options}, environ=environ,
+                         config_file=args.config, cli_labels={o.setting: o.flag for o in options})
+
+
 def _serve(args: argparse.Namespace) -> int:
-    overrides = {option.setting: getattr(args, option.setting) for option in SERVE_OPTIONS}
-    overrides["isolate_models"] = args.isolate_models
-    overrides["store_transcripts"] = args.store_transcripts
-    settings = ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
-    problem = _model_problem(settings.models) or _ray_problem(settings.ray_address)
+    try:  # the one place the environment is read: everything below gets the settings passed
+        settings = settings_from_args(args, os.environ)
+    except SettingsError as exc:
+        return _fail(str(exc))
+    problem = _model_problem(settings.serving.models) or _ray_problem(settings.serving.ray_address)
     if problem:  # one sentence, before the server starts, instead of a startup traceback
         return _fail(problem)
+    server = settings.server
     try:  # bound before anything loads, so a taken port is reported before "ready", not after
-        sock = _bind(settings.host, settings.port)
+        sock = _bind(server.host, server.port)
     except OSError as exc:
-        return _fail(_bind_problem(settings.host, settings.port, exc))
-    settings.port = int(sock.getsockname()[1])
+        return _fail(_bind_problem(server.host, server.port, exc))
+    server.port = int(sock.getsockname()[1])
     return _run(settings, sock)
 
 
@@ -158,18 +192,20 @@ def _run(settings: ServerSettings, sock: socket.socket) -> int:
     from .app import create_app
     from .server_thread import DrainingServer
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server_settings = settings.server
+    logging.basicConfig(level=server_settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = uvicorn.Config(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
+        host=server_settings.host,
+        port=server_settings.port,
+        log_level=server_settings.log_level,
         # Above the 15 MiB event cap, so an oversize event gets a clear error event, not a close.
         ws_max_size=32 * 1024 * 1024,
         ws_ping_interval=20,
         ws_ping_timeout=20,
         # connections get half the shutdown deadline; the app's lifespan closes sessions in the rest
-        timeout_graceful_shutdown=settings.shutdown_timeout_s / 2,
+        timeout_graceful_shutdown=server_settings.shutdown_timeout_s / 2,
     )
     server = DrainingServer(config)  # tells WebSocket handlers first on SIGTERM (close 1012)
     with sock:

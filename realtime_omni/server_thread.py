@@ -14,6 +14,7 @@ import uvicorn
 
 from .app import create_app
 from .config import ServerSettings
+from .config_sources import nest_flat, validate
 from .engines.registry import ModelRegistry
 
 
@@ -37,16 +38,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class ServerThread:
     """``with ServerThread(registry, **settings) as srv:`` serves ``registry``'s loaded models on
-    ``srv.http`` / ``srv.ws`` until the block ends."""
+    ``srv.http`` / ``srv.ws`` until the block ends. ``settings`` are sections (``limits={...}``)
+    or flat names (``max_sessions=3``, see ``config_sources.FLAT_NAMES``); the environment is
+    not read."""
 
     def __init__(self, registry: ModelRegistry, host: str = "127.0.0.1", **settings: Any) -> None:
         self.port = free_port(host)
         self.host = host
-        self.settings = ServerSettings(host=host, port=self.port, **settings)
+        tree = nest_flat(settings)
+        tree.setdefault("server", {}).update(host=host, port=self.port)
+        self.settings: ServerSettings = validate(tree)
         self.app = create_app(self.settings, registry=registry)
         config = uvicorn.Config(
             self.app, host=host, port=self.port, log_level="warning", ws_max_size=32 * 1024 * 1024, lifespan="on",
-            timeout_graceful_shutdown=self.settings.shutdown_timeout_s / 2,
+            timeout_graceful_shutdown=self.settings.server.shutdown_timeout_s / 2,
         )
         self.server = DrainingServer(config)
         self.thread = threading.Thread(target=self.server.run, name=f"server-{self.port}", daemon=True)

@@ -138,10 +138,10 @@ def test_ray_flag_sets_the_ray_address_and_local_workers_stay_the_default(monkey
     from realtime_omni import cli
     from realtime_omni.config import ServerSettings
 
-    monkeypatch.delenv("REALTIME_OMNI_RAY_ADDRESS", raising=False)
-    assert ServerSettings().ray_address is None
-    assert build_parser().parse_args(["serve", "--ray", "127.0.0.1:6379"]).ray_address == "127.0.0.1:6379"
-    assert build_parser().parse_args(["serve"]).ray_address is None
+    assert ServerSettings().serving.ray_address is None
+    ray = cli.settings_from_args(build_parser().parse_args(["serve", "--ray", "127.0.0.1:6379"]), {})
+    assert ray.serving.ray_address == "127.0.0.1:6379"
+    assert cli.settings_from_args(build_parser().parse_args(["serve"]), {}).serving.ray_address is None
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None)
     assert "realtime-omni[ray]" in cli._ray_problem("auto")
     assert cli._ray_problem(None) is None

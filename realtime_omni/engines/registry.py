@@ -9,7 +9,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from .base import ModelInfo, VoiceModel
-from .builders import BUILDERS, GATEWAY_VADS, resolve_builder
+from .builders import BUILDERS, GATEWAY_VADS, is_builtin, resolve_builder
+from .settings import EngineSettings
 
 __all__ = ["BUILDERS", "ModelRegistry", "resolve_builder"]
 
@@ -47,24 +48,27 @@ class ModelRegistry:
         extra: dict[str, Callable[[], VoiceModel]] | None = None,
         isolate: bool | Collection[str] = False,
         ray_address: str | None = None,
+        engines: EngineSettings | None = None,
     ) -> None:
-        """Build and load models by name. Isolated models run in a supervised worker process
-        (a crash there fails the affected responses; the worker restarts); ``echo`` never needs it.
-        With ``ray_address`` every model runs as worker actors on that Ray cluster instead
-        (:mod:`.placement`), ``isolate`` then does not apply."""
+        """Build and load models by name, built-in ones with their section of ``engines``.
+        Isolated models run in a supervised worker process (a crash there fails the affected
+        responses; the worker restarts); ``echo`` never needs it. With ``ray_address`` every model
+        runs as worker actors on that Ray cluster instead (:mod:`.placement`), ``isolate`` then
+        does not apply. Workers and actors are handed ``engines`` with their arguments."""
+        engines = engines if engines is not None else EngineSettings()
         for name in names:
-            builder = resolve_builder(name, extra)
-            own = builder is BUILDERS.get(name) or name.startswith("omni:")
+            builder = resolve_builder(name, extra, engines)
+            own = is_builtin(name) and not (extra and name in extra)
             if ray_address:
                 from .placement import RayModel
 
-                model: VoiceModel = RayModel(name, ray_address, builder=None if own else builder,
+                model: VoiceModel = RayModel(name, ray_address, builder=None if own else builder, engines=engines,
                                              gateway_vad=GATEWAY_VADS.get(name))
             elif name != "echo" and (isolate is True or (not isinstance(isolate, bool) and name in isolate)):
                 from .worker import IsolatedModel
 
                 # the child resolves registered and omni: names itself; others travel pickled
-                model = IsolatedModel(name, builder=None if own else builder)
+                model = IsolatedModel(name, builder=None if own else builder, engines=engines)
             else:
                 model = builder()
             started = time.monotonic()

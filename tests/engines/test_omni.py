@@ -21,8 +21,8 @@ transformers = pytest.importorskip("transformers")
 from realtime_omni.engines.base import ThinkRequest, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.codec import CodecSettings, OmniCodec  # noqa: E402
-from realtime_omni.engines.omni.settings import OmniSettings  # noqa: E402
 from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
+from realtime_omni.engines.settings import OmniSettings  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # tiny checkpoints
@@ -198,8 +198,7 @@ def omni(request, tmp_path_factory):
     arch = request.param
     root = tmp_path_factory.mktemp(arch)
     save_checkpoint(arch, root)
-    model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
-                      talker_max_new_tokens=48, **CHUNKS[arch])
+    model = OmniModel(root, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=48, **CHUNKS[arch]))
     model.load()
     yield model
     model.close()
@@ -515,7 +514,7 @@ def test_bad_paths_give_clear_errors(tmp_path):
 
 
 def test_a_config_alone_speaks_with_random_weights_when_asked(tmp_path):
-    """``REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`` (benchmarks of real-size shapes): the config is built
+    """``engines.omni.random_weights`` (benchmarks of real-size shapes): the config is built
     with random weights instead of failing on the missing weight files."""
     full = tmp_path / "full"
     full.mkdir()
@@ -524,10 +523,11 @@ def test_a_config_alone_speaks_with_random_weights_when_asked(tmp_path):
     bare.mkdir()
     (bare / "config.json").write_text((full / "config.json").read_text())
     with pytest.raises(ValueError, match="no weights"):
-        OmniModel(bare, device="cpu", dtype="float32").load()
-    kwargs = OmniSettings(random_weights=True, max_sessions=2, talker_max_frames=12).model_kwargs()
-    assert kwargs["talker_max_new_tokens"] == 12
-    model = OmniModel(bare, seed=0, **{**kwargs, **CHUNKS["qwen3_omni_moe"]})
+        OmniModel(bare, OmniSettings(device="cpu", dtype="float32")).load()
+    settings = OmniSettings(random_weights=True, max_sessions=2, talker_max_frames=12, seed=0,
+                            **CHUNKS["qwen3_omni_moe"])
+    model = OmniModel(bare, settings)
+    assert model.talker_settings.max_new_tokens == 12 and model.dtype == "float32"
     model.load()
     try:
         session = model.open_session()
@@ -619,27 +619,23 @@ def test_generators_match_their_device_with_or_without_an_index():
     assert not same_device("cuda:1", "cuda") and not same_device("cpu", "cuda")
 
 
-def test_serving_settings_come_from_the_environment(omni, monkeypatch):
-    """``realtime-omni serve --model omni:<dir>`` reads chunking, cache and graphs settings from
-    ``REALTIME_OMNI_OMNI_*``; a bad value is a clear error naming the variable's field."""
+def test_serving_settings_reach_the_model_through_its_section(omni):
+    """``realtime-omni serve --model omni:<dir>`` builds the model with the settings tree's
+    ``engines.omni`` section (chunking, cache, graphs); a bad value is an error naming the field."""
     from pydantic import ValidationError
 
     from realtime_omni.engines.builders import resolve_builder
+    from realtime_omni.engines.settings import EngineSettings
 
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_FIRST_CHUNK_FRAMES", "3")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "6")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_RAMP_FRAMES", "[4, 5]")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_LEFT_CONTEXT_FRAMES", "7")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_CACHE_TOKENS", "512")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_CUDA_GRAPHS", "false")
-    model = resolve_builder(f"omni:{omni.path}")()
+    engines = EngineSettings(omni=OmniSettings(first_chunk_frames=3, chunk_frames=6, ramp_frames=[4, 5],
+                                               left_context_frames=7, cache_tokens=512, cuda_graphs=False))
+    model = resolve_builder(f"omni:{omni.path}", engines=engines)()
     assert (model.first_chunk_frames, model.ramp_frames, model.chunk_frames) == (3, (4, 5), 6)
     assert model.left_context_frames == 7 and model.device == "cpu" and model.dtype == "float32"
     assert model.thinker_settings.cache_tokens == 512 and not model.cuda_graphs
     assert model.talker_settings.ramp_frames == (4, 5)
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_CHUNK_FRAMES", "0")
     with pytest.raises(ValidationError, match="chunk_frames"):
-        resolve_builder(f"omni:{omni.path}")()
+        engines.omni.chunk_frames = 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

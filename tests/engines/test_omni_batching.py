@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 
 from realtime_omni.engines.base import TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
 from realtime_omni.engines.omni.batching import (  # noqa: E402
     BatcherClosed,
     Lookahead,
@@ -44,8 +45,8 @@ def pair(request, tmp_path_factory):
     save_checkpoint(arch, root)
     models = {}
     for name, slots in (("batched", 4), ("alone", 0)):
-        model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
-                          talker_max_new_tokens=40, max_sessions=slots, **CHUNKS[arch])
+        model = OmniModel(root, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=40,
+                                             max_sessions=slots, **CHUNKS[arch]))
         model.load()
         models[name] = model
     yield models
@@ -166,25 +167,19 @@ def test_a_session_beyond_the_slots_is_refused_and_a_freed_slot_is_reused(pair):
     assert batched.batching.stats()["in_use"] == 0
 
 
-def test_settings_reach_the_batching(tmp_path, monkeypatch):
-    from realtime_omni.engines.omni.settings import OmniSettings
+def test_settings_reach_the_batching(tmp_path):
+    """The section's batching fields reach the model; out-of-range values are refused by name."""
+    from pydantic import ValidationError
 
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "3")
-    assert OmniSettings().model_kwargs()["max_sessions"] == 3
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "-1")
-    with pytest.raises(ValueError):
-        OmniSettings()
-    monkeypatch.delenv("REALTIME_OMNI_OMNI_MAX_SESSIONS")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS", "5")
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_TALKER_MAX_FRAMES", "300")
-    kwargs = OmniSettings().model_kwargs()
-    assert kwargs["lookahead_steps"] == 5 and kwargs["talker_max_new_tokens"] == 300
-    for name, bad in (("LOOKAHEAD_STEPS", "0"), ("LOOKAHEAD_STEPS", "10000"), ("TALKER_MAX_FRAMES", "0"),
-                      ("RANDOM_WEIGHTS", "perhaps")):
-        monkeypatch.setenv(f"REALTIME_OMNI_OMNI_{name}", bad)
-        with pytest.raises(ValueError):
-            OmniSettings()
-        monkeypatch.delenv(f"REALTIME_OMNI_OMNI_{name}")
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    model = OmniModel(tmp_path, OmniSettings(max_sessions=3, lookahead_steps=5, talker_max_frames=300,
+                                             batch_gather_ms=4.0))
+    assert model.max_sessions == 3 and model.lookahead_steps == 5 and model.batch_gather_s == 0.004
+    assert model.talker_settings.max_new_tokens == 300 and model.info.max_sessions == 3
+    for name, bad in (("max_sessions", -1), ("lookahead_steps", 0), ("lookahead_steps", 10000),
+                      ("talker_max_frames", 0), ("random_weights", "perhaps")):
+        with pytest.raises(ValidationError, match=name):
+            OmniSettings(**{name: bad})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,8 +319,8 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
     (whatever else the batch holds; whether another seed changes the codes depends on how peaked
     the tiny model's distributions are, so that is checked on the picking function above)."""
     save_checkpoint("qwen3_omni_moe", tmp_path)
-    model = OmniModel(tmp_path, device="cpu", dtype="float32", thinker_do_sample=True, talker_do_sample=True,
-                      seed=0, talker_max_new_tokens=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"])
+    model = OmniModel(tmp_path, OmniSettings(thinker_do_sample=True, talker_do_sample=True, seed=0,
+                                             talker_max_frames=24, max_sessions=2, **CHUNKS["qwen3_omni_moe"]))
     model.load()
     try:
         runs = []
@@ -386,14 +381,17 @@ def test_codec_windows_of_several_sessions_decode_together(pair, padded):
 
 
 def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, monkeypatch):
-    """The server's default: the model in a worker process. Its slot count travels with the
-    model's info, so the server refuses the extra session at once, before any call."""
+    """The server's default: the model in a worker process, built with the settings it was handed
+    (not its environment). Its slot count travels with the model's info, so the server refuses
+    the extra session at once, before any call."""
     from realtime_omni.engines.base import ModelAtCapacity
     from realtime_omni.engines.worker import IsolatedModel
 
     save_checkpoint("qwen2_5_omni", tmp_path)
-    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "1")
-    model = IsolatedModel(f"omni:{tmp_path}")
+    # the spawned worker inherits this environment: its settings must not come from there
+    monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "5")
+    monkeypatch.setenv("REALTIME_OMNI_ENGINES__OMNI__MAX_SESSIONS", "5")
+    model = IsolatedModel(f"omni:{tmp_path}", engines=EngineSettings(omni=OmniSettings(max_sessions=1)))
     model.load()
     try:
         assert model.info.max_sessions == 1

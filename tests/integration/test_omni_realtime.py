@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.registry import ModelRegistry  # noqa: E402
+from realtime_omni.engines.settings import OmniSettings  # noqa: E402
 from tests.engines.test_omni import CHUNKS, save_checkpoint  # noqa: E402
 from tests.server import ServerThread  # noqa: E402
 
@@ -28,8 +29,8 @@ def omni_server(request, tmp_path_factory):
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp(request.param)
     save_checkpoint(request.param, root)
-    model = OmniModel(root, device="cpu", dtype="float32", talker_do_sample=False, seed=0, talker_max_new_tokens=48,
-                      model_id=request.param, **CHUNKS[request.param])
+    model = OmniModel(root, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=48, **CHUNKS[request.param]),
+                      model_id=request.param)
     registry = ModelRegistry()
     registry.add(model)
     model.load()
@@ -161,8 +162,8 @@ def _refused_beyond_slots(tmp_path) -> None:
 
     torch.set_num_threads(1)
     save_checkpoint("qwen3_omni_moe", tmp_path)
-    model = OmniModel(tmp_path, device="cpu", dtype="float32", talker_do_sample=False, seed=0,
-                      talker_max_new_tokens=16, model_id="tiny", max_sessions=1, **CHUNKS["qwen3_omni_moe"])
+    model = OmniModel(tmp_path, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=16, max_sessions=1,
+                                             **CHUNKS["qwen3_omni_moe"]), model_id="tiny")
     registry = ModelRegistry()
     registry.add(model)
     model.load()

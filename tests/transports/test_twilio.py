@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from realtime_omni.audio import g711
 from realtime_omni_bench.telephony import SimulatedCarrier, to_ulaw8k, trim_silence
@@ -196,8 +197,10 @@ async def test_voice_webhook_twiml(server, monkeypatch):
         stream = ET.fromstring(resp.text).find("./Connect/Stream")
         assert stream is not None and stream.get("url") == f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
 
-        # With an auth token configured, only requests Twilio signed are answered.
-        monkeypatch.setenv("REALTIME_OMNI_TWILIO_AUTH_TOKEN", "secret-token")
+        # With an auth token configured, only requests Twilio signed are answered. The route reads
+        # the app's settings on each request (the environment plays no part once the server runs).
+        monkeypatch.setenv("REALTIME_OMNI_TWILIO_AUTH_TOKEN", "not-the-token")
+        monkeypatch.setattr(server.settings.transports.twilio, "auth_token", SecretStr("secret-token"))
         form = {"CallSid": "CA123", "From": "+15550001111"}
         assert (await http.post(VOICE_PATH, data=form)).status_code == 403
         signature = tw.request_signature("secret-token", f"http://127.0.0.1:{server.port}{VOICE_PATH}", form)
@@ -479,7 +482,7 @@ async def test_authenticated_telephony_needs_the_webhooks_stream_token(registry,
         async with httpx.AsyncClient(base_url=srv.http) as http:
             # API keys without a Twilio token: the webhook cannot be authenticated, so it is refused
             assert (await http.post(VOICE_PATH, data={"CallSid": "CA1"})).status_code == 403
-            monkeypatch.setenv("REALTIME_OMNI_TWILIO_AUTH_TOKEN", "secret-token")
+            srv.settings.transports.twilio.auth_token = "secret-token"  # type: ignore[assignment]
             form = {"CallSid": "CA1"}
             path = f"{VOICE_PATH}?model=echo&stream_token=ek_forged"  # a token in the query is dropped
             signature = tw.request_signature("secret-token", f"http://127.0.0.1:{srv.port}{path}", form)

@@ -17,6 +17,7 @@ from ..base import (
     VADStream,
     VoiceModel,
 )
+from ..settings import EmbeddedSettings
 from .asr_whisper import WhisperASR
 from .llm_llama import LlamaThinker, LlamaThinkerModel
 from .tts_piper import SAMPLE_RATE, PiperTTS
@@ -60,8 +61,9 @@ class EmbeddedModel(VoiceModel):
         hears_audio=False,
     )
 
-    def __init__(self, threads: int = 2) -> None:
-        self._threads = threads
+    def __init__(self, settings: EmbeddedSettings | None = None) -> None:
+        self.settings = settings if settings is not None else EmbeddedSettings()
+        self._threads = self.settings.threads
         self.vad: SileroVAD
         self.asr: WhisperASR
         self.llm: LlamaThinkerModel
@@ -86,7 +88,7 @@ class EmbeddedModel(VoiceModel):
             self.asr.transcribe(np.zeros(16_000, dtype=np.int16))
 
         def llm() -> None:
-            self.llm = LlamaThinkerModel(n_threads=self._threads)
+            self.llm = LlamaThinkerModel(n_ctx=self.settings.context_tokens, n_threads=self._threads)
             self.llm.load()
 
         def tts() -> None:

@@ -18,8 +18,8 @@ What the engine takes in and gives out:
 
 Where things are:
 
-* ``model.py``: the stage wiring (``OmniModel``, ``OmniSession``); ``settings.py``: how
-  ``serve --model omni:<dir>`` is configured; ``loader.py``: checkpoints and random builds.
+* ``model.py``: the stage wiring (``OmniModel``, ``OmniSession``), configured by its
+  ``OmniSettings`` section (``engines/settings.py``); ``loader.py``: checkpoints and random builds.
 * ``thinker.py`` (with ``thinker_prefill.py``, ``prompt.py``, ``context.py``, ``sampling.py``): the
   streaming thinker and the session's resumable context.
 * ``talker.py`` (with ``talker_stream.py``, ``talker_qwen25.py``, ``talker_qwen3.py``,

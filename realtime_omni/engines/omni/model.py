@@ -43,6 +43,7 @@ from .loader import (
     load_omni,
     read_config,
 )
+from ..settings import OmniSettings
 from .batching.stages import OmniBatching, SessionRows
 from .talker import CodeChunk, OmniTalker, TalkerSettings
 from .thinker import StreamingThinker, ThinkerSettings
@@ -67,33 +68,20 @@ class OmniModel(VoiceModel):
     def __init__(
         self,
         path: str | Path | None = None,
-        device: str = "cpu",
-        dtype: str = "float32",
-        first_chunk_frames: int | None = None,
-        chunk_frames: int | None = None,
-        left_context_frames: int | None = None,
+        settings: OmniSettings | None = None,
         *,
-        lookahead_frames: int | None = None,
-        crossfade_ms: float | None = None,
-        ramp_frames: tuple[int, ...] | None = None,
         model_id: str | None = None,
-        max_new_tokens: int = 1024,
-        system_prompt: str | None = None,
-        thinker_do_sample: bool | None = None,
-        talker_do_sample: bool | None = None,
-        talker_max_new_tokens: int = 4096,
-        seed: int | None = None,
-        attn_implementation: str | None = "sdpa",
-        chars_per_second: float = 15.0,
-        ignore_eos: bool = False,
-        cache_tokens: int = 8192,
-        cuda_graphs: bool = True,
-        max_sessions: int = 16,
-        batch_gather_ms: float = 2.0,
-        lookahead_steps: int = 12,
-        random_weights: bool = False,
         loaded: LoadedOmni | None = None,
     ) -> None:
+        settings = settings if settings is not None else OmniSettings()
+        self.settings = settings
+        device, dtype = settings.device, settings.resolved_dtype
+        first_chunk_frames, chunk_frames = settings.first_chunk_frames, settings.chunk_frames
+        left_context_frames, lookahead_frames = settings.left_context_frames, settings.lookahead_frames
+        crossfade_ms, ramp_frames = settings.crossfade_ms, settings.ramp_frames
+        max_sessions, cuda_graphs, cache_tokens = settings.max_sessions, settings.cuda_graphs, settings.cache_tokens
+        talker_max_new_tokens = settings.talker_max_frames
+        attn_implementation, seed = settings.attn_implementation, settings.seed
         self.path = Path(path).expanduser() if path is not None else None
         self.device = device
         self.dtype = dtype
@@ -128,18 +116,20 @@ class OmniModel(VoiceModel):
             raise ValueError("max_sessions must be >= 0 (0: every session steps alone)")
         #: sessions that share the batched stages (one slot each); 0 turns batching off
         self.max_sessions = int(max_sessions)
-        self.batch_gather_s = float(batch_gather_ms) / 1000.0
-        self.lookahead_steps = max(1, int(lookahead_steps))
+        self.batch_gather_s = float(settings.batch_gather_ms) / 1000.0
+        self.lookahead_steps = max(1, int(settings.lookahead_steps))
         #: benchmarks: build the checkpoint's config with random weights (no weight files read)
-        self.random_weights = bool(random_weights)
+        self.random_weights = bool(settings.random_weights)
         self.batching: OmniBatching | None = None
-        self.thinker_settings = ThinkerSettings(max_new_tokens=max_new_tokens, system_prompt=system_prompt,
-                                                do_sample=thinker_do_sample, ignore_eos=ignore_eos,
+        self.thinker_settings = ThinkerSettings(max_new_tokens=settings.max_new_tokens,
+                                                system_prompt=settings.system_prompt,
+                                                do_sample=settings.thinker_do_sample, ignore_eos=settings.ignore_eos,
                                                 cache_tokens=cache_tokens, cuda_graphs=self.cuda_graphs)
         self.talker_settings = TalkerSettings(
-            do_sample=True if talker_do_sample is None else talker_do_sample,
+            do_sample=True if settings.talker_do_sample is None else settings.talker_do_sample,
             max_new_tokens=talker_max_new_tokens, first_chunk_frames=self.first_chunk_frames,
-            chunk_frames=self.chunk_frames, ramp_frames=self.ramp_frames, chars_per_second=chars_per_second, ignore_eos=ignore_eos,
+            chunk_frames=self.chunk_frames, ramp_frames=self.ramp_frames, chars_per_second=settings.chars_per_second,
+            ignore_eos=settings.ignore_eos,
             cache_tokens=cache_tokens + talker_max_new_tokens + 16, cuda_graphs=self.cuda_graphs,
         )
         self._apply_generation_config()
@@ -159,10 +149,10 @@ class OmniModel(VoiceModel):
             self._setup_codec()
 
     @classmethod
-    def random(cls, config: Any, device: str = "cuda", dtype: str = "bfloat16", **kwargs) -> OmniModel:
+    def random(cls, config: Any, settings: OmniSettings, model_id: str | None = None) -> OmniModel:
         """Real-size model with random weights from a (reconstructed) config (benchmarks)."""
-        loaded = build_random(config, device=device, dtype=dtype)
-        model = cls(loaded=loaded, device=device, dtype=dtype, **kwargs)
+        loaded = build_random(config, device=settings.device, dtype=settings.resolved_dtype)
+        model = cls(settings=settings, model_id=model_id, loaded=loaded)
         model.warm_graphs()
         return model
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..base import VoiceModel
+from ..settings import EngineSettings
 from ..worker import protocol as p
 from ..worker.process import WorkerHost, session_traits
 
@@ -48,15 +49,19 @@ def _put(q: queue.Queue[tuple[Any, ...]], msg: tuple[Any, ...], cancelled: threa
 
 
 class ModelWorker:
-    """Loads the model named ``name`` (or built by ``builder``) and serves session calls."""
+    """Loads the model named ``name`` (or built by ``builder``) and serves session calls.
 
-    def __init__(self, name: str, builder: Callable[[], VoiceModel] | None, worker_id: str) -> None:
+    ``engines`` travels with the actor's arguments: a node's environment configures nothing."""
+
+    def __init__(
+        self, name: str, builder: Callable[[], VoiceModel] | None, worker_id: str, engines: EngineSettings | None = None
+    ) -> None:
         started = time.monotonic()
         self.worker_id = worker_id
         if builder is None:
             from ..builders import resolve_builder
 
-            builder = resolve_builder(name)
+            builder = resolve_builder(name, engines=engines)
         model = builder()
         model.load(lambda msg: log.info("[%s] %s", name, msg))
         self.model = model

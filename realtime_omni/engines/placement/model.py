@@ -40,6 +40,7 @@ from ..base import (
     ModelInfo,
     VoiceModel,
 )
+from ..settings import EngineSettings
 from ..worker import protocol as p
 from ..worker.protocol import (
     WorkerClosed,
@@ -79,6 +80,7 @@ class RayModel(VoiceModel):
         address: str | None = "auto",
         builder: Callable[[], VoiceModel] | None = None,
         *,
+        engines: EngineSettings | None = None,
         gateway_vad: Callable[[], Any] | None = None,
         call_timeout_s: float = 60.0,
         load_timeout_s: float = 600.0,
@@ -91,6 +93,8 @@ class RayModel(VoiceModel):
         self.name = name
         self.address = address
         self.builder = builder
+        #: the engines' settings each actor builds its model with (defaults when None)
+        self.engines = engines
         self.gateway_vad = gateway_vad
         self.call_timeout_s = call_timeout_s
         self.load_timeout_s = load_timeout_s
@@ -249,7 +253,7 @@ class RayModel(VoiceModel):
             name=None, max_concurrency=ACTOR_CONCURRENCY, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             **resources,
-        ).remote(self.name, self.builder, worker_id)
+        ).remote(self.name, self.builder, worker_id, self.engines)
         return Worker(worker_id=worker_id, node_id=node_id, handle=handle, resources=resources)
 
     def _await(self, worker: Worker) -> None:

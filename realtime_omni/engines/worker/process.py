@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..base import ModelSession, VADStream, VoiceModel
+from ..settings import EngineSettings
 from . import protocol as p
 
 #: the worker runs this many calls at once at most (threads are created on demand)
@@ -37,7 +38,11 @@ _CLOSED_MEMORY = 65_536
 
 
 def worker_main(
-    conn: Connection, name: str, builder: Callable[[], VoiceModel] | None, parent_pid: int
+    conn: Connection,
+    name: str,
+    builder: Callable[[], VoiceModel] | None,
+    parent_pid: int,
+    engines: EngineSettings | None = None,
 ) -> None:
     """Process target: never returns normally (``os._exit``), so no interpreter teardown can hang."""
     _die_with_parent(parent_pid)
@@ -50,7 +55,7 @@ def worker_main(
         if builder is None:
             from ..builders import resolve_builder
 
-            builder = resolve_builder(name)
+            builder = resolve_builder(name, engines=engines)
         model = builder()
         model.load(host.progress)
         traits = session_traits(model)

@@ -33,6 +33,7 @@ from ..base import (
     VADStream,
     VoiceModel,
 )
+from ..settings import EngineSettings
 from . import protocol as p
 from .channel import CRASHED, ChannelDead
 from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
@@ -65,6 +66,7 @@ class IsolatedModel(VoiceModel):
         name: str,
         builder: Callable[[], VoiceModel] | None = None,
         *,
+        engines: EngineSettings | None = None,
         call_wait_s: float = 60.0,
         load_timeout_s: float = 600.0,
         stream_window: int = 8,
@@ -83,7 +85,7 @@ class IsolatedModel(VoiceModel):
         #: cascade thinkers (``info.hears_audio`` False) read transcripts: drop the turns' audio
         #: instead of pickling the whole conversation's audio into every think call
         self.strip_unheard_audio = strip_unheard_audio
-        self._supervisor = Supervisor(name, builder, shutdown_grace_s=shutdown_grace_s)
+        self._supervisor = Supervisor(name, builder, engines, shutdown_grace_s=shutdown_grace_s)
         self._keys = itertools.count(1)
         self._open: set[int] = set()  # keys of the sessions open here (admission control)
         self._open_lock = threading.Lock()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..base import ModelInfo, VoiceModel
+from ..settings import EngineSettings
 from . import protocol as p
 from .channel import Channel
 from .process import worker_main
@@ -32,12 +33,15 @@ class Supervisor:
         self,
         name: str,
         builder: Callable[[], VoiceModel] | None = None,
+        engines: EngineSettings | None = None,
         *,
         shutdown_grace_s: float = 3.0,
         max_backoff_s: float = 30.0,
     ) -> None:
         self.name = name
         self.builder = builder
+        #: handed to every (re)started worker: a worker's settings never come from its environment
+        self.engines = engines
         self.shutdown_grace_s = shutdown_grace_s
         self.max_backoff_s = max_backoff_s
         self._ctx = multiprocessing.get_context("spawn")
@@ -193,7 +197,7 @@ class Supervisor:
         ours, theirs = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main,
-            args=(theirs, self.name, self.builder, os.getpid()),
+            args=(theirs, self.name, self.builder, os.getpid(), self.engines),
             name=f"model-worker-{self.name}",
             daemon=True,
         )

@@ -9,7 +9,6 @@ Twilio hands back in the stream's ``start.customParameters``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
@@ -20,6 +19,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ...config import ServerSettings
 from ...security import Guard
 from ..bodies import BodyTooLarge, read_body
 from . import messages as tw
@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 
 VOICE_PATH = "/v1/telephony/twilio/voice"
 STREAM_PATH = "/v1/telephony/twilio/stream"
-#: when set, webhook requests must carry a valid X-Twilio-Signature
-AUTH_TOKEN_ENV = "REALTIME_OMNI_TWILIO_AUTH_TOKEN"
 #: how long the stream token in a TwiML answer stays valid (Twilio connects within seconds)
 STREAM_TOKEN_TTL_S = 60.0
 MAX_PARAMETERS = 32
@@ -40,6 +38,13 @@ MAX_PARAMETER_CHARS = 4096
 def set_call_hook(app: Starlette, hook: Callable[[TwilioCall], Any] | None) -> None:
     """Run ``hook(call)`` when each call's stream starts (e.g. ``call.add_listener(...)``)."""
     app.state.twilio_call_hook = hook
+
+
+def auth_token(app: Starlette) -> str | None:
+    """The Twilio auth token of the app's settings; when set, webhooks must be signed with it."""
+    settings: ServerSettings | None = getattr(app.state, "settings", None)
+    secret = settings.transports.twilio.auth_token if settings is not None else None
+    return secret.get_secret_value() if secret is not None else None
 
 
 def _first(value: str | None) -> str | None:
@@ -60,11 +65,12 @@ MAX_WEBHOOK_BYTES = 64 * 1024
 async def twilio_voice(request: Request) -> Response:
     scheme, host = public_base(request)
     root = request.scope.get("root_path", "")
-    token = os.environ.get(AUTH_TOKEN_ENV)
+    token = auth_token(request.app)
     guard: Guard = request.app.state.guard
     if guard.enabled and not token:
         # Twilio cannot present an API key: its signature is what authenticates the webhook
-        return PlainTextResponse(f"telephony on a server with API keys needs {AUTH_TOKEN_ENV}", status_code=403)
+        return PlainTextResponse("telephony on a server with API keys needs the setting transports.twilio.auth_token "
+                                 "(REALTIME_OMNI_TWILIO_AUTH_TOKEN)", status_code=403)
     if token:
         form: dict[str, str] = {}
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
@@ -92,7 +98,7 @@ async def twilio_stream(websocket: WebSocket) -> None:
     hook = getattr(websocket.app.state, "twilio_call_hook", None)
     guard: Guard = websocket.app.state.guard
     # authenticated telephony (a Twilio token, or API keys): the stream needs the webhook's token
-    redeem = guard.redeem_secret if (guard.enabled or os.environ.get(AUTH_TOKEN_ENV)) else None
+    redeem = guard.redeem_secret if (guard.enabled or auth_token(websocket.app)) else None
     await TwilioCall(websocket, websocket.app.state.manager, hook, redeem).run()
 
 

@@ -63,17 +63,18 @@ class CallRegistry:
             await asyncio.wait([p.hangup(reason) for p in peers], timeout=timeout)
 
 
-def options_from_settings(settings: Any) -> WebRTCOptions:
-    get = lambda name, default: getattr(settings, name, default)  # noqa: E731 - older settings objects
+def options_from_settings(settings: ServerSettings | None) -> WebRTCOptions:
+    settings = settings if settings is not None else ServerSettings()  # an app built without any
+    rtc = settings.transports.webrtc
     return WebRTCOptions(
-        ice_servers=parse_ice_servers(get("ice_servers", [])),
-        local_addresses=local_addresses(get("webrtc_ice_addresses", None) or None, get("host", "127.0.0.1")),
-        jitter_prefetch=get("webrtc_jitter_prefetch", 1),
-        video_fps=get("webrtc_video_fps", 1.0),
-        datachannel_timeout_s=get("webrtc_datachannel_timeout_s", 5.0),
-        connect_timeout_s=get("webrtc_connect_timeout_s", 15.0),
-        peer_timeout_s=get("webrtc_peer_timeout_s", 10.0),
-        max_queue_ms=get("webrtc_max_queue_ms", 5000.0),
+        ice_servers=parse_ice_servers(rtc.ice_servers),
+        local_addresses=local_addresses(rtc.ice_addresses or None, settings.server.host),
+        jitter_prefetch=rtc.jitter_prefetch,
+        video_fps=rtc.video_fps,
+        datachannel_timeout_s=rtc.datachannel_timeout_s,
+        connect_timeout_s=rtc.connect_timeout_s,
+        peer_timeout_s=rtc.peer_timeout_s,
+        max_queue_ms=rtc.max_queue_ms,
     )
 
 

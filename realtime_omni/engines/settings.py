@@ -1,0 +1,88 @@
+"""The ``engines`` section of the server settings: one subsection per engine.
+
+A leaf module (pydantic only): the server's settings tree (:mod:`realtime_omni.config`), the
+builders, the worker process and the Ray actor all import it. The sections are plain pydantic
+models, so they pickle to a worker process or a Ray actor as they are; nothing here reads the
+environment (that happens once, where the server starts: :mod:`realtime_omni.config_sources`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    # a misspelt key in a config file is an error, not a silently ignored setting
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EmbeddedSettings(_Section):
+    """``--model embedded``: Silero VAD → faster-whisper → llama.cpp → Piper on the CPU."""
+
+    #: CPU threads of each component (ASR, LLM, TTS); the VAD always uses one
+    threads: int = Field(default=2, ge=1, le=256)
+    #: the LLM's context window per session (tokens)
+    context_tokens: int = Field(default=2048, ge=256, le=131072)
+
+
+class OmniSettings(_Section):
+    """``--model omni:<dir>``; unset chunk sizes take the architecture's defaults (see
+    ``engines.omni.model.CHUNK_DEFAULTS``)."""
+
+    device: str = "cpu"
+    #: default: float32 on the CPU, bfloat16 elsewhere
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    #: codec frames of the first audio chunk (Qwen2.5: 20 ms codes, Qwen3: 80 ms frames)
+    first_chunk_frames: int | None = Field(default=None, ge=1)
+    #: frames of the steady chunks
+    chunk_frames: int | None = Field(default=None, ge=1)
+    #: frames of the chunks between the first and the steady ones, e.g. ``[12, 18]``
+    ramp_frames: list[int] | None = None
+    #: frames of left context each codec window re-renders (chunk seams stay inaudible)
+    left_context_frames: int | None = Field(default=None, ge=0)
+    #: frames held back at a chunk's end and cross-faded into the next (Qwen2.5's DiT codec)
+    lookahead_frames: int | None = Field(default=None, ge=0)
+    crossfade_ms: float | None = Field(default=None, ge=0.0)
+    #: longest reply in thinker tokens
+    max_new_tokens: int = Field(default=1024, ge=1)
+    #: longest spoken reply in codec frames (Qwen2.5: 20 ms, Qwen3: 80 ms each)
+    talker_max_frames: int = Field(default=4096, ge=1, le=65536)
+    #: static KV cache per session (tokens): the longest context a session keeps
+    cache_tokens: int = Field(default=8192, ge=64)
+    #: replay per-token steps and codec windows as CUDA graphs (CUDA only)
+    cuda_graphs: bool = True
+    #: live sessions served by the batched stages (one KV slot each); a session beyond it is
+    #: refused. 0: every session steps on its own (no batching)
+    max_sessions: int = Field(default=16, ge=0, le=1024)
+    #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
+    batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
+    #: steps a session keeps queued ahead on the batched thinker and talker (1: none ahead)
+    lookahead_steps: int = Field(default=12, ge=1, le=32)
+    #: None: the checkpoint's official system prompt (the talker's voice depends on it)
+    system_prompt: str | None = None
+    #: None: the checkpoint's generation config decides
+    thinker_do_sample: bool | None = None
+    #: None: sample (the checkpoints' default)
+    talker_do_sample: bool | None = None
+    #: chars of reply text the talker may read ahead per second of audio it has spoken
+    chars_per_second: float = Field(default=15.0, gt=0.0)
+    #: benchmarks: generate to the token limits, whatever the model says
+    ignore_eos: bool = False
+    #: seeds every session's generators (None: a fresh seed per session)
+    seed: int | None = None
+    attn_implementation: str | None = "sdpa"
+    #: benchmarks only: build the model from ``config.json`` with random weights (no weights read)
+    random_weights: bool = False
+
+    @property
+    def resolved_dtype(self) -> str:
+        return self.dtype or ("float32" if self.device == "cpu" else "bfloat16")
+
+
+class EngineSettings(_Section):
+    """Every engine's section; a model is built with its own (see ``engines.builders``)."""
+
+    embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+    omni: OmniSettings = Field(default_factory=OmniSettings)
