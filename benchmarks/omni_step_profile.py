@@ -67,9 +67,11 @@ def main(argv=None) -> int:
     import torch
 
     from realtime_omni.engines.omni import OmniModel
+    from realtime_omni.engines.settings import OmniSettings
 
-    model = OmniModel.random(args.config, device="cuda", dtype="bfloat16", ignore_eos=True, system_prompt="",
-                             max_sessions=max(args.buckets), cache_tokens=1024, seed=0)
+    settings = OmniSettings(device="cuda", dtype="bfloat16", ignore_eos=True, system_prompt="",
+                            max_sessions=max(args.buckets), cache_tokens=1024, seed=0)
+    model = OmniModel.random(args.config, settings)
     result: dict = {"config": str(args.config), "gpu": torch.cuda.get_device_name(0),
                     "torch": torch.__version__, "stages": {}}
     with torch.inference_mode():

@@ -95,8 +95,9 @@ class WebRTCSection(_Section):
     ice_servers: list[dict[str, Any]] = Field(default_factory=list)
     #: local addresses for host candidates; empty: 127.0.0.1 when bound to loopback, else all
     ice_addresses: list[str] = Field(default_factory=list)
-    #: frames aiortc's receive jitter buffer holds before decoding (aiortc's own default: 4)
-    jitter_prefetch: int = Field(default=1, ge=0)
+    #: frames aiortc's receive jitter buffer holds before decoding (aiortc's own default: 4);
+    #: 0 releases each Opus packet on arrival (the decoder fills lost ones with silence)
+    jitter_prefetch: int = Field(default=0, ge=0)
     #: camera frames sampled per second for models with image_in
     video_fps: float = Field(default=1.0, gt=0)
     datachannel_timeout_s: float = Field(default=5.0, gt=0)

@@ -59,11 +59,11 @@ def test_flat_and_nested_variable_names_both_work_and_nested_wins():
     nested = load_settings(environ={
         "REALTIME_OMNI_LIMITS__MAX_SESSIONS": "8", "REALTIME_OMNI_AUTH__API_KEYS": '["c"]',
         "REALTIME_OMNI_ENGINES__OMNI__MAX_SESSIONS": "2", "REALTIME_OMNI_ENGINES__EMBEDDED": '{"threads": 1}',
-        "REALTIME_OMNI_TRANSPORTS__WEBRTC__JITTER_PREFETCH": "0",
+        "REALTIME_OMNI_TRANSPORTS__WEBRTC__JITTER_PREFETCH": "3",
     })
     assert nested.limits.max_sessions == 8 and nested.auth.api_keys == ["c"]
     assert nested.engines.omni.max_sessions == 2 and nested.engines.embedded.threads == 1
-    assert nested.transports.webrtc.jitter_prefetch == 0
+    assert nested.transports.webrtc.jitter_prefetch == 3
 
     both = load_settings(environ={"REALTIME_OMNI_LIMITS__MAX_SESSIONS": "9", "REALTIME_OMNI_MAX_SESSIONS": "1"})
     assert both.limits.max_sessions == 9

@@ -53,7 +53,7 @@ class WebRTCOptions:
     local_addresses: list[str] | None = None
     #: aiortc's receive jitter buffer holds this many frames before decoding (aiortc: 4 = 80 ms);
     #: 0: each packet is decoded on arrival (:class:`~.incoming.ImmediateAudioJitterBuffer`)
-    jitter_prefetch: int = 1
+    jitter_prefetch: int = 0
     video_fps: float = 1.0
     #: the data channel must open within this long after the connection is up
     datachannel_timeout_s: float = 5.0
