@@ -87,6 +87,10 @@ class ErrorCode(StrEnum):
     INVALID_OFFER = "invalid_offer"
     ANSWER_TIMEOUT = "answer_timeout"
     CALL_NOT_FOUND = "call_not_found"
+    # HTTP requests the framework refuses before an endpoint runs
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
 
 
 # The names modules used before the enum (``errors.INVALID_JSON``): the same members.

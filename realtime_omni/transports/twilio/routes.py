@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from fastapi import APIRouter
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ...http.bodies import read_body
 from ...security import Guard
-from ..bodies import BodyTooLarge, read_body
 from . import messages as tw
 from .call import STREAM_TOKEN_PARAMETER, TwilioCall
 
@@ -57,6 +57,14 @@ def public_base(request: Request) -> tuple[str, str]:
 MAX_WEBHOOK_BYTES = 64 * 1024
 
 
+router = APIRouter(tags=["telephony"])
+_TWIML: dict[int | str, dict[str, Any]] = {200: {"content": {"application/xml": {}}, "description": "TwiML"}}
+
+
+# Not keyed by an API key or the Origin list: Twilio presents neither. Its signature (checked
+# here, over the URL and the form) is what authenticates the webhook.
+@router.get(VOICE_PATH, response_class=Response, responses=_TWIML)
+@router.post(VOICE_PATH, response_class=Response, responses=_TWIML)
 async def twilio_voice(request: Request) -> Response:
     scheme, host = public_base(request)
     root = request.scope.get("root_path", "")
@@ -68,10 +76,7 @@ async def twilio_voice(request: Request) -> Response:
     if token:
         form: dict[str, str] = {}
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-            try:
-                body = await read_body(request, MAX_WEBHOOK_BYTES)
-            except BodyTooLarge as exc:
-                return PlainTextResponse(str(exc), status_code=413)
+            body = await read_body(request, MAX_WEBHOOK_BYTES)  # 413 past the limit (the app's handler)
             form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         url = f"{scheme}://{host}{root}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
         if not tw.valid_signature(token, request.headers.get("x-twilio-signature", ""), url, form):
@@ -88,16 +93,10 @@ async def twilio_voice(request: Request) -> Response:
     return Response(twiml, media_type="application/xml")
 
 
+@router.websocket(STREAM_PATH)
 async def twilio_stream(websocket: WebSocket) -> None:
     hook = getattr(websocket.app.state, "twilio_call_hook", None)
     guard: Guard = websocket.app.state.guard
     # authenticated telephony (a Twilio token, or API keys): the stream needs the webhook's token
     redeem = guard.redeem_secret if (guard.enabled or os.environ.get(AUTH_TOKEN_ENV)) else None
     await TwilioCall(websocket, websocket.app.state.manager, hook, redeem).run()
-
-
-def twilio_routes() -> list[BaseRoute]:
-    return [
-        Route(VOICE_PATH, twilio_voice, methods=["GET", "POST"]),
-        WebSocketRoute(STREAM_PATH, twilio_stream),
-    ]
