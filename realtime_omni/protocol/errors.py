@@ -91,6 +91,9 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    # telephony webhooks (authenticated by the carrier's signature, not an API key)
+    INVALID_SIGNATURE = "invalid_signature"
+    TELEPHONY_NOT_CONFIGURED = "telephony_not_configured"
 
 
 # The names modules used before the enum (``errors.INVALID_JSON``): the same members.
