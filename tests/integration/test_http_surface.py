@@ -267,3 +267,20 @@ async def test_the_key_is_checked_before_the_body_is_read(keyed):
     status, rest = await _raw(keyed.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
                               f"Content-Type: application/json\r\nContent-Length: {2**30}")
     assert status == 401 and b"invalid_api_key" in rest
+
+
+# ------------------------------------------------------------------------- telephony webhook
+async def test_the_twilio_webhook_is_refused_in_the_project_shape(keyed, monkeypatch):
+    voice = f"{keyed.http}/v1/telephony/twilio/voice"
+    async with httpx.AsyncClient(timeout=10) as http:
+        # keys on and no Twilio token: no webhook can be trusted
+        unconfigured = await http.post(voice, data={"CallSid": "CA1"})
+        assert unconfigured.status_code == 403 and _error(unconfigured)["code"] == "telephony_not_configured"
+        monkeypatch.setenv("REALTIME_OMNI_TWILIO_AUTH_TOKEN", "secret-token")
+        forged = await http.post(voice, data={"CallSid": "CA1"}, headers={"X-Twilio-Signature": "AAAA"})
+        assert forged.status_code == 403 and _error(forged)["code"] == "invalid_signature"
+    # a form past 64 KiB announced: refused unread
+    status, rest = await _raw(keyed.http, "POST /v1/telephony/twilio/voice HTTP/1.1\r\nHost: x\r\n"
+                              "Content-Type: application/x-www-form-urlencoded\r\n"
+                              f"Content-Length: {2**30}")
+    assert status == 413 and b"request_too_large" in rest
