@@ -28,12 +28,15 @@ SECRET_TTL_RANGE_S = (10.0, 7200.0)
 router = APIRouter()
 
 
+# HEAD too: load balancers probe with it (Starlette's routes answered it; FastAPI's do not on their own)
+@router.head("/health", include_in_schema=False)
 @router.get("/health", response_model=Health, tags=["operations"])
 async def health() -> Health:
     """Liveness: open to anyone, constant."""
     return Health(version=__version__)
 
 
+@router.head("/ready", include_in_schema=False, response_model=Readiness, response_model_exclude_none=True)
 @router.get("/ready", response_model=Readiness, response_model_exclude_none=True, tags=["operations"],
             responses={503: {"model": Readiness}})
 async def ready(request: Request, response: Response, detailed: KeyHolder) -> Readiness:

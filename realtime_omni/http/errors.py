@@ -6,7 +6,6 @@ exceptions are turned into this shape too, so a client never sees framework inte
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from fastapi import FastAPI
@@ -18,8 +17,6 @@ from starlette.responses import JSONResponse
 from ..protocol.errors import ErrorCode
 from ..security import AuthError
 from .bodies import BodyTooLarge, InvalidJSON
-
-log = logging.getLogger(__name__)
 
 #: how much of a validation message is echoed back (pydantic messages are short; inputs never are)
 _MAX_MESSAGE = 300
@@ -44,7 +41,7 @@ def api_error(status: int, code: ErrorCode, message: str, param: str | None = No
 def _param(loc: tuple[Any, ...]) -> str | None:
     # ("body", "expires_after", "seconds") -> "expires_after.seconds"; the source is implied
     parts = [str(p) for p in loc[1:]] if loc and loc[0] in ("body", "query", "path", "header") else [str(p) for p in loc]
-    return ".".join(parts) or None
+    return ".".join(parts)[:_MAX_MESSAGE] or None
 
 
 def validation_error(errors: list[Any]) -> JSONResponse:
@@ -86,7 +83,7 @@ async def _on_http_exception(conn: HTTPConnection, exc: Exception) -> JSONRespon
 
 
 async def _on_unexpected(conn: HTTPConnection, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s", conn.url.path)
+    # Starlette re-raises after this answer, so the server logs the traceback (once, server-side)
     return api_error(500, ErrorCode.SERVER_ERROR, "internal server error")
 
 
