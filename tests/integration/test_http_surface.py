@@ -152,6 +152,13 @@ async def test_ready_shows_only_its_status_without_a_key(keyed, open_server):
     assert health.status_code == 200 and health.json()["status"] == "ok"  # liveness is never refused
 
 
+async def test_probes_may_use_head(keyed):
+    async with httpx.AsyncClient(base_url=keyed.http, timeout=10) as http:
+        for path in ("/health", "/ready"):
+            reply = await http.head(path)
+            assert reply.status_code == 200 and reply.content == b"", path
+
+
 # ----------------------------------------------------------------------------- auth and Origin
 async def test_non_ascii_authorization_is_a_401_on_every_keyed_route(keyed):
     for method, path in (("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/v1/models"),
