@@ -97,6 +97,10 @@ async def test_openapi_and_docs_need_the_key_when_keys_are_set(keyed):
     assert refs <= set(schemas), refs - set(schemas)
     assert {"ClientSecretRequest", "ExpiresAfter", "ModelList", "CallList", "ErrorResponse"} <= set(schemas)
     assert "multipart/form-data" in document["paths"]["/v1/realtime/calls"]["post"]["requestBody"]["content"]
+    # refusals are documented in the shape they are sent in, not FastAPI's default {"detail": [...]}
+    assert "HTTPValidationError" not in json.dumps(document)
+    calls_422 = document["paths"]["/v1/realtime/calls/{call_id}"]["get"]["responses"]["422"]
+    assert calls_422["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
     # the docs routes do not describe themselves
     assert "/openapi.json" not in document["paths"] and "/docs" not in document["paths"]
 
@@ -291,3 +295,19 @@ async def test_the_twilio_webhook_is_refused_in_the_project_shape(keyed, monkeyp
                               "Content-Type: application/x-www-form-urlencoded\r\n"
                               f"Content-Length: {2**30}")
     assert status == 413 and b"request_too_large" in rest
+
+
+# ------------------------------------------------------------------------------ the openai SDK
+async def test_the_openai_sdk_reads_the_typed_responses(keyed):
+    from openai import AsyncOpenAI, AuthenticationError
+
+    client = AsyncOpenAI(api_key="sk-test", base_url=f"{keyed.http}/v1", max_retries=0)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["echo"] and models.data[0].object == "model"
+    secret = await client.realtime.client_secrets.create(
+        session={"type": "realtime", "instructions": "Be brief."}, expires_after={"anchor": "created_at", "seconds": 60})
+    assert secret.value.startswith("ek_") and secret.expires_at > 0
+    assert secret.session.type == "realtime" and secret.session.instructions == "Be brief."
+    with pytest.raises(AuthenticationError) as info:
+        await AsyncOpenAI(api_key="sk-wrong", base_url=f"{keyed.http}/v1", max_retries=0).models.list()
+    assert info.value.code == "invalid_api_key"  # the SDK finds the code where OpenAI puts it
