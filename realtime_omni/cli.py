@@ -85,6 +85,8 @@ SERVE_SWITCHES = (
             "replies, not the server"),
     _Option("--store-transcripts", "store.transcripts", "keep what was said in the session store; off: stored "
             "items keep their shape only"),
+    _Option("--metrics-public", "auth.metrics_public", "serve /metrics without a key even when API keys are set "
+            "(a scraper on a private network)"),
 )
 
 

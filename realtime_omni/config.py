@@ -85,6 +85,8 @@ class AuthSection(_Section):
     api_keys: list[str] = Field(default_factory=list)
     #: browser Origins allowed to open sessions (None: any); non-browser clients send none
     allowed_origins: list[str] | None = None
+    #: serve GET /metrics without a key even when api_keys are set (e.g. a scraper on a private network)
+    metrics_public: bool = False
     #: lifetime of ephemeral client secrets (POST /v1/realtime/client_secrets)
     client_secret_ttl_s: float = Field(default=60.0, gt=0)
 

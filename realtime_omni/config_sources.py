@@ -63,6 +63,7 @@ FLAT_NAMES: dict[str, str] = {
     "store_transcripts": "store.transcripts",
     "api_keys": "auth.api_keys",
     "allowed_origins": "auth.allowed_origins",
+    "metrics_public": "auth.metrics_public",
     "client_secret_ttl_s": "auth.client_secret_ttl_s",
     "ice_servers": "transports.webrtc.ice_servers",
     "webrtc_ice_addresses": "transports.webrtc.ice_addresses",

@@ -18,12 +18,11 @@ _SUBPROTOCOL_KEY = "openai-insecure-api-key."
 
 
 class AuthError(Exception):
+    """A refused caller (401, or 403 for an Origin); the app answers it in the HTTP error shape."""
+
     def __init__(self, code: ErrorCode, message: str, status: int = 401) -> None:
         super().__init__(message)
         self.code, self.message, self.status = code, message, status
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"type": "invalid_request_error", "code": self.code, "message": self.message}}
 
 
 @dataclass

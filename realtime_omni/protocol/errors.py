@@ -87,6 +87,13 @@ class ErrorCode(StrEnum):
     INVALID_OFFER = "invalid_offer"
     ANSWER_TIMEOUT = "answer_timeout"
     CALL_NOT_FOUND = "call_not_found"
+    # HTTP requests the framework refuses before an endpoint runs
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    # telephony webhooks (authenticated by the carrier's signature, not an API key)
+    INVALID_SIGNATURE = "invalid_signature"
+    TELEPHONY_NOT_CONFIGURED = "telephony_not_configured"
 
 
 # The names modules used before the enum (``errors.INVALID_JSON``): the same members.

@@ -12,12 +12,12 @@ import json
 import logging
 from typing import Any
 
-from starlette.responses import JSONResponse
+from fastapi import APIRouter
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ..http.access import Opener
 from ..protocol.beta import beta_followers, to_beta
 from ..protocol.errors import ErrorCode
-from ..security import AuthError, Guard
 from ..session.core import Outgoing
 from ..session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
 from ..session.runner import SessionRunner
@@ -35,15 +35,16 @@ def _error(code: ErrorCode, message: str, param: str | None = None) -> dict[str,
         "type": "invalid_request_error", "code": code, "message": message, "param": param, "event_id": None}}
 
 
-async def realtime_websocket(websocket: WebSocket) -> None:
+router = APIRouter()
+
+
+@router.websocket("/v1/realtime")
+async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
+    """A refused opener (key, client secret, Origin) gets an HTTP 401/403 with a JSON error body
+    instead of the upgrade: the dependency raises, the app's handler answers the denial."""
     manager: SessionManager = websocket.app.state.manager
-    guard: Guard = websocket.app.state.guard
+    bound_session, owner = admission.session, admission.owner
     subprotocols = websocket.scope.get("subprotocols") or []
-    try:
-        bound_session, owner = guard.admit_owned(websocket.headers, subprotocols)
-    except AuthError as exc:
-        await websocket.send_denial_response(JSONResponse(exc.body(), status_code=exc.status))
-        return
     # Browsers cannot set headers; OpenAI's convention puts them in subprotocols.
     beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or "openai-beta.realtime-v1" in subprotocols
     await websocket.accept(subprotocol="realtime" if "realtime" in subprotocols else None)

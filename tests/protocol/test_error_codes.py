@@ -12,7 +12,7 @@ from realtime_omni.protocol.errors import ErrorCode, ProtocolError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "realtime_omni"
 #: callables that take an error code as a positional argument
-CODE_TAKERS = {"ProtocolError", "AuthError", "_BadRequest", "_invalid", "error", "_error"}
+CODE_TAKERS = {"ProtocolError", "AuthError", "BadOffer", "ApiError", "api_error", "_invalid", "error", "_error"}
 CODE = re.compile(r"[a-z]+(?:_[a-z]+)+")
 
 

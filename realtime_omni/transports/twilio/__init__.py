@@ -6,6 +6,7 @@ Point a Twilio number's voice webhook at ``POST /v1/telephony/twilio/voice``; se
 
 from .call import TwilioCall
 from .playback import CarrierPlayback
-from .routes import STREAM_PATH, VOICE_PATH, set_call_hook, twilio_routes
+from .routes import STREAM_PATH, VOICE_PATH, set_call_hook
+from .routes import router as twilio_router
 
-__all__ = ["STREAM_PATH", "VOICE_PATH", "CarrierPlayback", "TwilioCall", "set_call_hook", "twilio_routes"]
+__all__ = ["STREAM_PATH", "VOICE_PATH", "CarrierPlayback", "TwilioCall", "set_call_hook", "twilio_router"]

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
+from fastapi import APIRouter, Depends
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.responses import Response
 from starlette.websockets import WebSocket
 
 from ...config import ServerSettings
+from ...http.access import allowed_origin
+from ...http.bodies import read_body
+from ...http.errors import ApiError
+from ...http.schemas import refusals
+from ...protocol.errors import ErrorCode
 from ...security import Guard
-from ..bodies import BodyTooLarge, read_body
 from . import messages as tw
 from .call import STREAM_TOKEN_PARAMETER, TwilioCall
 
@@ -62,27 +66,39 @@ def public_base(request: Request) -> tuple[str, str]:
 MAX_WEBHOOK_BYTES = 64 * 1024
 
 
-async def twilio_voice(request: Request) -> Response:
-    scheme, host = public_base(request)
-    root = request.scope.get("root_path", "")
+router = APIRouter(tags=["telephony"])
+_TWIML: dict[int | str, dict[str, Any]] = {200: {"content": {"application/xml": {}}, "description": "TwiML"}}
+
+
+async def twilio_signature(request: Request) -> str | None:
+    """Dependency of the webhook: Twilio presents no API key and no Origin; its signature over the
+    URL and the form is what authenticates it. Returns the Twilio auth token (None: telephony
+    unsigned, only on a server without keys); 403 for a bad signature, 413 past the form limit."""
     token = auth_token(request.app)
     guard: Guard = request.app.state.guard
     if guard.enabled and not token:
-        # Twilio cannot present an API key: its signature is what authenticates the webhook
-        return PlainTextResponse("telephony on a server with API keys needs the setting transports.twilio.auth_token "
-                                 "(REALTIME_OMNI_TWILIO_AUTH_TOKEN)", status_code=403)
+        raise ApiError(403, ErrorCode.TELEPHONY_NOT_CONFIGURED, "telephony on a server with API keys needs the setting "
+                       "transports.twilio.auth_token (REALTIME_OMNI_TWILIO_AUTH_TOKEN)")
     if token:
         form: dict[str, str] = {}
         if request.method == "POST" and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
-            try:
-                body = await read_body(request, MAX_WEBHOOK_BYTES)
-            except BodyTooLarge as exc:
-                return PlainTextResponse(str(exc), status_code=413)
+            body = await read_body(request, MAX_WEBHOOK_BYTES)
             form = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        scheme, host = public_base(request)
+        root = request.scope.get("root_path", "")
         url = f"{scheme}://{host}{root}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
         if not tw.valid_signature(token, request.headers.get("x-twilio-signature", ""), url, form):
             log.warning("twilio voice webhook: bad signature for %s", url)
-            return PlainTextResponse("invalid Twilio signature", status_code=403)
+            raise ApiError(403, ErrorCode.INVALID_SIGNATURE, "invalid Twilio signature")
+    return token
+
+
+@router.get(VOICE_PATH, response_class=Response, responses={**_TWIML, **refusals(403, 413)})
+@router.post(VOICE_PATH, response_class=Response, responses={**_TWIML, **refusals(403, 413)})
+async def twilio_voice(request: Request, token: Annotated[str | None, Depends(twilio_signature)]) -> Response:
+    scheme, host = public_base(request)
+    root = request.scope.get("root_path", "")
+    guard: Guard = request.app.state.guard
     parameters = {
         k: v for k, v in list(request.query_params.items())[:MAX_PARAMETERS] if v and len(k) + len(v) <= MAX_PARAMETER_CHARS
     }
@@ -94,16 +110,12 @@ async def twilio_voice(request: Request) -> Response:
     return Response(twiml, media_type="application/xml")
 
 
+# the stream's own credential is the webhook's single-use token (checked by TwilioCall); Twilio
+# sends no Origin, a browser page of a foreign origin is refused like on every other route
+@router.websocket(STREAM_PATH, dependencies=[Depends(allowed_origin)])
 async def twilio_stream(websocket: WebSocket) -> None:
     hook = getattr(websocket.app.state, "twilio_call_hook", None)
     guard: Guard = websocket.app.state.guard
     # authenticated telephony (a Twilio token, or API keys): the stream needs the webhook's token
     redeem = guard.redeem_secret if (guard.enabled or auth_token(websocket.app)) else None
     await TwilioCall(websocket, websocket.app.state.manager, hook, redeem).run()
-
-
-def twilio_routes() -> list[BaseRoute]:
-    return [
-        Route(VOICE_PATH, twilio_voice, methods=["GET", "POST"]),
-        WebSocketRoute(STREAM_PATH, twilio_stream),
-    ]

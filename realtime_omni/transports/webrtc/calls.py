@@ -5,7 +5,8 @@
 ``session.update`` before anything else) and answers ``201`` with the SDP answer and
 ``Location: /v1/realtime/calls/{call_id}``. ``DELETE /v1/realtime/calls/{call_id}`` (or ``POST
 .../hangup``) ends the call. ``GET /v1/realtime/ice`` tells browsers which ICE servers to use.
-Every refusal is a JSON ``{"error": {...}}`` with a ``code``.
+Every refusal is a JSON ``{"error": {...}}`` with a ``code``; who may call each route is the
+dependency it declares (:mod:`realtime_omni.http.access`). The offer's body: :mod:`.offer`.
 """
 
 from __future__ import annotations
@@ -13,27 +14,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from email import policy
-from email.parser import BytesParser
-from typing import Any
+from typing import Annotated, Any
 
-from aiortc import sdp as aiortc_sdp
+from fastapi import APIRouter, Depends, Path, Query
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import Response
 
+from ...http.access import Opener, Owner, allowed_origin
+from ...http.bodies import LimitedBody
+from ...http.errors import ApiError, api_error
+from ...http.schemas import CallEnded, CallInfo, CallList, IceConfig, refusals
 from ...protocol import parse_client_event
 from ...protocol.errors import ErrorCode, ProtocolError
-from ...security import AuthError
 from ...session.manager import (
     ResumeError,
     SessionLimitError,
     SessionManager,
     UnknownModelError,
 )
-from ..bodies import BodyTooLarge, read_body
 from .ice import local_addresses, parse_ice_servers
+from .offer import BadOffer, check_offer, parse_body
 from .peer import Peer, WebRTCOptions, new_call_id
 
 log = logging.getLogger(__name__)
@@ -93,120 +94,63 @@ async def shutdown(app: Starlette) -> None:
         await reg.close_all()
 
 
-def error(status: int, code: ErrorCode, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"type": kind, "code": code, "message": message, "param": param}}, status_code=status)
+_OFFER_DOC = {"requestBody": {"required": True, "content": {
+    "application/sdp": {"schema": {"type": "string"}},
+    "multipart/form-data": {"schema": {"type": "object", "required": ["sdp"], "properties": {
+        "sdp": {"type": "string"}, "session": {"type": "string", "description": "a JSON session object"}}}},
+}}}
+_ANSWER_DOC: dict[int | str, dict[str, Any]] = {
+    201: {"description": "the SDP answer; Location names the call", "content": {"application/sdp": {"schema": {"type": "string"}}}},
+    **refusals(400, 401, 403, 404, 413, 415, 422, 500, 503),
+}
+#: call ids are ``rtc_`` and 24 hex digits; anything much longer is not one
+CallId = Annotated[str, Path(max_length=64)]
+
+router = APIRouter(prefix="/v1/realtime", tags=["webrtc"])
 
 
-class _BadRequest(Exception):
-    def __init__(self, code: ErrorCode, message: str, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.code, self.message, self.param, self.status = code, message, param, status
-
-
-def _parse_body(content_type: str, body: bytes) -> tuple[str, dict[str, Any] | None]:
-    """(offer SDP, session object or None) from either request shape."""
-    media_type = content_type.split(";")[0].strip().lower()
-    if media_type == "multipart/form-data":
-        message = BytesParser(policy=policy.HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
-        )
-        if not message.is_multipart():
-            raise _BadRequest(ErrorCode.INVALID_MULTIPART, "malformed multipart/form-data body")
-        fields: dict[str, bytes] = {}
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            if isinstance(name, str):
-                fields[name] = part.get_payload(decode=True) or b""
-        if "sdp" not in fields:
-            raise _BadRequest(ErrorCode.MISSING_SDP, "multipart body has no 'sdp' field", param="sdp")
-        sdp_text = fields["sdp"].decode("utf-8", "replace")
-        session = None
-        if fields.get("session"):
-            try:
-                session = json.loads(fields["session"])
-            except ValueError as exc:
-                raise _BadRequest(ErrorCode.INVALID_SESSION, f"'session' is not valid JSON: {exc}", param="session") from None
-            if not isinstance(session, dict):
-                raise _BadRequest(ErrorCode.INVALID_SESSION, "'session' must be a JSON object", param="session")
-        return sdp_text, session
-    if media_type in ("application/sdp", "text/plain", ""):
-        return body.decode("utf-8", "replace"), None
-    raise _BadRequest(
-        ErrorCode.UNSUPPORTED_MEDIA_TYPE, f"send the SDP offer as application/sdp or multipart/form-data, not {media_type!r}",
-        status=415,
-    )
-
-
-def _check_offer(sdp_text: str) -> None:
-    """Refuse what can never become a call, before a session is opened for it."""
-    if not sdp_text.lstrip().startswith("v=0"):
-        raise _BadRequest(ErrorCode.INVALID_SDP, "the body is not an SDP offer (it must start with v=0)", param="sdp")
-    try:
-        description = aiortc_sdp.SessionDescription.parse(sdp_text)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the client's
-        raise _BadRequest(ErrorCode.INVALID_SDP, f"the SDP offer could not be parsed: {exc}", param="sdp") from None
-    kinds = [m.kind for m in description.media]
-    if "audio" not in kinds:
-        raise _BadRequest(ErrorCode.MISSING_AUDIO, "the offer has no audio m-line; add an audio transceiver", param="sdp")
-    if "application" not in kinds:
-        raise _BadRequest(
-            ErrorCode.MISSING_DATA_CHANNEL, "the offer has no data channel; create the 'oai-events' data channel before the offer",
-            param="sdp",
-        )
-    for media in description.media:
-        if not (media.ice and media.ice.usernameFragment and media.ice.password):
-            raise _BadRequest(ErrorCode.INVALID_SDP, f"the {media.kind} m-line has no ICE credentials", param="sdp")
-        if not (media.dtls and media.dtls.fingerprints):
-            raise _BadRequest(ErrorCode.INVALID_SDP, f"the {media.kind} m-line has no DTLS fingerprint", param="sdp")
-
-
-async def create_call(request: Request) -> Response:
+@router.post("/calls", status_code=201, response_class=Response, responses=_ANSWER_DOC, openapi_extra=_OFFER_DOC)
+async def create_call(
+    request: Request,
+    admission: Opener,  # an API key or a single-use client secret (ek_...), and the Origin allow-list
+    body: Annotated[bytes, Depends(LimitedBody(MAX_OFFER_BYTES, ErrorCode.OFFER_TOO_LARGE))],
+    model: str | None = None,
+    resume_token: str | None = None,
+    last_sequence_number: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """Take an SDP offer, answer it, and run a session on the call."""
     manager: SessionManager = request.app.state.manager
     reg = registry(request.app)
-    bound: dict[str, Any] | None = None
-    owner: str | None = None
-    guard = getattr(request.app.state, "guard", None)
-    if guard is not None:  # API key or single-use client secret (ek_...), and the Origin allow-list
-        try:
-            bound, owner = guard.admit_owned(request.headers)
-        except AuthError as exc:
-            return error(exc.status, exc.code, exc.message)
-    try:  # the size is checked before the body is read, and while it is
-        body = await read_body(request, MAX_OFFER_BYTES)
-    except BodyTooLarge:
-        return error(413, ErrorCode.OFFER_TOO_LARGE, f"the offer exceeds {MAX_OFFER_BYTES} bytes")
+    bound, owner = admission.session, admission.owner
     try:
-        offer, session = _parse_body(request.headers.get("content-type", ""), body)
-        _check_offer(offer)
+        offer, session = parse_body(request.headers.get("content-type", ""), body)
+        check_offer(offer)
         if bound:  # the settings a client secret was minted with come first; the call's own win
             session = {"type": "realtime", **bound, **(session or {})}
         update = None
         if session is not None:
             update = json.dumps({"type": "session.update", "session": session})
             parse_client_event(update)  # the same validation as the data channel's, before any work
-    except _BadRequest as exc:
-        return error(exc.status, exc.code, exc.message, exc.param)
+    except BadOffer as exc:
+        return api_error(exc.status, exc.code, exc.message, exc.param)
     except ProtocolError as exc:
-        return error(400, exc.code, exc.message, f"session.{exc.param}" if exc.param else "session")
-    model = request.query_params.get("model") or (session or {}).get("model")
-    token = request.query_params.get("resume_token")
+        return api_error(400, exc.code, exc.message, f"session.{exc.param}" if exc.param else "session")
+    model = model or (session or {}).get("model")
     preface: list[dict[str, Any]] = []
     try:
-        if token:  # a new offer carrying the token resumes the session of a lost call
-            last_seq = int(request.query_params.get("last_sequence_number") or 0)
-            runner, replay, gap = await manager.resume(token, last_seq, owner, transport="webrtc")
+        if resume_token:  # a new offer carrying the token resumes the session of a lost call
+            runner, replay, gap = await manager.resume(resume_token, last_sequence_number, owner, transport="webrtc")
             # missed events go on the data channel first; missed audio is stale and is not replayed
             missed = [o.event for o in replay if o.event["type"] != "response.output_audio.delta"]
             preface = [runner.resumed_event(len(missed), gap), *missed]
         else:
             runner = manager.open(model, owner=owner, transport="webrtc")
     except SessionLimitError as exc:
-        return error(503, ErrorCode.SESSION_LIMIT_REACHED, str(exc))
+        return api_error(503, ErrorCode.SESSION_LIMIT_REACHED, str(exc))
     except UnknownModelError as exc:
-        return error(400, ErrorCode.MODEL_NOT_FOUND, str(exc), param="model")
+        return api_error(400, ErrorCode.MODEL_NOT_FOUND, str(exc), param="model")
     except (ResumeError, ValueError) as exc:
-        return error(404, ErrorCode.RESUME_TOKEN_INVALID, str(exc), param="resume_token")
+        return api_error(404, ErrorCode.RESUME_TOKEN_INVALID, str(exc), param="resume_token")
     if update is not None:
         await runner.submit(update)  # first in the mailbox: before any audio or client event
     peer = Peer(new_call_id(), runner, reg.options, reg.forget)
@@ -221,74 +165,46 @@ async def create_call(request: Request) -> Response:
         log.info("call refused: %s", exc)
         message = str(exc) or type(exc).__name__
         if isinstance(exc, asyncio.TimeoutError):
-            return error(500, ErrorCode.ANSWER_TIMEOUT, "the answer could not be created in time")
-        return error(400, ErrorCode.INVALID_OFFER, f"the offer could not be applied: {message}", param="sdp")
+            return api_error(500, ErrorCode.ANSWER_TIMEOUT, "the answer could not be created in time")
+        return api_error(400, ErrorCode.INVALID_OFFER, f"the offer could not be applied: {message}", param="sdp")
     return Response(
         answer, status_code=201, media_type="application/sdp", headers={"Location": f"/v1/realtime/calls/{peer.id}"}
     )
-
-
-def _caller(request: Request) -> str | None | JSONResponse:
-    """The calling key's digest (None when keys are off), or the 401 to answer."""
-    guard = getattr(request.app.state, "guard", None)
-    if guard is None:
-        return None
-    try:
-        return guard.check_api_key(request.headers)
-    except AuthError as exc:
-        return error(exc.status, exc.code, exc.message)
 
 
 def _visible(peer: Peer, caller: str | None) -> bool:
     return caller is None or peer.owner == caller
 
 
-def _call_or_404(request: Request) -> Peer | JSONResponse:
-    caller = _caller(request)
-    if isinstance(caller, JSONResponse):
-        return caller
-    call_id = request.path_params["call_id"]
+def _call_or_404(request: Request, call_id: str, caller: str | None) -> Peer:
     peer = registry(request.app).calls.get(call_id)
     if peer is None or not _visible(peer, caller):  # another key's call is not there for this one
-        return error(404, ErrorCode.CALL_NOT_FOUND, f"no live call {call_id!r}", param="call_id")
+        raise ApiError(404, ErrorCode.CALL_NOT_FOUND, f"no live call {call_id!r}", param="call_id")
     return peer
 
 
-async def hangup_call(request: Request) -> Response:
-    peer = _call_or_404(request)
-    if isinstance(peer, JSONResponse):
-        return peer
-    await peer.hangup("hangup")
-    return JSONResponse({"id": peer.id, "object": "realtime.call", "status": "ended"})
-
-
-async def get_call(request: Request) -> Response:
-    peer = _call_or_404(request)
-    if isinstance(peer, JSONResponse):
-        return peer
-    return JSONResponse(peer.info())
-
-
-async def list_calls(request: Request) -> Response:
-    caller = _caller(request)
-    if isinstance(caller, JSONResponse):
-        return caller
+@router.get("/calls", response_model=CallList, responses=refusals(401, 403))
+async def list_calls(request: Request, caller: Owner) -> CallList:
+    """The calling key's live calls (all of them when keys are off)."""
     reg = registry(request.app)
     mine = [p.info() for p in reg.calls.values() if _visible(p, caller)]
-    return JSONResponse({"object": "list", "data": mine, "total_opened": reg.total_opened})
+    return CallList.model_validate({"data": mine, "total_opened": reg.total_opened})
 
 
-async def ice_config(request: Request) -> Response:
+@router.get("/calls/{call_id}", response_model=CallInfo, responses=refusals(401, 403, 404, 422))
+async def get_call(request: Request, call_id: CallId, caller: Owner) -> CallInfo:
+    return CallInfo.model_validate(_call_or_404(request, call_id, caller).info())
+
+
+@router.delete("/calls/{call_id}", response_model=CallEnded, responses=refusals(401, 403, 404, 422))
+@router.post("/calls/{call_id}/hangup", response_model=CallEnded, responses=refusals(401, 403, 404, 422))
+async def hangup_call(request: Request, call_id: CallId, caller: Owner) -> CallEnded:
+    peer = _call_or_404(request, call_id, caller)
+    await peer.hangup("hangup")
+    return CallEnded(id=peer.id)
+
+
+@router.get("/ice", response_model=IceConfig, dependencies=[Depends(allowed_origin)])
+async def ice_config(request: Request) -> IceConfig:
     """ICE servers for browsers (the same list the server uses; empty: host candidates only)."""
-    return JSONResponse({"object": "realtime.ice_config", "ice_servers": registry(request.app).options.ice_servers})
-
-
-def routes() -> list[Route]:
-    return [
-        Route("/v1/realtime/calls", create_call, methods=["POST"]),
-        Route("/v1/realtime/calls", list_calls, methods=["GET"]),
-        Route("/v1/realtime/calls/{call_id}", get_call, methods=["GET"]),
-        Route("/v1/realtime/calls/{call_id}", hangup_call, methods=["DELETE"]),
-        Route("/v1/realtime/calls/{call_id}/hangup", hangup_call, methods=["POST"]),
-        Route("/v1/realtime/ice", ice_config, methods=["GET"]),
-    ]
+    return IceConfig(ice_servers=registry(request.app).options.ice_servers)
