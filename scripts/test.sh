@@ -4,9 +4,10 @@
 #
 # Works in an activated virtualenv (installs there), from a plain shell (installs into python3, or
 # into ./.venv when python3 is the system's externally managed one), and in CI (.ci/run runs it).
-# Without pytest args it also runs the FastRTC and pipecat tests, each in its own environment
-# (.venv-fastrtc, .venv-pipecat); when one cannot be built its tests are reported as skipped with
-# the reason, and the main suite runs regardless. SKIP_FASTRTC=1 / SKIP_PIPECAT=1 leave them out;
+# Without pytest args it also runs the FastRTC, pipecat and LiveKit tests, each in its own
+# environment (.venv-fastrtc, .venv-pipecat, .venv-livekit); when one cannot be built its tests are
+# reported as skipped with the reason, and the main suite runs regardless. SKIP_FASTRTC=1,
+# SKIP_PIPECAT=1 and SKIP_LIVEKIT=1 leave them out;
 # SKIP_INSTALL=1 installs nothing (system packages, pip) and tests the environments as they are.
 # The exit code is the main suite's, or else the first failing optional environment's.
 set -uo pipefail
@@ -88,6 +89,19 @@ pipecat_env() {
   [ "${PIPESTATUS[0]}" -eq 0 ]
 }
 
+# LiveKit Agents' OpenAI realtime plugin: its RealtimeModel is a plain WebSocket client, no LiveKit
+# server needed
+livekit_env() {
+  layered_venv .venv-livekit || return 1
+  if ! .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime' 2>/dev/null; then
+    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "livekit-agents is not installed there (SKIP_INSTALL=1)"; return 1; }
+    .venv-livekit/bin/python -m pip install -q 'livekit-agents>=1.8,<2' 'livekit-plugins-openai>=1.8,<2' 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install livekit-agents livekit-plugins-openai failed"; return 1; }
+  fi
+  .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime, pytest, realtime_omni.app' 2>&1 | tail -1
+  [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
 # run_optional NAME VENV SKIP TESTS: sets optional_rc and optional_note (a line for the summary)
 run_optional() {
   local name=$1 venv=$2 skip=$3 tests=$4 reason
@@ -115,6 +129,8 @@ run_optional FastRTC .venv-fastrtc "${SKIP_FASTRTC:-0}" tests/integrations/test_
 fastrtc_rc=$optional_rc fastrtc_note=$optional_note
 run_optional Pipecat .venv-pipecat "${SKIP_PIPECAT:-0}" tests/integrations/test_pipecat_realtime.py "$@"
 pipecat_rc=$optional_rc pipecat_note=$optional_note
+run_optional LiveKit .venv-livekit "${SKIP_LIVEKIT:-0}" tests/integrations/test_livekit_realtime.py "$@"
+livekit_rc=$optional_rc livekit_note=$optional_note
 
 # --- the main suite -------------------------------------------------------------------------
 say "main suite"
@@ -122,6 +138,8 @@ say "main suite"
 rc=$?
 say "$fastrtc_note"
 say "$pipecat_note"
+say "$livekit_note"
 [ $rc -eq 0 ] && rc=$fastrtc_rc
 [ $rc -eq 0 ] && rc=$pipecat_rc
+[ $rc -eq 0 ] && rc=$livekit_rc
 exit $rc
