@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from realtime_omni_bench.telephony import trim_silence
+
 HAVE_LIVEKIT = importlib.util.find_spec("livekit") is not None and importlib.util.find_spec("livekit.plugins") is not None
 pytestmark = [
     pytest.mark.skipif(not HAVE_LIVEKIT, reason="livekit-agents is not installed: scripts/test.sh runs this in .venv-livekit"),
@@ -86,6 +88,38 @@ async def test_generate_reply_speaks_and_writes(server, transcribe):
         assert not errors, errors
         assert not calls and text.strip(), (text, calls)
         assert len(audio) > 24_000 // 2, f"only {len(audio)} samples of reply audio"
+        assert transcribe(audio, 24_000).strip(), f"reply audio not understood (model said {text!r})"
+    finally:
+        await close(model, session)
+
+
+async def test_a_spoken_turn_is_heard_transcribed_and_answered(server, say, transcribe):
+    from livekit import rtc
+
+    model, session, errors = await open_session(server)
+    generations: asyncio.Queue[Any] = asyncio.Queue()
+    heard: list[str] = []
+    session.on("generation_created", generations.put_nowait)
+    session.on("input_audio_transcription_completed", lambda ev: heard.append(ev.transcript) if ev.is_final else None)
+    try:
+        await session.update_instructions("You are a helpful assistant. Answer briefly.")
+        # as AgentSession forwards the room's microphone: 10 ms frames (48 kHz; the plugin resamples)
+        rate = 48_000
+        speech = trim_silence(say("What is the capital of France?", rate))
+        pcm = np.concatenate([np.zeros(rate // 2, np.int16), speech, np.zeros(rate * 2, np.int16)])
+        step = rate // 100
+        for index, offset in enumerate(range(0, len(pcm), step)):
+            piece = pcm[offset : offset + step]
+            session.push_audio(rtc.AudioFrame(piece.tobytes(), rate, 1, len(piece)))
+            if index % 25 == 24:
+                await asyncio.sleep(0.125)  # about twice real time
+        # default semantic_vad with create_response: the server answers by itself
+        generation = await asyncio.wait_for(generations.get(), TIMEOUT)
+        assert not generation.user_initiated
+        text, audio, calls = await reply_of(generation)
+        assert not errors, errors
+        assert heard and "capital" in heard[0].lower(), heard
+        assert not calls and text.strip(), (text, calls)
         assert transcribe(audio, 24_000).strip(), f"reply audio not understood (model said {text!r})"
     finally:
         await close(model, session)
