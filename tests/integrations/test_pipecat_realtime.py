@@ -40,7 +40,7 @@ TIMEOUT = 120.0  # two CPU cores, shared: the embedded models are slow there
 
 @dataclass
 class Heard:
-    """What reached the end of the pipeline, and what went wrong on the way."""
+    """What the service put into the pipeline, and what went wrong on the way."""
 
     audio: bytearray = field(default_factory=bytearray)
     text: list[str] = field(default_factory=list)
@@ -51,8 +51,8 @@ class Heard:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def make_recorder(heard: Heard):  # type: ignore[no-untyped-def]
-    """A pass-through processor after the service, as an output transport would sit there."""
+def make_recorder(heard: Heard) -> Any:
+    """A pass-through processor that notes the frames it sees, where a transport would sit."""
     from pipecat.frames.frames import LLMFullResponseEndFrame, TranscriptionFrame, TTSAudioRawFrame, TTSTextFrame
     from pipecat.processors.frame_processor import FrameProcessor
 
