@@ -4,11 +4,12 @@
 #
 # Works in an activated virtualenv (installs there), from a plain shell (installs into python3, or
 # into ./.venv when python3 is the system's externally managed one), and in CI (.ci/run runs it).
-# Without pytest args it also runs the FastRTC tests in their own environment (.venv-fastrtc);
-# when that environment cannot be built they are reported as skipped with the reason, and the
-# main suite runs regardless. SKIP_FASTRTC=1 leaves them out; SKIP_INSTALL=1 installs nothing
-# (system packages, pip) and tests the environment as it is. The exit code is the main suite's, or
-# the FastRTC tests' when only they failed.
+# Without pytest args it also runs the FastRTC, pipecat and LiveKit tests, each in its own
+# environment (.venv-fastrtc, .venv-pipecat, .venv-livekit); when one cannot be built its tests are
+# reported as skipped with the reason, and the main suite runs regardless. SKIP_FASTRTC=1,
+# SKIP_PIPECAT=1 and SKIP_LIVEKIT=1 leave them out;
+# SKIP_INSTALL=1 installs nothing (system packages, pip) and tests the environments as they are.
+# The exit code is the main suite's, or else the first failing optional environment's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,22 +46,27 @@ if [ "${SKIP_INSTALL:-0}" != 1 ]; then
   "$PY" -m pip install -q -e '.[embedded,omni,ray,test]' || { echo "test.sh: pip install failed (see above)" >&2; exit 2; }
 fi
 
-# --- FastRTC (optional): its own virtualenv, layered on this environment ------------------------
-# FastRTC pins older starlette/pydantic/pillow than the server uses, so its packages go in
-# .venv-fastrtc and win there; everything else comes from this environment through a .pth file
-# (not --system-site-packages: from inside a virtualenv that would be the base Python's packages).
-fastrtc_env() {
+# --- optional environments: a virtualenv per framework, layered on this environment ------------
+# A framework's own packages go in its virtualenv and win there (FastRTC pins older starlette,
+# pydantic and pillow than the server uses; pipecat pins protobuf 6); everything else comes from
+# this environment through a .pth file (not --system-site-packages: from inside a virtualenv that
+# would be the base Python's packages).
+layered_venv() {  # DIR
   local site
-  if [ ! -x .venv-fastrtc/bin/python ]; then
-    "$PY" -m venv .venv-fastrtc 2>&1 | tail -1
-    [ -x .venv-fastrtc/bin/python ] || { echo "python -m venv failed (python3-venv missing?)"; return 1; }
+  if [ ! -x "$1/bin/python" ]; then
+    "$PY" -m venv "$1" 2>&1 | tail -1
+    [ -x "$1/bin/python" ] || { echo "python -m venv failed (python3-venv missing?)"; return 1; }
   fi
-  site="$(.venv-fastrtc/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || return 1
+  site="$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || return 1
   # every package folder the main interpreter sees (a venv's own, and its base's when it has
   # --system-site-packages), processed as site dirs so their .pth files (editable installs) apply
   "$PY" -c 'import sys
 paths = dict.fromkeys(p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")))
-print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > "$site/realtime_omni_main_env.pth" || return 1
+print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > "$site/realtime_omni_main_env.pth"
+}
+
+fastrtc_env() {
+  layered_venv .venv-fastrtc || return 1
   if ! .venv-fastrtc/bin/python -c 'import fastrtc, gradio' 2>/dev/null; then
     [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "fastrtc is not installed there (SKIP_INSTALL=1)"; return 1; }
     .venv-fastrtc/bin/python -m pip install -q 'fastrtc>=0.0.30' 'gradio>=5' 2>&1 | tail -3
@@ -70,30 +76,70 @@ print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > 
   [ "${PIPESTATUS[0]}" -eq 0 ]
 }
 
-fastrtc_rc=0
-fastrtc_note=""
-if [ "${SKIP_FASTRTC:-0}" = 1 ] || [ $# -gt 0 ]; then
-  fastrtc_note="FastRTC tests: not run (SKIP_FASTRTC=1 or pytest arguments given)"
-else
-  say "FastRTC environment (.venv-fastrtc)"
-  if reason="$(fastrtc_env 2>&1)"; then
-    .venv-fastrtc/bin/python -m pytest -q -p no:cacheprovider tests/integrations
-    fastrtc_rc=$?
-    case $fastrtc_rc in
-      0) fastrtc_note="FastRTC tests: passed" ;;
-      5) fastrtc_note="FastRTC tests: none collected"; fastrtc_rc=0 ;;
-      *) fastrtc_note="FastRTC tests: FAILED (exit $fastrtc_rc)" ;;
+# pipecat's OpenAI realtime service as an unmodified client (its "openai" extra; 2.0 drops APIs the
+# tests use)
+pipecat_env() {
+  layered_venv .venv-pipecat || return 1
+  if ! .venv-pipecat/bin/python -c 'import pipecat.services.openai.realtime.llm' 2>/dev/null; then
+    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "pipecat-ai is not installed there (SKIP_INSTALL=1)"; return 1; }
+    .venv-pipecat/bin/python -m pip install -q 'pipecat-ai[openai]>=1.14,<2' 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install pipecat-ai failed"; return 1; }
+  fi
+  .venv-pipecat/bin/python -c 'import pipecat.services.openai.realtime.llm, pytest, realtime_omni.app' 2>&1 | tail -1
+  [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
+# LiveKit Agents' OpenAI realtime plugin: its RealtimeModel is a plain WebSocket client, no LiveKit
+# server needed
+livekit_env() {
+  layered_venv .venv-livekit || return 1
+  if ! .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime' 2>/dev/null; then
+    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "livekit-agents is not installed there (SKIP_INSTALL=1)"; return 1; }
+    .venv-livekit/bin/python -m pip install -q 'livekit-agents>=1.8,<2' 'livekit-plugins-openai>=1.8,<2' 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install livekit-agents livekit-plugins-openai failed"; return 1; }
+  fi
+  .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime, pytest, realtime_omni.app' 2>&1 | tail -1
+  [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
+# run_optional NAME VENV SKIP TESTS: sets optional_rc and optional_note (a line for the summary)
+run_optional() {
+  local name=$1 venv=$2 skip=$3 tests=$4 reason
+  optional_rc=0
+  if [ "$skip" = 1 ] || [ $# -gt 4 ]; then
+    optional_note="$name tests: not run (SKIP_${name^^}=1 or pytest arguments given)"
+    return
+  fi
+  say "$name environment ($venv)"
+  if reason="$("${name,,}_env" 2>&1)"; then
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider "$tests"
+    optional_rc=$?
+    case $optional_rc in
+      0) optional_note="$name tests: passed" ;;
+      5) optional_note="$name tests: none collected"; optional_rc=0 ;;
+      *) optional_note="$name tests: FAILED (exit $optional_rc)" ;;
     esac
   else
-    fastrtc_note="FastRTC tests: SKIPPED, the optional environment could not be built: $(printf '%s' "$reason" | tail -1)"
+    optional_note="$name tests: SKIPPED, the optional environment could not be built: $(printf '%s' "$reason" | tail -1)"
   fi
-  say "$fastrtc_note"
-fi
+  say "$optional_note"
+}
+
+run_optional FastRTC .venv-fastrtc "${SKIP_FASTRTC:-0}" tests/integrations/test_fastrtc_handler.py "$@"
+fastrtc_rc=$optional_rc fastrtc_note=$optional_note
+run_optional Pipecat .venv-pipecat "${SKIP_PIPECAT:-0}" tests/integrations/test_pipecat_realtime.py "$@"
+pipecat_rc=$optional_rc pipecat_note=$optional_note
+run_optional LiveKit .venv-livekit "${SKIP_LIVEKIT:-0}" tests/integrations/test_livekit_realtime.py "$@"
+livekit_rc=$optional_rc livekit_note=$optional_note
 
 # --- the main suite -------------------------------------------------------------------------
 say "main suite"
 "$PY" -m pytest "$@"
 rc=$?
-[ -n "$fastrtc_note" ] && say "$fastrtc_note"
+say "$fastrtc_note"
+say "$pipecat_note"
+say "$livekit_note"
 [ $rc -eq 0 ] && rc=$fastrtc_rc
+[ $rc -eq 0 ] && rc=$pipecat_rc
+[ $rc -eq 0 ] && rc=$livekit_rc
 exit $rc

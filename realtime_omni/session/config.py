@@ -117,9 +117,15 @@ class SessionConfig(BaseModel):
         }
 
 
-def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice, where: str) -> tuple[list[ToolSpec], ToolChoice]:
+def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice,
+             where: Literal["session", "response"]) -> tuple[list[ToolSpec], ToolChoice]:
     """The tools and tool choice after ``params`` (a session update or a response's own), given
-    the ones in force; a named choice must stay among the tools."""
+    the ones in force; a named choice must stay among the tools.
+
+    A session may hold ``required`` while it has no tools: pipecat sends its configured choice as
+    soon as it connects and its tools only once its conversation starts. A response.create held
+    to ``required`` without a tool is refused; a turn detection response then has nothing to call
+    and answers in words."""
     if params.get("tools") is not None:
         tools = parse_tools(params["tools"], f"{where}.tools")
     if params.get("tool_choice") is not None:
@@ -127,7 +133,7 @@ def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice, 
     elif choice.name is not None and choice.name not in {tool.name for tool in tools}:
         raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names {choice.name!r}, which the new tools lack",
                             param=f"{where}.tool_choice")
-    elif choice.mode == "required" and not tools:
+    if where == "response" and choice.mode == "required" and not tools:
         raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice 'required' needs at least one tool",
                             param=f"{where}.tool_choice")
     return tools, choice

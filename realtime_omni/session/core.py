@@ -583,7 +583,7 @@ class RealtimeSession:
             voice=self.config.voice,
             want_audio=want_audio,
             tools=list(tools),
-            tool_choice=choice.mode,
+            tool_choice=choice.mode if tools else "none",  # a session may hold "required" before its tools
             tool_name=choice.name,
         )
 

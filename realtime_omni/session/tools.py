@@ -140,14 +140,12 @@ def _bounded_counts(schema: Any, param: str) -> None:
 
 
 def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str) -> ToolChoice:
-    """``auto`` / ``none`` / ``required`` / ``{"type": "function", "name": ...}`` → a choice that
-    the given tools can satisfy."""
+    """``auto`` / ``none`` / ``required`` / ``{"type": "function", "name": ...}`` → a choice; a named
+    one must be among the given tools."""
     match value:
         case "auto" | "none":
             return ToolChoice(value)
-        case "required":
-            if not tools:
-                raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice 'required' needs at least one tool", param=param)
+        case "required":  # needs a tool only when a response runs (see session.config.tools_of)
             return ToolChoice("required")
         case {"type": "function", "name": str(name)}:
             if name not in {tool.name for tool in tools}:

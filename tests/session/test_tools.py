@@ -157,7 +157,6 @@ def test_tool_choice_none_announces_the_message_at_once():
     ([{"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:1"}], None, "session.tools.0.type", "unsupported_feature"),
     ([{"type": "function", "description": "no name"}], None, "session.tools.0", "invalid_value"),
     ([WEATHER], {"type": "function", "name": "missing"}, "session.tool_choice.name", "invalid_value"),
-    ([], "required", "session.tool_choice", "invalid_value"),
     ([WEATHER] * 0 + [dict(WEATHER, name=f"f{i}") for i in range(129)], None, "session.tools", "invalid_value"),
     ([{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {
         "s": {"type": "string", "minLength": 10**8}}}}], None, "session.tools.0.parameters.properties.s.minLength", "invalid_value"),
@@ -177,6 +176,21 @@ def test_bad_tools_are_refused_with_the_field_named(tools, choice, param, code):
     # the session goes on with its old settings
     d.send(type="session.update", session={"type": "realtime", "instructions": "ok"})
     assert d.events[-1]["session"]["tools"] == []
+
+
+def test_required_may_come_before_the_tools_but_a_response_needs_one():
+    # pipecat's order: its configured tool_choice on connect, its tools when the conversation starts
+    d = Driver(AGENT, has_vad=False)
+    d.take()
+    d.send(type="session.update", session={"type": "realtime", "tool_choice": "required"})
+    assert d.events[-1]["type"] == "session.updated" and d.events[-1]["session"]["tool_choice"] == "required"
+    d.send(type="response.create")
+    assert [(e["code"], e["param"]) for e in errors_of(d)] == [("invalid_value", "response.tool_choice")]
+    # a turn detection response has nothing to call: it answers in words
+    assert d.s.preview_request("hello").tool_choice == "none"
+    d.send(type="session.update", session={"type": "realtime", "tools": [WEATHER]})
+    assert d.events[-1]["session"]["tool_choice"] == "required"
+    assert start(d).request.tool_choice == "required"
 
 
 def test_a_model_that_cannot_call_functions_says_so():
