@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import typing
 from typing import Any
 
@@ -24,3 +25,20 @@ def assert_valid_server_event(event: dict[str, Any]) -> None:
         return
     assert event["type"] in _ADAPTERS, f"unknown server event type {event['type']}"
     _ADAPTERS[event["type"]].validate_python(event)
+
+
+async def raw_http(base: str, head: str, body: bytes = b"", timeout: float = 10.0) -> tuple[int, bytes]:
+    """One request written by hand (what httpx refuses to send: a lying length, raw header bytes);
+    returns the status and what followed the status line."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(head.encode("latin-1") + b"\r\n\r\n" + body)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout)
+        rest = await asyncio.wait_for(reader.read(65536), timeout)
+        return int(status_line.split()[1]), rest
+    finally:
+        writer.close()

@@ -19,6 +19,7 @@ from fastapi.routing import APIRoute
 
 from realtime_omni.endpoints import MAX_SECRET_REQUEST_BYTES
 from realtime_omni.engines.registry import ModelRegistry
+from tests.helpers import raw_http
 from tests.server import ServerThread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -62,20 +63,6 @@ def _error(reply: httpx.Response) -> dict:
     assert set(body) == {"error"}, body  # the project's shape, never FastAPI's {"detail": ...}
     assert set(body["error"]) == {"type", "code", "message", "param"}, body
     return body["error"]
-
-
-async def _raw(base: str, head: str, body: bytes = b"", timeout: float = 10.0) -> tuple[int, bytes]:
-    """One request written by hand; returns the status and what followed the status line."""
-    url = urlsplit(base)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port)
-    try:
-        writer.write(head.encode("latin-1") + b"\r\n\r\n" + body)
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), timeout)
-        rest = await asyncio.wait_for(reader.read(65536), timeout)
-        return int(status_line.split()[1]), rest
-    finally:
-        writer.close()
 
 
 # ------------------------------------------------------------------------------------ OpenAPI
@@ -168,11 +155,11 @@ async def test_non_ascii_authorization_is_a_401_on_every_keyed_route(keyed):
     for method, path in (("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/v1/models"),
                          ("GET", "/v1/realtime/calls/rtc_x"), ("DELETE", "/v1/realtime/calls/rtc_x"),
                          ("POST", "/v1/realtime/calls")):
-        status, rest = await _raw(keyed.http, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+        status, rest = await raw_http(keyed.http, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                                   "Authorization: Bearer sk-t\xe9st\xff\r\nConnection: close")
         assert status == 401 and b"invalid_api_key" in rest, (path, status, rest[:300])
     # the WebSocket handshake: refused with the same JSON body, not a 500 or a dropped socket
-    status, rest = await _raw(keyed.http, "GET /v1/realtime?model=echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+    status, rest = await raw_http(keyed.http, "GET /v1/realtime?model=echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
                               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                               "Sec-WebSocket-Version: 13\r\nAuthorization: Bearer \xff\xfe\xe9")
     assert status == 401 and b"invalid_api_key" in rest, rest[:300]
@@ -245,7 +232,7 @@ async def test_an_unexpected_error_is_a_500_without_internals(keyed):
 # ------------------------------------------------------------------------------- body limits
 async def test_an_announced_oversize_body_is_refused_unread(keyed):
     # 1 GiB announced, not a byte of it sent: the answer comes at once
-    status, rest = await _raw(keyed.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
+    status, rest = await raw_http(keyed.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
                               "Authorization: Bearer sk-test\r\nContent-Type: application/json\r\n"
                               f"Content-Length: {2**30}")
     assert status == 413 and json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_too_large"
@@ -275,7 +262,7 @@ async def test_a_chunked_body_is_refused_at_the_limit_not_at_its_end(keyed, path
 
 async def test_the_key_is_checked_before_the_body_is_read(keyed):
     # no key and 1 GiB announced: a 401 (the caller learns nothing about limits and nothing is read)
-    status, rest = await _raw(keyed.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
+    status, rest = await raw_http(keyed.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
                               f"Content-Type: application/json\r\nContent-Length: {2**30}")
     assert status == 401 and b"invalid_api_key" in rest
 
@@ -294,7 +281,7 @@ async def test_the_twilio_webhook_is_refused_in_the_project_shape(keyed):
         try:
             forged = await http.post(voice, data={"CallSid": "CA1"}, headers={"X-Twilio-Signature": "AAAA"})
             # a form past 64 KiB announced: refused unread
-            status, rest = await _raw(keyed.http, "POST /v1/telephony/twilio/voice HTTP/1.1\r\nHost: x\r\n"
+            status, rest = await raw_http(keyed.http, "POST /v1/telephony/twilio/voice HTTP/1.1\r\nHost: x\r\n"
                                       "Content-Type: application/x-www-form-urlencoded\r\n"
                                       f"Content-Length: {2**30}")
         finally:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import websockets
 
+from tests.helpers import raw_http
 from tests.server import ServerThread
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -333,22 +334,6 @@ async def test_concurrent_session_cap(registry):
         await second.close(), await fourth.close()
 
 
-async def _raw_http(base: str, head: str, body: bytes = b"", timeout: float = 10.0) -> tuple[int, bytes]:
-    """One request written by hand (headers httpx refuses to send: a lying length, raw bytes)."""
-    from urllib.parse import urlsplit
-
-    url = urlsplit(base)
-    reader, writer = await asyncio.open_connection(url.hostname, url.port)
-    try:
-        writer.write(head.encode("latin-1") + b"\r\n\r\n" + body)
-        await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), timeout)
-        rest = await asyncio.wait_for(reader.read(65536), timeout)
-        return int(status_line.split()[1]), rest
-    finally:
-        writer.close()
-
-
 async def test_calls_are_listed_and_hung_up_only_by_their_key(guarded):
     async with httpx.AsyncClient(base_url=guarded.http) as http:
         for method, path in (("GET", "/v1/realtime/calls"), ("GET", "/v1/realtime/calls/rtc_x"),
@@ -363,11 +348,11 @@ async def test_calls_are_listed_and_hung_up_only_by_their_key(guarded):
 
 async def test_oversized_bodies_are_refused_before_they_are_read(guarded):
     # 512 MiB announced, nothing sent: the answer comes at once, the server reads nothing
-    status, body = await _raw_http(guarded.http, "POST /v1/realtime/calls?model=echo HTTP/1.1\r\nHost: x\r\n"
+    status, body = await raw_http(guarded.http, "POST /v1/realtime/calls?model=echo HTTP/1.1\r\nHost: x\r\n"
                                    "Authorization: Bearer sk-test\r\nContent-Type: application/sdp\r\n"
                                    f"Content-Length: {512 * 2**20}")
     assert status == 413 and b"offer_too_large" in body
-    status, body = await _raw_http(guarded.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
+    status, body = await raw_http(guarded.http, "POST /v1/realtime/client_secrets HTTP/1.1\r\nHost: x\r\n"
                                    "Authorization: Bearer sk-test\r\nContent-Type: application/json\r\n"
                                    f"Content-Length: {2**31}")
     assert status == 413 and b"request_too_large" in body
@@ -385,7 +370,7 @@ async def test_oversized_bodies_are_refused_before_they_are_read(guarded):
 async def test_a_non_ascii_authorization_header_is_a_401_not_a_500(guarded):
     for path in ("/v1/realtime/client_secrets", "/v1/realtime/calls"):
         method = "POST" if "secrets" in path else "GET"
-        status, body = await _raw_http(guarded.http, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+        status, body = await raw_http(guarded.http, f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
                                        "Authorization: Bearer sk-t\xe9st\xff")
         assert status == 401 and b"invalid_api_key" in body, (path, status, body[:200])
 
