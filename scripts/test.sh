@@ -65,41 +65,36 @@ paths = dict.fromkeys(p for p in sys.path if p.rstrip("/").endswith(("site-packa
 print("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in paths))' > "$site/realtime_omni_main_env.pth"
 }
 
-fastrtc_env() {
-  layered_venv .venv-fastrtc || return 1
-  if ! .venv-fastrtc/bin/python -c 'import fastrtc, gradio' 2>/dev/null; then
-    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "fastrtc is not installed there (SKIP_INSTALL=1)"; return 1; }
-    .venv-fastrtc/bin/python -m pip install -q 'fastrtc>=0.0.30' 'gradio>=5' 2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install fastrtc gradio failed"; return 1; }
+# framework_env VENV CHECK PACKAGES...: a layered venv where `python -c CHECK` works, installing
+# PACKAGES there when it does not (never with SKIP_INSTALL=1)
+framework_env() {
+  local venv=$1 check=$2
+  shift 2
+  layered_venv "$venv" || return 1
+  if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "$* not installed there (SKIP_INSTALL=1)"; return 1; }
+    "$venv/bin/python" -m pip install -q "$@" 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install $* failed"; return 1; }
   fi
-  .venv-fastrtc/bin/python -c 'import fastrtc, gradio, pytest, realtime_omni.app' 2>&1 | tail -1
+  "$venv/bin/python" -c "$check; import pytest, realtime_omni.app" 2>&1 | tail -1
   [ "${PIPESTATUS[0]}" -eq 0 ]
+}
+
+fastrtc_env() {
+  framework_env .venv-fastrtc 'import fastrtc, gradio' 'fastrtc>=0.0.30' 'gradio>=5'
 }
 
 # pipecat's OpenAI realtime service as an unmodified client (its "openai" extra; 2.0 drops APIs the
 # tests use)
 pipecat_env() {
-  layered_venv .venv-pipecat || return 1
-  if ! .venv-pipecat/bin/python -c 'import pipecat.services.openai.realtime.llm' 2>/dev/null; then
-    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "pipecat-ai is not installed there (SKIP_INSTALL=1)"; return 1; }
-    .venv-pipecat/bin/python -m pip install -q 'pipecat-ai[openai]>=1.14,<2' 2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install pipecat-ai failed"; return 1; }
-  fi
-  .venv-pipecat/bin/python -c 'import pipecat.services.openai.realtime.llm, pytest, realtime_omni.app' 2>&1 | tail -1
-  [ "${PIPESTATUS[0]}" -eq 0 ]
+  framework_env .venv-pipecat 'import pipecat.services.openai.realtime.llm' 'pipecat-ai[openai]>=1.14,<2'
 }
 
 # LiveKit Agents' OpenAI realtime plugin: its RealtimeModel is a plain WebSocket client, no LiveKit
 # server needed
 livekit_env() {
-  layered_venv .venv-livekit || return 1
-  if ! .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime' 2>/dev/null; then
-    [ "${SKIP_INSTALL:-0}" != 1 ] || { echo "livekit-agents is not installed there (SKIP_INSTALL=1)"; return 1; }
-    .venv-livekit/bin/python -m pip install -q 'livekit-agents>=1.8,<2' 'livekit-plugins-openai>=1.8,<2' 2>&1 | tail -3
-    [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "pip install livekit-agents livekit-plugins-openai failed"; return 1; }
-  fi
-  .venv-livekit/bin/python -c 'import livekit.plugins.openai.realtime, pytest, realtime_omni.app' 2>&1 | tail -1
-  [ "${PIPESTATUS[0]}" -eq 0 ]
+  framework_env .venv-livekit 'import livekit.plugins.openai.realtime' 'livekit-agents>=1.8,<2' \
+    'livekit-plugins-openai>=1.8,<2'
 }
 
 # run_optional NAME VENV SKIP TESTS: sets optional_rc and optional_note (a line for the summary)
