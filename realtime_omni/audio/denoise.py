@@ -3,8 +3,8 @@
 RNNoise (xiph, BSD-3-Clause) comes from the optional ``pyrnnoise`` wheel (Apache-2.0), which
 bundles ``librnnoise`` built for x86_64/arm64. It works on 10 ms frames of 48 kHz audio: input
 is resampled up with soxr, cut into frames (a remainder waits for the next chunk), denoised, and
-resampled back, so the output lags the input by at most one frame plus the two resamplers' delay
-(about 13 ms at 24 kHz in) and a chunk's output may be shorter or longer than its input.
+resampled back, so the output lags the input by up to one frame plus the two resamplers' delay
+(about 20-30 ms at 24 kHz in) and a chunk's output may be shorter or longer than its input.
 
 RNNoise has one model and no tuning knob, so ``near_field`` and ``far_field`` run the same
 processing; the type is kept only to report it back in ``session.updated``.
@@ -70,15 +70,17 @@ class StreamDenoiser:
     48 kHz stream, not per chunk); soxr's streaming may differ in the last bits only.
     """
 
-    def __init__(self, rate: int) -> None:
+    def __init__(self, rate: int, quality: str = "LQ") -> None:
         self.rate = rate
         self._lib = _library()
         self._frame = int(self._lib.rnnoise_get_frame_size())  # 480: 10 ms at 48 kHz
         self._state: int | None = self._lib.rnnoise_create(None)
         if not self._state:
             raise MemoryError("rnnoise_create failed")
-        self._up = StreamResampler(rate, RNNOISE_RATE)
-        self._down = StreamResampler(RNNOISE_RATE, rate)
+        # soxr's LQ filter: about 20 ms there and back at 24 kHz, where HQ holds back 65 ms;
+        # RNNoise's coarse bands do not need HQ's steeper anti-imaging filter
+        self._up = StreamResampler(rate, RNNOISE_RATE, quality)
+        self._down = StreamResampler(RNNOISE_RATE, rate, quality)
         self._pending = np.zeros(0, dtype=np.float32)
         #: RNNoise's voice probability for the last frame (0..1)
         self.speech_probability = 0.0
