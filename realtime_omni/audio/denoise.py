@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -25,6 +26,7 @@ import numpy as np
 from .formats import AudioFormat
 from .resample import StreamResampler
 
+log = logging.getLogger(__name__)
 NoiseReduction = Literal["near_field", "far_field"]
 KINDS: tuple[NoiseReduction, ...] = ("near_field", "far_field")
 RNNOISE_RATE = 48_000
@@ -66,8 +68,8 @@ def _library() -> ctypes.CDLL:
 class StreamDenoiser:
     """Denoises consecutive int16 chunks of one stream at ``rate``; state carries across chunks.
 
-    The output does not depend on how the stream is cut into chunks (frames are cut from the
-    48 kHz stream, not per chunk); soxr's streaming may differ in the last bits only.
+    Frames are cut from the 48 kHz stream, not per chunk, so chunking does not move them; the
+    output still differs slightly with chunking because soxr's streaming rounds per chunk.
     """
 
     def __init__(self, rate: int, quality: str = "LQ") -> None:
@@ -82,8 +84,6 @@ class StreamDenoiser:
         self._up = StreamResampler(rate, RNNOISE_RATE, quality)
         self._down = StreamResampler(RNNOISE_RATE, rate, quality)
         self._pending = np.zeros(0, dtype=np.float32)
-        #: RNNoise's voice probability for the last frame (0..1)
-        self.speech_probability = 0.0
 
     def process(self, pcm: np.ndarray) -> np.ndarray:
         """Feed int16 samples at ``rate``; returns the denoised samples ready so far."""
@@ -96,7 +96,7 @@ class StreamDenoiser:
         for start in range(0, whole, self._frame):
             # in place: RNNoise allows the same buffer for input and output
             view = frames[start:start + self._frame].ctypes.data_as(pointer)
-            self.speech_probability = float(self._lib.rnnoise_process_frame(self._state, view, view))
+            self._lib.rnnoise_process_frame(self._state, view, view)  # returns a voice probability, unused
         cleaned = np.clip(np.rint(frames), -32768, 32767).astype(np.int16)
         return self._down.process(cleaned)
 
@@ -119,11 +119,12 @@ class InputDenoiser:
     def __init__(self, setting: Callable[[], NoiseReduction | None]) -> None:
         self._setting = setting
         self._stream: StreamDenoiser | None = None
+        self._unloadable = False
 
     def process(self, wire: bytes, samples: np.ndarray, fmt: AudioFormat) -> tuple[bytes, np.ndarray]:
         """The input chunk as the session should hear it: wire bytes and int16 samples at
         ``fmt.rate``, unchanged when noise reduction is off."""
-        if self._setting() is None:
+        if self._setting() is None or self._unloadable:
             if self._stream is not None:
                 self._stream.close()
                 self._stream = None
@@ -131,6 +132,11 @@ class InputDenoiser:
         if self._stream is None or self._stream.rate != fmt.rate:
             if self._stream is not None:
                 self._stream.close()
-            self._stream = StreamDenoiser(fmt.rate)
+            try:
+                self._stream = StreamDenoiser(fmt.rate)
+            except OSError:  # a session restored on a server without the package: hear it raw
+                self._unloadable = True
+                log.warning("noise_reduction is set but %s cannot be loaded; input is not denoised", PACKAGE)
+                return wire, samples
         cleaned = self._stream.process(samples)
         return fmt.encode(cleaned), cleaned
