@@ -170,10 +170,10 @@ def main() -> None:
             "SNR: speech power over noise power across the utterance (a quarter second of noise alone on each side).",
             "Speech and babble are the embedded Piper voice; babble is four other sentences reversed and overlapped.",
             "near_field and far_field run the same RNNoise model: the table holds for both.",
-            "Whisper tiny.en on synthetic speech: absolute numbers say little about real recordings; "
-            "the before/after difference on the same mixes is the measurement. Piper samples its prosody, so "
-            "another run speaks the sentences a little differently: with this few words a cell moves by several "
-            "points between runs, the sign of the change much less.",
+            ("Whisper tiny.en on synthetic speech: absolute numbers say little about real recordings; "
+             "the before/after difference on the same mixes is the measurement. Piper samples its prosody, so "
+             "another run speaks the sentences a little differently: with this few words a cell moves by several "
+             "points between runs, the sign of the change much less."),
         ],
         reproduce=[command_line()],
     )

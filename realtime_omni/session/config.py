@@ -6,8 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from ..audio import AudioFormat, parse_audio_format
-from ..audio import denoise
+from ..audio import AudioFormat, denoise, parse_audio_format
 from ..engines.base import ToolSpec
 from ..protocol.errors import ErrorCode, ProtocolError
 from .tools import ToolChoice, parse_tool_choice, parse_tools
