@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from ..audio import AudioFormat, parse_audio_format
+from ..audio import AudioFormat, denoise, parse_audio_format
 from ..engines.base import ToolSpec
 from ..protocol.errors import ErrorCode, ProtocolError
 from .tools import ToolChoice, parse_tool_choice, parse_tools
@@ -46,6 +46,7 @@ class SessionConfig(BaseModel):
     output_format: AudioFormat = AudioFormat.PCM
     turn_detection: TurnDetection | None = TurnDetection()
     transcription: dict[str, Any] | None = None
+    noise_reduction: denoise.NoiseReduction | None = None
     max_output_tokens: int | Literal["inf"] = "inf"
     speed: float = 1.0
     tools: list[ToolSpec] = []
@@ -77,6 +78,8 @@ class SessionConfig(BaseModel):
             self.turn_detection = _turn_detection(audio_in["turn_detection"])
         if "transcription" in audio_in:
             self.transcription = audio_in["transcription"]
+        if "noise_reduction" in audio_in:
+            self.noise_reduction = _noise_reduction(audio_in["noise_reduction"])
         if audio_out.get("voice") is not None:
             voice = audio_out["voice"]
             voice = voice.get("id", "") if isinstance(voice, dict) else str(voice)
@@ -109,7 +112,7 @@ class SessionConfig(BaseModel):
                 "input": {
                     "format": _format_dict(self.input_format),
                     "transcription": self.transcription,
-                    "noise_reduction": None,
+                    "noise_reduction": {"type": self.noise_reduction} if self.noise_reduction else None,
                     "turn_detection": self.turn_detection.to_dict() if self.turn_detection else None,
                 },
                 "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
@@ -152,6 +155,22 @@ def parse_format(value: Any, param: str) -> AudioFormat:
 
 def _format_dict(fmt: AudioFormat) -> dict[str, Any]:
     return {"type": fmt.value, "rate": fmt.rate} if fmt is AudioFormat.PCM else {"type": fmt.value}
+
+
+def _noise_reduction(value: dict[str, Any] | None) -> denoise.NoiseReduction | None:
+    """The denoiser type asked for; refused up front when this server cannot run it, so the
+    client hears why instead of getting noisy audio under a setting that claims otherwise."""
+    if value is None:
+        return None
+    param = "session.audio.input.noise_reduction.type"
+    kind = value.get("type")
+    if kind not in denoise.KINDS:
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"noise_reduction.type must be one of {list(denoise.KINDS)}, "
+                            f"got {kind!r}", param=param)
+    if not denoise.available():
+        raise ProtocolError(ErrorCode.UNSUPPORTED, f"noise reduction needs the {denoise.PACKAGE!r} package, which "
+                            "this server lacks (pip install 'realtime-omni[embedded]')", param=param)
+    return kind
 
 
 def _turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:

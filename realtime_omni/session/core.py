@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..audio import AudioFormat, StreamResampler
+from ..audio.denoise import InputDenoiser
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
@@ -93,6 +94,8 @@ class RealtimeSession:
         #: ``max_bytes`` bounds the conversation and the instructions together
         self.conversation = Conversation(max_bytes)
         self.input = InputAudioBuffer(self.config.input_format)
+        #: audio.input.noise_reduction, applied before everything that hears the input
+        self.denoiser = InputDenoiser(lambda: self.config.noise_reduction)
         self.detector: TurnDetector | None = None
         self.ledger = PlaybackLedger()
         #: the epoch fence: audio tagged with an older epoch is dropped everywhere
@@ -273,6 +276,7 @@ class RealtimeSession:
             samples = fmt.decode(wire)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
+        wire, samples = self.denoiser.process(wire, samples, fmt)
         if self.model.duplex:
             self._actions.append(act.Listen(wire, fmt))
             return
