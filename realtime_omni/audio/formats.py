@@ -7,6 +7,7 @@ import enum
 import numpy as np
 
 from . import g711
+from .pcm import Pcm
 
 
 class AudioFormat(str, enum.Enum):
@@ -37,6 +38,10 @@ class AudioFormat(str, enum.Enum):
         if self is AudioFormat.PCM:
             return pcm.astype("<i2", copy=False).tobytes()
         return g711.ulaw_encode(pcm) if self is AudioFormat.PCMU else g711.alaw_encode(pcm)
+
+    def to_pcm(self, data: bytes) -> Pcm:
+        """Wire bytes → :class:`Pcm` (the inbound edge). Raises ValueError on a torn sample."""
+        return Pcm(self.decode(data), self.rate)
 
     def duration_ms(self, nbytes: int) -> float:
         return 1000.0 * nbytes / (self.bytes_per_sample * self.rate)

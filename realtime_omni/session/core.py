@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import AudioFormat, StreamResampler
+from ..audio import Pcm, StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
@@ -92,7 +92,7 @@ class RealtimeSession:
         self.expires_at = int(self.created_at + max_session_seconds)
         #: ``max_bytes`` bounds the conversation and the instructions together
         self.conversation = Conversation(max_bytes)
-        self.input = InputAudioBuffer(self.config.input_format)
+        self.input = InputAudioBuffer()
         self.detector: TurnDetector | None = None
         self.ledger = PlaybackLedger()
         #: the epoch fence: audio tagged with an older epoch is dropped everywhere
@@ -199,7 +199,6 @@ class RealtimeSession:
         self.config = SessionConfig.model_validate(snapshot["config"])
         if not self.has_vad:
             self.config.turn_detection = None
-        self.input.set_format(self.config.input_format)
         self._reset_detector()
         for data in snapshot["items"]:
             status = data.get("status") if data.get("status") != "in_progress" else "incomplete"
@@ -247,7 +246,6 @@ class RealtimeSession:
             )
         old_vad = self.config.turn_detection
         self.config = config
-        self.input.set_format(config.input_format)
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
@@ -259,24 +257,23 @@ class RealtimeSession:
             self._speech_item_id = None
 
     def _on_input_audio_buffer_append(self, event: Any) -> None:
+        # the JSON channel's edge: base64 and the session's input format end here
         try:
             wire = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
-        self.append_audio(wire)
-
-    def append_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
-        """Input audio encoded in ``fmt`` (default: the session's input format), from JSON or
-        from a media track."""
-        fmt = fmt or self.config.input_format
         try:
-            samples = fmt.decode(wire)
+            audio = self.config.input_format.to_pcm(wire)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
+        self.append_audio(audio)
+
+    def append_audio(self, audio: Pcm) -> None:
+        """Input audio, decoded at its edge (a JSON append or a media track), at any rate."""
         if self.model.duplex:
-            self._actions.append(act.Listen(wire, fmt))
+            self._actions.append(act.Listen(audio))
             return
-        pcm = self.input.append_pcm(samples, fmt.rate)
+        pcm = self.input.append(audio)
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
             frame = 512
@@ -674,20 +671,22 @@ class RealtimeSession:
         return response
 
     # ---------------------------------------------------------------- duplex models
-    def on_model_audio(self, wire: bytes, fmt: AudioFormat) -> None:
-        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`,
-        encoded in ``fmt``. It plays at once, as deltas of one open response."""
+    def on_model_audio(self, audio: Pcm) -> None:
+        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`.
+        It plays at once, as deltas of one open response."""
         if self.closed:
             return
         out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
-            self._duplex_resampler = StreamResampler(fmt.rate, out_fmt.rate)
-        assert self.response is not None and self._duplex_resampler is not None
-        if fmt is not out_fmt:
-            wire = out_fmt.encode(self._duplex_resampler.process(fmt.decode(wire)))
-        self.response.audio_delta(self._emit, wire, "")
-
+            self._duplex_resampler = None
+        assert self.response is not None
+        resampler = self._duplex_resampler
+        if resampler is None or resampler.in_rate != audio.rate:
+            resampler = self._duplex_resampler = StreamResampler(audio.rate, out_fmt.rate)
+        samples = resampler.process(audio.samples)
+        if len(samples):  # a resampler's first call may hold everything back as filter delay
+            self.response.audio_delta(self._emit, out_fmt.encode(samples), "")
 
 
 #: the published limits of response.metadata

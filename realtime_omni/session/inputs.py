@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 from ..engines.base import ToolCallDelta
 from .core import RealtimeSession
 
@@ -34,14 +34,9 @@ class RateLimited:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AudioIn:
-    """Input audio from a media track, as the transport has it: bytes encoded in ``format``.
+    """Input audio from a media track, decoded by its transport (Twilio's μ-law, WebRTC's Opus)."""
 
-    Not decoded to PCM yet: the echo model sends μ-law back byte for byte, and μ-law has two
-    codes for zero that PCM cannot tell apart (issue 17 item 3 moves decoding to the edge).
-    """
-
-    wire: bytes
-    format: AudioFormat
+    audio: Pcm
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -148,8 +143,8 @@ def payload_bytes(message: SessionInput) -> int:
     match message:
         case ClientEvent(raw):
             return len(raw)
-        case AudioIn(wire, _):
-            return len(wire)
+        case AudioIn(audio):
+            return audio.nbytes
         case Image(rgb):
             return int(getattr(rgb, "nbytes", 0))
     return 0

@@ -114,14 +114,13 @@ class ActionPerformer:
             return
         try:
             said = await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.wire,
-                                                           action.format),
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.audio),
                 host.pipeline_settings.step_timeout_s)
         except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
             log.exception("duplex model failed in session %s", host.core.id)
             return
         if said is not None:
-            host.core.on_model_audio(*said)
+            host.core.on_model_audio(said)
 
     async def _confirm(self, text: str) -> None:
         model = self._host.model

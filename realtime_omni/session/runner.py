@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
@@ -124,11 +124,11 @@ class SessionRunner:
         if await self._offer(inp.ClientEvent(raw)):
             self.last_client = time.monotonic()
 
-    async def submit_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+    async def submit_audio(self, audio: Pcm) -> None:
         """Queue input audio from a media track (same path as ``input_audio_buffer.append``),
-        encoded in ``fmt`` (default: the session's input format now). The format travels with
-        the audio, so a format change queued ahead of it cannot reinterpret it."""
-        if await self._offer(inp.AudioIn(wire, fmt or self.core.config.input_format)):
+        as PCM at whatever rate the transport has it: the session's input format is for the
+        JSON channel only, and the rate travels with the samples."""
+        if await self._offer(inp.AudioIn(audio)):
             self.last_client = time.monotonic()
 
     async def _offer(self, message: inp.SessionInput) -> bool:
@@ -331,11 +331,8 @@ class SessionRunner:
                 core.receive(event)
                 if event.event_id:
                     self.last_client_event_id = event.event_id
-            case inp.AudioIn(wire, fmt):
-                try:
-                    core.append_audio(wire, fmt)
-                except ProtocolError as exc:
-                    core.error(exc)
+            case inp.AudioIn(audio):
+                core.append_audio(audio)
             case inp.RateLimited():
                 core.error(ProtocolError(
                     ErrorCode.RATE_LIMIT_EXCEEDED,

@@ -40,9 +40,9 @@ class Driver:
         self.actions.extend(new)
         heard = [a for a in new if isinstance(a, act.Listen)]
         for action in heard:
-            said = self.listener.listen(action.wire, action.format)
+            said = self.listener.listen(action.audio)
             if said is not None:
-                self.s.on_model_audio(*said)
+                self.s.on_model_audio(said)
         if heard:
             new += self.pump()
         return new

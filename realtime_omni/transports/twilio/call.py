@@ -210,7 +210,8 @@ class TwilioCall:
         if track not in ("inbound", "inbound_track"):
             return  # a both_tracks stream also carries our own audio back: not the caller
         self.stats["media_in"] += 1
-        await self.runner.submit_audio(audio, AudioFormat.PCMU)  # what carriers send, whatever the session's format
+        # the telephony edge: what carriers send is μ-law, whatever the session's format
+        await self.runner.submit_audio(AudioFormat.PCMU.to_pcm(audio))
 
     def _on_mark(self, message: dict[str, Any]) -> None:
         heard = self.playback.on_mark(tw.parse_mark(message))
