@@ -8,6 +8,7 @@ import numpy as np
 
 from . import g711
 from .pcm import Pcm
+from .resample import resample_once
 
 
 class AudioFormat(str, enum.Enum):
@@ -42,6 +43,13 @@ class AudioFormat(str, enum.Enum):
     def to_pcm(self, data: bytes) -> Pcm:
         """Wire bytes → :class:`Pcm` (the inbound edge). Raises ValueError on a torn sample."""
         return Pcm(self.decode(data), self.rate)
+
+    def from_pcm(self, audio: Pcm) -> bytes:
+        """:class:`Pcm` → wire bytes (the outbound edge). Audio is rendered at :attr:`rate`; a
+        chunk at another rate (a prepared reply adopted by a response that asked for another
+        format) is resampled on its own rather than sent at the wrong speed."""
+        samples = audio.samples if audio.rate == self.rate else resample_once(audio.samples, audio.rate, self.rate)
+        return self.encode(samples)
 
     def duration_ms(self, nbytes: int) -> float:
         return 1000.0 * nbytes / (self.bytes_per_sample * self.rate)

@@ -51,8 +51,9 @@ class Outgoing:
     epoch: int | None = None
     audio_ms: float = 0.0
     response_id: str | None = None
-    #: the raw wire audio of an audio delta, for transports that carry audio off the JSON channel
-    audio: bytes | None = None
+    #: an audio delta's PCM, for transports that carry audio off the JSON channel (and encode
+    #: it themselves, if at all)
+    audio: Pcm | None = None
     #: what it holds, roughly (set by the driver when queued; 0: not measured yet)
     nbytes: int = 0
 
@@ -136,7 +137,7 @@ class RealtimeSession:
 
     def _emit(
         self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0,
-        response_id: str | None = None, audio: bytes | None = None,
+        response_id: str | None = None, audio: Pcm | None = None,
     ) -> None:
         self._event_counter += 1
         event = {"event_id": f"event_{self._id_prefix}{self._event_counter:x}", **event}
@@ -636,10 +637,10 @@ class RealtimeSession:
         if response is not None:
             response.text_delta(self._emit, text)
 
-    def on_response_audio(self, response_id: str, epoch: int, wire: bytes, text: str = "") -> None:
+    def on_response_audio(self, response_id: str, epoch: int, audio: Pcm, text: str = "") -> None:
         response = self._live(response_id, epoch)
-        if response is not None and wire:
-            response.audio_delta(self._emit, wire, text)
+        if response is not None and len(audio):
+            response.audio_delta(self._emit, audio, text)
 
     def on_response_call(self, response_id: str, epoch: int, piece: ToolCallDelta) -> None:
         response = self._live(response_id, epoch)
@@ -686,7 +687,7 @@ class RealtimeSession:
             resampler = self._duplex_resampler = StreamResampler(audio.rate, out_fmt.rate)
         samples = resampler.process(audio.samples)
         if len(samples):  # a resampler's first call may hold everything back as filter delay
-            self.response.audio_delta(self._emit, out_fmt.encode(samples), "")
+            self.response.audio_delta(self._emit, Pcm(samples, out_fmt.rate), "")
 
 
 #: the published limits of response.metadata

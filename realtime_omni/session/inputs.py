@@ -82,8 +82,8 @@ class ResponseText:
 class ResponseAudio:
     response_id: str
     epoch: int
-    #: encoded in the response's output format
-    wire: bytes
+    #: at the rate of the response's output format (encoded by the transport that sends it)
+    audio: Pcm
     #: the reply text this audio begins to speak, if any
     text: str = ""
 
@@ -127,8 +127,8 @@ def deliver(core: RealtimeSession, output: EngineOutput) -> None:
     match output:
         case ResponseText(rid, epoch, text):
             core.on_response_text(rid, epoch, text)
-        case ResponseAudio(rid, epoch, wire, text):
-            core.on_response_audio(rid, epoch, wire, text)
+        case ResponseAudio(rid, epoch, audio, text):
+            core.on_response_audio(rid, epoch, audio, text)
         case ResponseCall(rid, epoch, piece):
             core.on_response_call(rid, epoch, piece)
         case ResponseUsage(rid, epoch, input_tokens, output_tokens, cached_tokens):

@@ -162,12 +162,12 @@ class ActionPerformer:
                                     lambda: host.core.epoch == epoch, host.observer)
         sink = Sink(
             text=lambda text: self._host.mailbox.put(inp.ResponseText(rid, epoch, text)),
-            audio=lambda wire, text: self._host.mailbox.put(inp.ResponseAudio(rid, epoch, wire, text)),
+            audio=lambda pcm, text: self._host.mailbox.put(inp.ResponseAudio(rid, epoch, pcm, text)),
             usage=lambda i, o, c: self._host.mailbox.put(inp.ResponseUsage(rid, epoch, i, o, c)),
             call=lambda piece: self._host.mailbox.put(inp.ResponseCall(rid, epoch, piece)),
         )
         try:
-            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
+            status, reason = await pipeline.run(epoch, action.request, action.output_format.rate, sink)
             await self._host.mailbox.put(inp.ResponseEnd(rid, epoch, status, None, reason))
         except asyncio.CancelledError:
             action.request.cancelled.set()

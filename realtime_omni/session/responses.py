@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..audio import AudioFormat
+from ..audio import AudioFormat, Pcm
 from ..engines.base import ToolCallDelta
 from ..protocol.beta import CONVERSATION_ID
 from ..protocol.server_events import server_event
@@ -19,6 +19,11 @@ from .conversation import Item, SpokenSpan, new_id
 
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 EventSink = Any  # callable(event: dict, epoch: int | None = None, audio_ms: float = 0.0, response_id: str | None = None)
+
+
+def encode_delta(fmt: AudioFormat, audio: Pcm) -> str:
+    """The ``delta`` of ``response.output_audio.delta``: PCM in the output format, base64."""
+    return base64.b64encode(fmt.from_pcm(audio)).decode()
 
 
 @dataclass
@@ -140,10 +145,10 @@ class Response:
         kind = "response.output_audio_transcript.delta" if self.wants_audio else "response.output_text.delta"
         emit(server_event(kind, **self._ids(), delta=text), epoch=self.epoch)
 
-    def audio_delta(self, emit: EventSink, wire: bytes, text: str) -> None:
-        """A chunk of encoded audio (and the reply text it begins to speak, if any)."""
+    def audio_delta(self, emit: EventSink, audio: Pcm, text: str) -> None:
+        """A chunk of audio at the output format's rate (and the reply text it begins to speak)."""
         self._open_message(emit)
-        duration = self.output_format.duration_ms(len(wire))
+        duration = audio.duration_ms
         start = self.item.audio_ms
         self.item.audio_ms += duration
         if text:
@@ -152,11 +157,12 @@ class Response:
         elif self.item.spans:
             self.item.spans[-1].end_ms = self.item.audio_ms
         emit(
-            server_event("response.output_audio.delta", **self._ids(), delta=base64.b64encode(wire).decode()),
+            # the JSON channel's edge: the output format and base64 exist only in this event
+            server_event("response.output_audio.delta", **self._ids(), delta=encode_delta(self.output_format, audio)),
             epoch=self.epoch,
             audio_ms=duration,
             response_id=self.id,
-            audio=wire,
+            audio=audio,
         )
 
     def finish(

@@ -383,7 +383,7 @@ class SessionRunner:
     async def _emit(self, out: Outgoing) -> None:
         """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
         until the session's idle or lifetime limit (then :class:`Wedged`), never for ever."""
-        out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
+        out.nbytes = approx_bytes(out.event) + (out.audio.nbytes if out.audio is not None else 0)
         while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
             self._outbox_room.clear()
             await self._until_expiry(self._outbox_room.wait)
