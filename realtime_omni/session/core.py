@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import Pcm, StreamResampler
+from ..audio import AudioFormat, Pcm, StreamResampler
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
@@ -51,11 +51,19 @@ class Outgoing:
     epoch: int | None = None
     audio_ms: float = 0.0
     response_id: str | None = None
-    #: an audio delta's PCM, for transports that carry audio off the JSON channel (and encode
-    #: it themselves, if at all)
+    #: an audio delta's PCM: media transports take it as it is (and encode it themselves)
     audio: Pcm | None = None
+    #: the output format the JSON channel encodes ``audio`` in (:meth:`json_event`)
+    audio_format: AudioFormat | None = None
     #: what it holds, roughly (set by the driver when queued; 0: not measured yet)
     nbytes: int = 0
+
+    def json_event(self) -> dict[str, Any]:
+        """The event as the JSON channel sends it. An audio delta's ``delta`` (empty until here)
+        is encoded now, at the edge: transports that never send it never pay for it."""
+        if self.audio is None or self.audio_format is None:
+            return self.event
+        return {**self.event, "delta": base64.b64encode(self.audio_format.from_pcm(self.audio)).decode()}
 
 
 class RealtimeSession:
@@ -137,11 +145,11 @@ class RealtimeSession:
 
     def _emit(
         self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0,
-        response_id: str | None = None, audio: Pcm | None = None,
+        response_id: str | None = None, audio: Pcm | None = None, audio_format: AudioFormat | None = None,
     ) -> None:
         self._event_counter += 1
         event = {"event_id": f"event_{self._id_prefix}{self._event_counter:x}", **event}
-        self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio))
+        self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio, audio_format))
 
     def error(self, exc: ProtocolError) -> None:
         # what a client was told is on the server's record too (message cut: clients choose it)

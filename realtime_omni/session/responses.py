@@ -6,7 +6,6 @@ refuses to run twice, whichever path (completion, cancel, failure, disconnect) g
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,11 +18,6 @@ from .conversation import Item, SpokenSpan, new_id
 
 Status = Literal["completed", "cancelled", "failed", "incomplete"]
 EventSink = Any  # callable(event: dict, epoch: int | None = None, audio_ms: float = 0.0, response_id: str | None = None)
-
-
-def encode_delta(fmt: AudioFormat, audio: Pcm) -> str:
-    """The ``delta`` of ``response.output_audio.delta``: PCM in the output format, base64."""
-    return base64.b64encode(fmt.from_pcm(audio)).decode()
 
 
 @dataclass
@@ -157,12 +151,13 @@ class Response:
         elif self.item.spans:
             self.item.spans[-1].end_ms = self.item.audio_ms
         emit(
-            # the JSON channel's edge: the output format and base64 exist only in this event
-            server_event("response.output_audio.delta", **self._ids(), delta=encode_delta(self.output_format, audio)),
+            # ``delta`` stays empty: the WebSocket writer encodes the PCM (Outgoing.json_event)
+            server_event("response.output_audio.delta", **self._ids(), delta=""),
             epoch=self.epoch,
             audio_ms=duration,
             response_id=self.id,
             audio=audio,
+            audio_format=self.output_format,
         )
 
     def finish(

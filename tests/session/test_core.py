@@ -37,8 +37,9 @@ class Driver:
 
     def pump(self):
         for out in self.s.drain_events():
-            assert_valid_server_event(out.event)
-            self.events.append(out.event)
+            event = out.json_event()  # as the WebSocket writer sends it (audio deltas encoded)
+            assert_valid_server_event(event)
+            self.events.append(event)
             if out.response_id:
                 self.s.ledger.mark_sent(out.response_id, out.audio_ms)
         new = self.s.drain_actions()
