@@ -16,10 +16,6 @@ class Pcm:
     samples: np.ndarray
     rate: int
 
-    @classmethod
-    def of(cls, samples: np.ndarray, rate: int) -> Pcm:
-        return cls(samples.astype(np.int16, copy=False), rate)
-
     @property
     def duration_ms(self) -> float:
         return 1000.0 * len(self.samples) / self.rate

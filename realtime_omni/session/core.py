@@ -685,17 +685,17 @@ class RealtimeSession:
         It plays at once, as deltas of one open response."""
         if self.closed:
             return
-        out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
             self._duplex_resampler = None
         assert self.response is not None
+        rate = self.response.output_format.rate
         resampler = self._duplex_resampler
         if resampler is None or resampler.in_rate != audio.rate:
-            resampler = self._duplex_resampler = StreamResampler(audio.rate, out_fmt.rate)
+            resampler = self._duplex_resampler = StreamResampler(audio.rate, rate)
         samples = resampler.process(audio.samples)
         if len(samples):  # a resampler's first call may hold everything back as filter delay
-            self.response.audio_delta(self._emit, Pcm(samples, out_fmt.rate), "")
+            self.response.audio_delta(self._emit, Pcm(samples, rate), "")
 
 
 #: the published limits of response.metadata
