@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from .formats import AudioFormat
+from .pcm import Pcm
 from .resample import StreamResampler
 
 log = logging.getLogger(__name__)
@@ -121,22 +121,20 @@ class InputDenoiser:
         self._stream: StreamDenoiser | None = None
         self._unloadable = False
 
-    def process(self, wire: bytes, samples: np.ndarray, fmt: AudioFormat) -> tuple[bytes, np.ndarray]:
-        """The input chunk as the session should hear it: wire bytes and int16 samples at
-        ``fmt.rate``, unchanged when noise reduction is off."""
+    def process(self, audio: Pcm) -> Pcm:
+        """The input chunk as the session should hear it (unchanged when noise reduction is off)."""
         if self._setting() is None or self._unloadable:
             if self._stream is not None:
                 self._stream.close()
                 self._stream = None
-            return wire, samples
-        if self._stream is None or self._stream.rate != fmt.rate:
+            return audio
+        if self._stream is None or self._stream.rate != audio.rate:
             if self._stream is not None:
                 self._stream.close()
             try:
-                self._stream = StreamDenoiser(fmt.rate)
+                self._stream = StreamDenoiser(audio.rate)
             except OSError:  # a session restored on a server without the package: hear it raw
                 self._unloadable = True
                 log.warning("noise_reduction is set but %s cannot be loaded; input is not denoised", PACKAGE)
-                return wire, samples
-        cleaned = self._stream.process(samples)
-        return fmt.encode(cleaned), cleaned
+                return audio
+        return Pcm(self._stream.process(audio.samples), audio.rate)

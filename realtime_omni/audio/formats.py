@@ -7,6 +7,8 @@ import enum
 import numpy as np
 
 from . import g711
+from .pcm import Pcm
+from .resample import resample_once
 
 
 class AudioFormat(str, enum.Enum):
@@ -37,6 +39,17 @@ class AudioFormat(str, enum.Enum):
         if self is AudioFormat.PCM:
             return pcm.astype("<i2", copy=False).tobytes()
         return g711.ulaw_encode(pcm) if self is AudioFormat.PCMU else g711.alaw_encode(pcm)
+
+    def to_pcm(self, data: bytes) -> Pcm:
+        """Wire bytes → :class:`Pcm` (the inbound edge). Raises ValueError on a torn sample."""
+        return Pcm(self.decode(data), self.rate)
+
+    def from_pcm(self, audio: Pcm) -> bytes:
+        """:class:`Pcm` → wire bytes (the outbound edge). Audio is rendered at :attr:`rate`; a
+        chunk at another rate (a prepared reply adopted by a response that asked for another
+        format) is resampled on its own rather than sent at the wrong speed."""
+        samples = audio.samples if audio.rate == self.rate else resample_once(audio.samples, audio.rate, self.rate)
+        return self.encode(samples)
 
     def duration_ms(self, nbytes: int) -> float:
         return 1000.0 * nbytes / (self.bytes_per_sample * self.rate)

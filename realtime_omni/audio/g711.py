@@ -25,6 +25,10 @@ def _ulaw_decode_scalar(byte: int) -> int:
     byte = ~byte & 0xFF
     sign, exponent, mantissa = byte & 0x80, (byte >> 4) & 0x07, byte & 0x0F
     magnitude = (((mantissa << 3) + _BIAS) << exponent) - _BIAS
+    if sign and not magnitude:
+        # 0x7F, "negative zero": -1 (still inside the code's interval) rather than 0, so that
+        # every μ-law byte survives decoding to PCM and encoding back (audio is PCM inside)
+        return -1
     return -magnitude if sign else magnitude
 
 

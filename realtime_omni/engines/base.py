@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 
 Capability = Literal["audio_in", "text_in", "image_in", "audio_out", "text_out", "transcription", "vad", "echo", "tools"]
 
@@ -204,10 +204,9 @@ class ModelSession(abc.ABC):
             raise NotImplementedError("this engine's talker emits codes but has no codec")
         return out.audio
 
-    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
-        """Duplex models (``ModelInfo.duplex``): input audio as it arrives, encoded in ``fmt``;
-        returns audio to play now and its format, or None. Bytes, not PCM, so that a model may
-        hand back exactly what it heard (μ-law has two codes for zero)."""
+    def listen(self, audio: Pcm) -> Pcm | None:
+        """Duplex models (``ModelInfo.duplex``): input audio as it arrives, at the rate its
+        transport has it; returns audio to play now (at any rate: the session resamples), or None."""
         raise NotImplementedError("this model does not listen while it speaks")
 
     def confirm(self, spoken_text: str) -> None:

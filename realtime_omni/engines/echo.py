@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 from .base import (
     ModelInfo,
     ModelSession,
@@ -22,8 +22,8 @@ from .base import (
 
 
 class EchoSession(ModelSession):
-    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat]:
-        return wire, fmt  # the same bytes: the session transcodes only if its output differs
+    def listen(self, audio: Pcm) -> Pcm:
+        return audio  # the same samples: the session resamples only if its output rate differs
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         return iter(())

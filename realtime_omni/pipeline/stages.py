@@ -1,4 +1,4 @@
-"""One response as three stages in async chunks: thinker ─▶ talker ─▶ codec (+ wire edge).
+"""One response as three stages in async chunks: thinker ─▶ talker ─▶ codec (PCM out).
 
 Each stage is an asyncio task; model calls run in worker threads; stages are joined by bounded
 queues (backpressure, never unbounded buffering). Every chunk carries its response's epoch and
@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ..audio import AudioFormat, StreamResampler
+from ..audio import Pcm, StreamResampler
 from ..engines.base import ModelInfo, ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, ToolCallDelta
 from ..observer import NullObserver, Observer, Stage
 
@@ -41,7 +41,7 @@ class PipelineSettings:
     queue_size: int = 8
     #: max milliseconds of audio sent ahead of real time (None: as fast as produced)
     lead_ms: float | None = 1500.0
-    #: max milliseconds per audio delta on the wire
+    #: max milliseconds per audio delta
     delta_ms: float = 100.0
     #: deadline for one model step (a stuck engine fails the response instead of hanging it)
     step_timeout_s: float = 60.0
@@ -54,7 +54,7 @@ class Sink:
     """Where a response's outputs go (the session mailbox, in order)."""
 
     text: Callable[[str], Awaitable[None]]
-    audio: Callable[[bytes, str], Awaitable[None]]
+    audio: Callable[[Pcm, str], Awaitable[None]]
     usage: Callable[[int, int, int], Awaitable[None]]
     #: pieces of a function call (never spoken); None: the caller takes no calls
     call: Callable[[ToolCallDelta], Awaitable[None]] | None = None
@@ -84,8 +84,9 @@ class ResponsePipeline:
         self._local_boundary = type(model).talk_boundary is ModelSession.talk_boundary or getattr(
             getattr(model, "_traits", None), "custom_talk_boundary", True) is False
 
-    async def run(self, epoch: int, request: ThinkRequest, fmt: AudioFormat, sink: Sink) -> tuple[str, str | None]:
-        """Returns (status, reason) when the reply is complete: ("completed"|"incomplete", reason)."""
+    async def run(self, epoch: int, request: ThinkRequest, rate: int, sink: Sink) -> tuple[str, str | None]:
+        """Audio goes to ``sink`` as PCM at ``rate`` (the listener's; encoding is the transport's).
+        Returns (status, reason) when the reply is complete: ("completed"|"incomplete", reason)."""
         size = self.settings.queue_size
         thought: asyncio.Queue[Chunk[ThinkerOutput]] = asyncio.Queue(size)
         spoken: asyncio.Queue[Chunk[TalkerOutput]] = asyncio.Queue(size)
@@ -95,7 +96,7 @@ class ResponsePipeline:
         tasks = [asyncio.create_task(self._thinker(epoch, request, thought, counts, sink))]
         if request.want_audio:
             tasks.append(asyncio.create_task(self._talker(epoch, request, thought, spoken)))
-            tasks.append(asyncio.create_task(self._codec(epoch, spoken, fmt, sink)))
+            tasks.append(asyncio.create_task(self._codec(epoch, spoken, rate, sink)))
         else:
             tasks.append(asyncio.create_task(self._text_only(epoch, thought, sink)))
         try:
@@ -248,10 +249,12 @@ class ResponsePipeline:
         finally:
             await out.put(Chunk(epoch, segment_end=True))
 
-    async def _codec(self, epoch: int, inbox: asyncio.Queue[Chunk[TalkerOutput]], fmt: AudioFormat, sink: Sink) -> None:
+    async def _codec(self, epoch: int, inbox: asyncio.Queue[Chunk[TalkerOutput]], rate: int, sink: Sink) -> None:
         loop = asyncio.get_running_loop()
-        resampler = StreamResampler(self.info.output_rate, fmt.rate)
-        max_samples = max(int(fmt.rate * self.settings.delta_ms / 1000), 1)
+        # resampled here, once per reply stream, so the deltas' durations are final: the
+        # playback ledger and the lead clock count what the listener will hear
+        resampler = StreamResampler(self.info.output_rate, rate)
+        max_samples = max(int(rate * self.settings.delta_ms / 1000), 1)
         clock = self._clock
         while True:
             chunk = await inbox.get()
@@ -260,7 +263,7 @@ class ResponsePipeline:
             if chunk.segment_end:
                 tail = resampler.flush()
                 if len(tail):
-                    await self._send(fmt.encode(tail), "", sink, clock, fmt)
+                    await self._send(Pcm(tail, rate), "", sink, clock)
                 return
             piece = chunk.payload
             assert piece is not None
@@ -270,12 +273,12 @@ class ResponsePipeline:
                 audio = await asyncio.wait_for(
                     loop.run_in_executor(self.executor, self._decode, piece), self.settings.step_timeout_s
                 )
-            wire_pcm = resampler.process(np.asarray(audio, dtype=np.int16))
+            out = resampler.process(np.asarray(audio, dtype=np.int16))
             text = piece.text
-            for start in range(0, len(wire_pcm), max_samples):
+            for start in range(0, len(out), max_samples):
                 if not self.is_current():
                     return
-                await self._send(fmt.encode(wire_pcm[start : start + max_samples]), text, sink, clock, fmt)
+                await self._send(Pcm(out[start : start + max_samples], rate), text, sink, clock)
                 text = ""
 
     def _decode(self, piece: TalkerOutput) -> Any:
@@ -284,10 +287,10 @@ class ResponsePipeline:
         self.observer.stage_step("codec", time.perf_counter() - began)
         return audio
 
-    async def _send(self, wire: bytes, text: str, sink: Sink, clock: "_PlayoutClock", fmt: AudioFormat) -> None:
+    async def _send(self, audio: Pcm, text: str, sink: Sink, clock: "_PlayoutClock") -> None:
         await clock.wait()
-        await sink.audio(wire, text)
-        clock.advance(fmt.duration_ms(len(wire)))
+        await sink.audio(audio, text)
+        clock.advance(audio.duration_ms)
 
 
 def _eager_first_cut(pending: list[ThinkerOutput], words: int) -> int:

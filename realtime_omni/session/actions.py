@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..audio import AudioFormat
+from ..audio import AudioFormat, Pcm
 from ..engines.base import ThinkRequest
 
 
@@ -68,8 +68,7 @@ class Listen:
     """A duplex model hears this input now (``ModelSession.listen``); what it says back goes to
     :meth:`~.core.RealtimeSession.on_model_audio` before the next input."""
 
-    wire: bytes
-    format: AudioFormat
+    audio: Pcm
 
 
 @dataclass

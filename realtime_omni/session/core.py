@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..audio import AudioFormat, StreamResampler
+from ..audio import AudioFormat, Pcm, StreamResampler
 from ..audio.denoise import InputDenoiser
 from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
@@ -52,10 +52,19 @@ class Outgoing:
     epoch: int | None = None
     audio_ms: float = 0.0
     response_id: str | None = None
-    #: the raw wire audio of an audio delta, for transports that carry audio off the JSON channel
-    audio: bytes | None = None
+    #: an audio delta's PCM: media transports take it as it is (and encode it themselves)
+    audio: Pcm | None = None
+    #: the output format the JSON channel encodes ``audio`` in (:meth:`json_event`)
+    audio_format: AudioFormat | None = None
     #: what it holds, roughly (set by the driver when queued; 0: not measured yet)
     nbytes: int = 0
+
+    def json_event(self) -> dict[str, Any]:
+        """The event as the JSON channel sends it. An audio delta's ``delta`` (empty until here)
+        is encoded now, at the edge: transports that never send it never pay for it."""
+        if self.audio is None or self.audio_format is None:
+            return self.event
+        return {**self.event, "delta": base64.b64encode(self.audio_format.from_pcm(self.audio)).decode()}
 
 
 class RealtimeSession:
@@ -93,7 +102,7 @@ class RealtimeSession:
         self.expires_at = int(self.created_at + max_session_seconds)
         #: ``max_bytes`` bounds the conversation and the instructions together
         self.conversation = Conversation(max_bytes)
-        self.input = InputAudioBuffer(self.config.input_format)
+        self.input = InputAudioBuffer()
         #: audio.input.noise_reduction, applied before everything that hears the input
         self.denoiser = InputDenoiser(lambda: self.config.noise_reduction)
         self.detector: TurnDetector | None = None
@@ -139,11 +148,11 @@ class RealtimeSession:
 
     def _emit(
         self, event: dict[str, Any], epoch: int | None = None, audio_ms: float = 0.0,
-        response_id: str | None = None, audio: bytes | None = None,
+        response_id: str | None = None, audio: Pcm | None = None, audio_format: AudioFormat | None = None,
     ) -> None:
         self._event_counter += 1
         event = {"event_id": f"event_{self._id_prefix}{self._event_counter:x}", **event}
-        self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio))
+        self._events.append(Outgoing(event, epoch, audio_ms, response_id, audio, audio_format))
 
     def error(self, exc: ProtocolError) -> None:
         # what a client was told is on the server's record too (message cut: clients choose it)
@@ -202,7 +211,6 @@ class RealtimeSession:
         self.config = SessionConfig.model_validate(snapshot["config"])
         if not self.has_vad:
             self.config.turn_detection = None
-        self.input.set_format(self.config.input_format)
         self._reset_detector()
         for data in snapshot["items"]:
             status = data.get("status") if data.get("status") != "in_progress" else "incomplete"
@@ -250,7 +258,6 @@ class RealtimeSession:
             )
         old_vad = self.config.turn_detection
         self.config = config
-        self.input.set_format(config.input_format)
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
@@ -262,25 +269,24 @@ class RealtimeSession:
             self._speech_item_id = None
 
     def _on_input_audio_buffer_append(self, event: Any) -> None:
+        # the JSON channel's edge: base64 and the session's input format end here
         try:
             wire = base64.b64decode(event.audio, validate=True)
         except (binascii.Error, ValueError):
             raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
-        self.append_audio(wire)
-
-    def append_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
-        """Input audio encoded in ``fmt`` (default: the session's input format), from JSON or
-        from a media track."""
-        fmt = fmt or self.config.input_format
         try:
-            samples = fmt.decode(wire)
+            audio = self.config.input_format.to_pcm(wire)
         except ValueError as exc:
             raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param="audio") from None
-        wire, samples = self.denoiser.process(wire, samples, fmt)
+        self.append_audio(audio)
+
+    def append_audio(self, audio: Pcm) -> None:
+        """Input audio, decoded at its edge (a JSON append or a media track), at any rate."""
+        audio = self.denoiser.process(audio)
         if self.model.duplex:
-            self._actions.append(act.Listen(wire, fmt))
+            self._actions.append(act.Listen(audio))
             return
-        pcm = self.input.append_pcm(samples, fmt.rate)
+        pcm = self.input.append(audio)
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
             frame = 512
@@ -643,10 +649,10 @@ class RealtimeSession:
         if response is not None:
             response.text_delta(self._emit, text)
 
-    def on_response_audio(self, response_id: str, epoch: int, wire: bytes, text: str = "") -> None:
+    def on_response_audio(self, response_id: str, epoch: int, audio: Pcm, text: str = "") -> None:
         response = self._live(response_id, epoch)
-        if response is not None and wire:
-            response.audio_delta(self._emit, wire, text)
+        if response is not None and len(audio):
+            response.audio_delta(self._emit, audio, text)
 
     def on_response_call(self, response_id: str, epoch: int, piece: ToolCallDelta) -> None:
         response = self._live(response_id, epoch)
@@ -678,20 +684,22 @@ class RealtimeSession:
         return response
 
     # ---------------------------------------------------------------- duplex models
-    def on_model_audio(self, wire: bytes, fmt: AudioFormat) -> None:
-        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`,
-        encoded in ``fmt``. It plays at once, as deltas of one open response."""
+    def on_model_audio(self, audio: Pcm) -> None:
+        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`.
+        It plays at once, as deltas of one open response."""
         if self.closed:
             return
-        out_fmt = self.config.output_format
         if self.response is None:
             self._create_response({"output_modalities": ["audio"]})
-            self._duplex_resampler = StreamResampler(fmt.rate, out_fmt.rate)
-        assert self.response is not None and self._duplex_resampler is not None
-        if fmt is not out_fmt:
-            wire = out_fmt.encode(self._duplex_resampler.process(fmt.decode(wire)))
-        self.response.audio_delta(self._emit, wire, "")
-
+            self._duplex_resampler = None
+        assert self.response is not None
+        rate = self.response.output_format.rate
+        resampler = self._duplex_resampler
+        if resampler is None or resampler.in_rate != audio.rate:
+            resampler = self._duplex_resampler = StreamResampler(audio.rate, rate)
+        samples = resampler.process(audio.samples)
+        if len(samples):  # a resampler's first call may hold everything back as filter delay
+            self.response.audio_delta(self._emit, Pcm(samples, rate), "")
 
 
 #: the published limits of response.metadata

@@ -1,10 +1,10 @@
-"""The input audio buffer: decoded input audio in, 16 kHz samples held until commit or clear."""
+"""The input audio buffer: PCM in at any rate, 16 kHz samples held until commit or clear."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..audio import AudioFormat, StreamResampler
+from ..audio import Pcm, StreamResampler
 
 MODEL_RATE = 16_000
 
@@ -16,9 +16,10 @@ class InputAudioBuffer:
     cannot grow memory without limit.
     """
 
-    def __init__(self, fmt: AudioFormat, max_seconds: float = 300.0) -> None:
-        self.format = fmt
-        self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
+    def __init__(self, max_seconds: float = 300.0) -> None:
+        # one stream per input rate: JSON audio (24 or 8 kHz) and a call's microphone (48 kHz)
+        # may interleave without resetting each other's filter history
+        self._resamplers: dict[int, StreamResampler] = {}
         self._chunks: list[np.ndarray] = []
         self._samples = 0
         self._max_samples = int(max_seconds * MODEL_RATE)
@@ -27,16 +28,12 @@ class InputAudioBuffer:
         #: stream position (samples) where the current buffer begins
         self.buffer_start = 0
 
-    def set_format(self, fmt: AudioFormat) -> None:
-        if fmt is not self.format:
-            self.format = fmt
-            self._resampler = StreamResampler(fmt.rate, MODEL_RATE)
-
-    def append_pcm(self, samples: np.ndarray, rate: int) -> np.ndarray:
-        """Resample int16 samples at ``rate``; returns the new 16 kHz samples."""
-        if self._resampler.in_rate != rate:  # media audio at another rate than the format's
-            self._resampler = StreamResampler(rate, MODEL_RATE)
-        pcm = self._resampler.process(samples)
+    def append(self, audio: Pcm) -> np.ndarray:
+        """Resample to 16 kHz (the one conversion input audio gets); returns the new samples."""
+        resampler = self._resamplers.get(audio.rate)
+        if resampler is None:
+            resampler = self._resamplers[audio.rate] = StreamResampler(audio.rate, MODEL_RATE)
+        pcm = resampler.process(audio.samples)
         if len(pcm):
             self._chunks.append(pcm)
             self._samples += len(pcm)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 from ..engines.base import ToolCallDelta
 from .core import RealtimeSession
 
@@ -34,14 +34,9 @@ class RateLimited:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class AudioIn:
-    """Input audio from a media track, as the transport has it: bytes encoded in ``format``.
+    """Input audio from a media track, decoded by its transport (Twilio's μ-law, WebRTC's Opus)."""
 
-    Not decoded to PCM yet: the echo model sends μ-law back byte for byte, and μ-law has two
-    codes for zero that PCM cannot tell apart (issue 17 item 3 moves decoding to the edge).
-    """
-
-    wire: bytes
-    format: AudioFormat
+    audio: Pcm
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -87,8 +82,8 @@ class ResponseText:
 class ResponseAudio:
     response_id: str
     epoch: int
-    #: encoded in the response's output format
-    wire: bytes
+    #: at the rate of the response's output format (encoded by the transport that sends it)
+    audio: Pcm
     #: the reply text this audio begins to speak, if any
     text: str = ""
 
@@ -132,8 +127,8 @@ def deliver(core: RealtimeSession, output: EngineOutput) -> None:
     match output:
         case ResponseText(rid, epoch, text):
             core.on_response_text(rid, epoch, text)
-        case ResponseAudio(rid, epoch, wire, text):
-            core.on_response_audio(rid, epoch, wire, text)
+        case ResponseAudio(rid, epoch, audio, text):
+            core.on_response_audio(rid, epoch, audio, text)
         case ResponseCall(rid, epoch, piece):
             core.on_response_call(rid, epoch, piece)
         case ResponseUsage(rid, epoch, input_tokens, output_tokens, cached_tokens):
@@ -148,8 +143,8 @@ def payload_bytes(message: SessionInput) -> int:
     match message:
         case ClientEvent(raw):
             return len(raw)
-        case AudioIn(wire, _):
-            return len(wire)
+        case AudioIn(audio):
+            return audio.nbytes
         case Image(rgb):
             return int(getattr(rgb, "nbytes", 0))
     return 0

@@ -37,7 +37,7 @@ class Journal:
         self.last_seq += 1
         out.event["sequence_number"] = self.last_seq
         if not out.nbytes:
-            out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
+            out.nbytes = approx_bytes(out.event) + (out.audio.nbytes if out.audio is not None else 0)
         self._events.append(out)
         self.nbytes += out.nbytes
         while self._events and (len(self._events) > self.capacity

@@ -114,14 +114,13 @@ class ActionPerformer:
             return
         try:
             said = await asyncio.wait_for(
-                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.wire,
-                                                           action.format),
+                asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.audio),
                 host.pipeline_settings.step_timeout_s)
         except Exception:  # noqa: BLE001 - a failed step costs this piece of audio, not the session
             log.exception("duplex model failed in session %s", host.core.id)
             return
         if said is not None:
-            host.core.on_model_audio(*said)
+            host.core.on_model_audio(said)
 
     async def _confirm(self, text: str) -> None:
         model = self._host.model
@@ -163,12 +162,12 @@ class ActionPerformer:
                                     lambda: host.core.epoch == epoch, host.observer)
         sink = Sink(
             text=lambda text: self._host.mailbox.put(inp.ResponseText(rid, epoch, text)),
-            audio=lambda wire, text: self._host.mailbox.put(inp.ResponseAudio(rid, epoch, wire, text)),
+            audio=lambda pcm, text: self._host.mailbox.put(inp.ResponseAudio(rid, epoch, pcm, text)),
             usage=lambda i, o, c: self._host.mailbox.put(inp.ResponseUsage(rid, epoch, i, o, c)),
             call=lambda piece: self._host.mailbox.put(inp.ResponseCall(rid, epoch, piece)),
         )
         try:
-            status, reason = await pipeline.run(epoch, action.request, action.output_format, sink)
+            status, reason = await pipeline.run(epoch, action.request, action.output_format.rate, sink)
             await self._host.mailbox.put(inp.ResponseEnd(rid, epoch, status, None, reason))
         except asyncio.CancelledError:
             action.request.cancelled.set()

@@ -6,12 +6,11 @@ refuses to run twice, whichever path (completion, cancel, failure, disconnect) g
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..audio import AudioFormat
+from ..audio import AudioFormat, Pcm
 from ..engines.base import ToolCallDelta
 from ..protocol.beta import CONVERSATION_ID
 from ..protocol.server_events import server_event
@@ -140,10 +139,10 @@ class Response:
         kind = "response.output_audio_transcript.delta" if self.wants_audio else "response.output_text.delta"
         emit(server_event(kind, **self._ids(), delta=text), epoch=self.epoch)
 
-    def audio_delta(self, emit: EventSink, wire: bytes, text: str) -> None:
-        """A chunk of encoded audio (and the reply text it begins to speak, if any)."""
+    def audio_delta(self, emit: EventSink, audio: Pcm, text: str) -> None:
+        """A chunk of audio at the output format's rate (and the reply text it begins to speak)."""
         self._open_message(emit)
-        duration = self.output_format.duration_ms(len(wire))
+        duration = audio.duration_ms
         start = self.item.audio_ms
         self.item.audio_ms += duration
         if text:
@@ -152,11 +151,13 @@ class Response:
         elif self.item.spans:
             self.item.spans[-1].end_ms = self.item.audio_ms
         emit(
-            server_event("response.output_audio.delta", **self._ids(), delta=base64.b64encode(wire).decode()),
+            # ``delta`` stays empty: the WebSocket writer encodes the PCM (Outgoing.json_event)
+            server_event("response.output_audio.delta", **self._ids(), delta=""),
             epoch=self.epoch,
             audio_ms=duration,
             response_id=self.id,
-            audio=wire,
+            audio=audio,
+            audio_format=self.output_format,
         )
 
     def finish(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..audio import AudioFormat
+from ..audio import Pcm
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
@@ -124,11 +124,11 @@ class SessionRunner:
         if await self._offer(inp.ClientEvent(raw)):
             self.last_client = time.monotonic()
 
-    async def submit_audio(self, wire: bytes, fmt: AudioFormat | None = None) -> None:
+    async def submit_audio(self, audio: Pcm) -> None:
         """Queue input audio from a media track (same path as ``input_audio_buffer.append``),
-        encoded in ``fmt`` (default: the session's input format now). The format travels with
-        the audio, so a format change queued ahead of it cannot reinterpret it."""
-        if await self._offer(inp.AudioIn(wire, fmt or self.core.config.input_format)):
+        as PCM at whatever rate the transport has it: the session's input format is for the
+        JSON channel only, and the rate travels with the samples."""
+        if await self._offer(inp.AudioIn(audio)):
             self.last_client = time.monotonic()
 
     async def _offer(self, message: inp.SessionInput) -> bool:
@@ -331,11 +331,8 @@ class SessionRunner:
                 core.receive(event)
                 if event.event_id:
                     self.last_client_event_id = event.event_id
-            case inp.AudioIn(wire, fmt):
-                try:
-                    core.append_audio(wire, fmt)
-                except ProtocolError as exc:
-                    core.error(exc)
+            case inp.AudioIn(audio):
+                core.append_audio(audio)
             case inp.RateLimited():
                 core.error(ProtocolError(
                     ErrorCode.RATE_LIMIT_EXCEEDED,
@@ -386,7 +383,7 @@ class SessionRunner:
     async def _emit(self, out: Outgoing) -> None:
         """Queue one event for the writer. A full outbox (in events or bytes) is waited on only
         until the session's idle or lifetime limit (then :class:`Wedged`), never for ever."""
-        out.nbytes = approx_bytes(out.event) + len(out.audio or b"")
+        out.nbytes = approx_bytes(out.event) + (out.audio.nbytes if out.audio is not None else 0)
         while self.outbox_bytes and self.outbox_bytes + out.nbytes > self.limits.queue_bytes:
             self._outbox_room.clear()
             await self._until_expiry(self._outbox_room.wait)

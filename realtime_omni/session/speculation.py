@@ -173,7 +173,7 @@ class SpeculativeTurns:
         pipeline = ResponsePipeline(model, host.core.model, host.executor, host.pipeline_settings, current,
                                     host.observer)
         try:
-            status, reason = await pipeline.run(0, request, host.core.config.output_format, sink)
+            status, reason = await pipeline.run(0, request, host.core.config.output_format.rate, sink)
             result: tuple[str, str | None, str | None] = (status, None, reason)
         except asyncio.CancelledError:
             request.cancelled.set()

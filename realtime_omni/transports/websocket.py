@@ -140,7 +140,9 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
     """The only task that sends on this connection (replayed events first)."""
 
     async def send(out: Outgoing) -> None:
-        event = to_beta(out.event) if beta else out.event
+        # the JSON edge: an audio delta's PCM becomes the output format, in base64, here
+        wire = out.json_event()
+        event = to_beta(wire) if beta else wire
         if event is not None:
             # asyncio.timeout, not wait_for: no extra task per message on the hot path
             async with asyncio.timeout(SEND_TIMEOUT_S):

@@ -26,6 +26,14 @@ def test_g711_known_values():
     assert g711.ulaw_decode(b"\x00")[0] == -32124
 
 
+@pytest.mark.parametrize("encode, decode", [(g711.ulaw_encode, g711.ulaw_decode), (g711.alaw_encode, g711.alaw_decode)])
+def test_g711_every_code_survives_pcm(encode, decode):
+    # audio is PCM inside the server: telephony bytes must come back out as they went in
+    # (μ-law's two zeros included: 0x7F decodes to -1, 0xFF to 0)
+    codes = bytes(range(256))
+    assert encode(decode(codes)) == codes
+
+
 def test_stream_resampler_has_no_seams():
     pcm = tone(24000, 1.0)
     whole = resample_once(pcm, 24000, 16000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from realtime_omni.audio import AudioFormat
+from realtime_omni.audio import Pcm
 from realtime_omni.audio.denoise import InputDenoiser, StreamDenoiser, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'embedded' extra)")
@@ -81,9 +81,9 @@ def test_input_denoiser_follows_the_setting():
     setting: list[str | None] = [None]
     denoiser = InputDenoiser(lambda: setting[0])
     samples = np.random.default_rng(2).normal(0, 3000, 4800).astype(np.int16)
-    wire = AudioFormat.PCM.encode(samples)
-    assert denoiser.process(wire, samples, AudioFormat.PCM) == (wire, samples)  # off: untouched
+    audio = Pcm(samples, 24_000)
+    assert denoiser.process(audio) is audio  # off: untouched
     setting[0] = "far_field"
-    out_wire, out = denoiser.process(wire, samples, AudioFormat.PCM)
-    assert out_wire == AudioFormat.PCM.encode(out)
-    assert out.std() < 0.2 * samples.std()  # white noise alone is mostly removed
+    out = denoiser.process(audio)
+    assert out.rate == 24_000
+    assert out.samples.std() < 0.2 * samples.std()  # white noise alone is mostly removed

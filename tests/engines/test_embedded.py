@@ -15,7 +15,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("faster_whisper")
 pytest.importorskip("piper")
 
-from realtime_omni.audio import AudioFormat  # noqa: E402
+from realtime_omni.audio import Pcm  # noqa: E402
 from realtime_omni.audio.resample import resample_once  # noqa: E402
 from realtime_omni.engines.base import ThinkerOutput, ThinkRequest, TurnMessage  # noqa: E402
 from realtime_omni.engines.echo import EchoModel  # noqa: E402
@@ -246,5 +246,6 @@ def test_echo_model_is_inert() -> None:
     assert list(session.think(request([TurnMessage("user", "hi")]))) == []
     assert list(session.talk([ThinkerOutput(text="hi")], "alloy", threading.Event(), True)) == []
     assert session.new_vad() is None
-    assert echo.info.duplex and session.listen(b"\x7f\xff", AudioFormat.PCMU) == (b"\x7f\xff", AudioFormat.PCMU)
+    heard = Pcm(np.arange(160, dtype=np.int16), 8000)
+    assert echo.info.duplex and session.listen(heard) is heard
     session.close()

@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 
+from realtime_omni.audio import Pcm
 from realtime_omni.audio.resample import resample_once
 from realtime_omni.engines.base import ModelSession, ThinkerOutput, ThinkRequest, TurnMessage
 from realtime_omni.engines.echo import EchoModel
@@ -90,6 +91,15 @@ def test_echo_info_comes_from_the_worker(echo: IsolatedModel) -> None:
     assert echo.info == EchoModel.info
     session = echo.open_session()
     assert type(session) is IsolatedSession and not has_vad(session)
+    session.close()
+
+
+def test_a_duplex_model_hears_pcm_across_the_pipe(echo: IsolatedModel) -> None:
+    # audio is PCM inside: the samples and their rate cross the process boundary together
+    session = echo.open_session()
+    heard = Pcm(np.arange(-80, 80, dtype=np.int16), 8000)
+    said = session.listen(heard)
+    assert said is not None and said.rate == 8000 and np.array_equal(said.samples, heard.samples)
     session.close()
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from realtime_omni.audio import AudioFormat
+from realtime_omni.audio import AudioFormat, Pcm
 from realtime_omni.engines.base import ModelInfo
 from realtime_omni.engines.echo import EchoModel
 from realtime_omni.protocol import parse_client_event
@@ -16,6 +16,11 @@ from tests.helpers import assert_valid_server_event
 
 CASCADE = ModelInfo(id="cascade", capabilities=frozenset({"audio_in", "text_in", "audio_out", "text_out"}), output_rate=24000)
 ECHO = EchoModel.info
+
+
+def silence(samples: int) -> Pcm:
+    """Reply audio as the pipeline hands it over: PCM at the output rate (24 kHz, audio/pcm)."""
+    return Pcm(np.zeros(samples, dtype=np.int16), 24_000)
 
 
 class Driver:
@@ -32,17 +37,18 @@ class Driver:
 
     def pump(self):
         for out in self.s.drain_events():
-            assert_valid_server_event(out.event)
-            self.events.append(out.event)
+            event = out.json_event()  # as the WebSocket writer sends it (audio deltas encoded)
+            assert_valid_server_event(event)
+            self.events.append(event)
             if out.response_id:
                 self.s.ledger.mark_sent(out.response_id, out.audio_ms)
         new = self.s.drain_actions()
         self.actions.extend(new)
         heard = [a for a in new if isinstance(a, act.Listen)]
         for action in heard:
-            said = self.listener.listen(action.wire, action.format)
+            said = self.listener.listen(action.audio)
             if said is not None:
-                self.s.on_model_audio(*said)
+                self.s.on_model_audio(said)
         if heard:
             new += self.pump()
         return new
@@ -114,7 +120,7 @@ def test_response_stream_and_exactly_one_done():
     new = d.send(type="response.create")
     start = next(a for a in new if isinstance(a, act.StartResponse))
     rid, epoch = start.response_id, start.epoch
-    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 2400, "Hello there.")
+    d.s.on_response_audio(rid, epoch, silence(2400), "Hello there.")
     d.s.on_response_end(rid, epoch, "completed")
     d.s.on_response_end(rid, epoch, "completed")  # a second end is ignored
     d.pump()
@@ -133,9 +139,9 @@ def test_cancel_truncates_to_audio_sent_and_fences_late_chunks():
     new = d.send(type="response.create")
     start = next(a for a in new if isinstance(a, act.StartResponse))
     rid, epoch = start.response_id, start.epoch
-    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 24000, "One two three four.")  # 1 s
+    d.s.on_response_audio(rid, epoch, silence(24000), "One two three four.")  # 1 s
     d.pump()
-    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 24000, "Five six seven eight.")
+    d.s.on_response_audio(rid, epoch, silence(24000), "Five six seven eight.")
     d.s.ledger.set_heard(rid, 1500.0)  # the listener heard 1.5 s
     d.take()
     d.send(type="response.cancel")
@@ -145,7 +151,7 @@ def test_cancel_truncates_to_audio_sent_and_fences_late_chunks():
     assert any(isinstance(a, act.CancelResponse) for a in d.actions)
     # a chunk of the cancelled epoch arriving late is dropped
     d.take()
-    d.s.on_response_audio(rid, epoch, b"\x00\x00" * 2400, "late")
+    d.s.on_response_audio(rid, epoch, silence(2400), "late")
     d.s.on_response_end(rid, epoch, "completed")
     d.pump()
     assert d.events == []
@@ -203,7 +209,7 @@ def test_truncate_beyond_audio_is_rejected():
     d = Driver(has_vad=False)
     new = d.send(type="response.create")
     start = next(a for a in new if isinstance(a, act.StartResponse))
-    d.s.on_response_audio(start.response_id, start.epoch, b"\x00\x00" * 24000, "Hi.")
+    d.s.on_response_audio(start.response_id, start.epoch, silence(24000), "Hi.")
     d.s.on_response_end(start.response_id, start.epoch)
     d.pump()
     item_id = d.events[-1]["response"]["output"][0]["id"]

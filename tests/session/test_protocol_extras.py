@@ -4,7 +4,7 @@ import pytest
 
 from realtime_omni.protocol import ProtocolError
 from realtime_omni.session import actions as act
-from tests.session.test_core import Driver, pcm24
+from tests.session.test_core import Driver, pcm24, silence
 
 
 def start(d: Driver, **response) -> act.StartResponse | None:
@@ -103,7 +103,7 @@ def test_idle_timeout_fires_after_the_reply_has_played_and_silence_lasts():
     feed_silence(d, 8000)  # never armed before a response: nothing happens
     assert "input_audio_buffer.timeout_triggered" not in d.types()
     action = start(d)
-    d.s.on_response_audio(action.response_id, action.epoch, bytes(48_000 * 2), "Hello there.")  # 2 s of audio
+    d.s.on_response_audio(action.response_id, action.epoch, silence(48_000), "Hello there.")  # 2 s of audio
     d.s.on_response_end(action.response_id, action.epoch)
     d.pump()
     d.take()

@@ -156,7 +156,7 @@ async def test_second_data_channel_is_refused_with_an_error_event(echo_server) -
 
 
 async def test_a_data_channel_flood_is_bounded_and_the_call_goes_on(echo_server) -> None:
-    """Hostile input on ``oai-events``: thousands of events at once, broken JSON, deep nesting and
+    """Hostile input on ``oai-events``: hundreds of events at once, broken JSON, deep nesting and
     binary frames. The server refuses what it cannot take with error events, its inbox stays
     bounded, and the call answers the next valid event."""
     client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
@@ -167,16 +167,16 @@ async def test_a_data_channel_flood_is_bounded_and_the_call_goes_on(echo_server)
         before = peer.events_received
         bound = peer._inbox.maxsize
         deepest = 0
-        for i in range(1500):
+        for i in range(600):
             client.send({"type": "input_audio_buffer.clear", "event_id": f"evt_{i}"})
-            if i % 500 == 0:
+            if i % 200 == 0:
                 client.channel.send("{not json")
                 client.channel.send("[" * 100_000 + "]" * 100_000)
                 client.channel.send(b"\x00\xff binary")
             if i % 100 == 0:
                 await asyncio.sleep(0)  # let the server's loop run, as a network would
                 deepest = max(deepest, peer._inbox.qsize())
-        await wait_until(lambda: peer.events_received - before >= 1500, 30)
+        await wait_until(lambda: peer.events_received - before >= 600, 60)
         assert deepest <= bound
         codes = {e["error"]["code"] for e in client.events if e["type"] == "error"}
         assert {"invalid_json", "rate_limit_exceeded"} & codes, codes

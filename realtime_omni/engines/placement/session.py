@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...audio import AudioFormat
+from ...audio import Pcm
 from ..base import (
     ModelInfo,
     ModelSession,
@@ -115,9 +115,9 @@ class RaySession(ModelSession):
     def transcribe(self, pcm16k: np.ndarray) -> str:
         return self._owner._call(self, "transcribe", (pcm16k,))
 
-    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
+    def listen(self, audio: Pcm) -> Pcm | None:
         # a duplex model hears each input chunk where it lives: one actor call per chunk
-        return self._owner._call(self, "listen", (wire, fmt))
+        return self._owner._call(self, "listen", (audio,))
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()

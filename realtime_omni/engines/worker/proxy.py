@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ...audio import AudioFormat
+from ...audio import Pcm
 from ..base import (
     ModelAtCapacity,
     ModelInfo,
@@ -288,9 +288,9 @@ class IsolatedSession(ModelSession):
         self._check()
         return self._owner._call(self.key, "transcribe", (pcm16k,))
 
-    def listen(self, wire: bytes, fmt: AudioFormat) -> tuple[bytes, AudioFormat] | None:
+    def listen(self, audio: Pcm) -> Pcm | None:
         self._check()
-        return self._owner._call(self.key, "listen", (wire, fmt))
+        return self._owner._call(self.key, "listen", (audio,))
 
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         self._check()

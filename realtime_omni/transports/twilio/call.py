@@ -210,7 +210,8 @@ class TwilioCall:
         if track not in ("inbound", "inbound_track"):
             return  # a both_tracks stream also carries our own audio back: not the caller
         self.stats["media_in"] += 1
-        await self.runner.submit_audio(audio, AudioFormat.PCMU)  # what carriers send, whatever the session's format
+        # the telephony edge: what carriers send is μ-law, whatever the session's format
+        await self.runner.submit_audio(AudioFormat.PCMU.to_pcm(audio))
 
     def _on_mark(self, message: dict[str, Any]) -> None:
         heard = self.playback.on_mark(tw.parse_mark(message))
@@ -284,7 +285,8 @@ class TwilioCall:
         assert self.info is not None and out.response_id is not None and out.audio is not None
         if out.epoch is not None and out.epoch != runner.core.epoch:
             return  # fenced off by a barge-in after it was queued
-        frames, name = self.playback.frames(out.response_id, out.audio)
+        # the telephony edge: the carrier takes μ-law, whatever the session's output format
+        frames, name = self.playback.frames(out.response_id, AudioFormat.PCMU.from_pcm(out.audio))
         await self._send_frames(frames, name)
 
     async def _send_frames(self, frames: list[bytes], name: str | None) -> None:

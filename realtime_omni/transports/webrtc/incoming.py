@@ -2,8 +2,8 @@
 
 aiortc hands each Opus packet to :class:`InlineAudioDecoder` (decoded to mono in the event loop,
 not in a decoder thread per call), released on arrival by :class:`ImmediateAudioJitterBuffer`
-when the call's jitter prefetch is 0; :func:`pump_audio_in` resamples (stateful soxr) to the
-session's input rate and feeds :meth:`SessionRunner.submit_audio`, the same path as
+when the call's jitter prefetch is 0; :func:`pump_audio_in` resamples it (stateful soxr, low
+delay) to 24 kHz and hands the PCM to :meth:`SessionRunner.submit_audio`, the same path as
 ``input_audio_buffer.append``.
 """
 
@@ -23,9 +23,9 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.utils import uint16_gt
 from av import AudioFrame, CodecContext, Packet
 
-from ...audio import StreamResampler
+from ...audio import Pcm, StreamResampler
 from ...session.runner import SessionRunner
-from .tracks import RATE, TIME_BASE, call_resampler
+from .tracks import RATE, TIME_BASE, WIRE_RATE, call_resampler
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +182,10 @@ class AudioInputStats:
 async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: AudioInputStats) -> None:
     """Microphone → session, until the track ends. Never lets aiortc's frame queue grow: when
     the session's mailbox is full (the session is stuck), frames are dropped and counted."""
+    # 24 kHz, whatever the session's input format (that is the JSON channel's): a duplex model
+    # (echo) then answers at the track's own rate with no further resampling, and the low-delay
+    # call resampler keeps a live echo live (soxr HQ would hold back ~30 ms here)
     resampler: StreamResampler | None = None
-    key: tuple[int, int] | None = None
     while True:
         try:
             frame = await track.recv()
@@ -193,15 +195,12 @@ async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: A
         stats.last_at = time.monotonic()
         if runner.closed.is_set():
             return
-        fmt = runner.core.config.input_format
-        if key != (frame.sample_rate, fmt.rate):
-            key = (frame.sample_rate, fmt.rate)
-            resampler = call_resampler(frame.sample_rate, fmt.rate)
-        assert resampler is not None
+        if resampler is None or resampler.in_rate != frame.sample_rate:
+            resampler = call_resampler(frame.sample_rate, WIRE_RATE)
         pcm = resampler.process(frame_to_mono(frame))
         if not len(pcm):
             continue
         if runner.mailbox.full():
             stats.dropped += 1
             continue
-        await runner.submit_audio(fmt.encode(pcm))
+        await runner.submit_audio(Pcm(pcm, WIRE_RATE))

@@ -25,8 +25,7 @@ from typing import Any
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.jitterbuffer import JitterBuffer
 
-from ...audio import AudioFormat, StreamResampler
-from ...audio.formats import parse_audio_format
+from ...audio import StreamResampler
 from ...protocol.errors import ErrorCode
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
@@ -36,7 +35,7 @@ from .incoming import (
     InlineAudioDecoder,
     pump_audio_in,
 )
-from .tracks import OutgoingAudioTrack, decode_wire, server_event
+from .tracks import OutgoingAudioTrack, at_track_rate, server_event
 from .video import VideoSampler, pump_video_in
 
 log = logging.getLogger(__name__)
@@ -102,11 +101,10 @@ class Peer:
         self._closer: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
         # per-response bookkeeping of the writer
-        self._formats: dict[str, AudioFormat] = {}
         self._items: dict[str, str] = {}
         self._audio_ms: dict[str, float] = {}
         self._done: dict[str, str] = {}
-        self._resamplers: dict[str, StreamResampler] = {}
+        self._resamplers: dict[int, StreamResampler] = {}
         self.events_sent = 0
         self.events_received = 0
         self.audio_deltas = 0
@@ -291,17 +289,16 @@ class Peer:
         runner = self.runner
         if kind == "response.output_audio.delta":
             rid = out.response_id
-            fmt = self._formats.get(rid, AudioFormat.PCM)
             if rid not in self._items:
                 self._items[rid] = event.get("item_id")
             self._audio_ms[rid] = self._audio_ms.get(rid, 0.0) + out.audio_ms
             self.audio_deltas += 1
-            await self.track.push(decode_wire(out.audio or b"", fmt, self._resamplers), rid, out.epoch)
+            if out.audio is not None:  # PCM from the session: no wire format on this path
+                await self.track.push(at_track_rate(out.audio, self._resamplers), rid, out.epoch)
             return  # the audio goes on the track, never on the data channel
         after: Callable[[], Any] | None = None
         if kind == "response.created":
-            response = event.get("response") or {}
-            self._remember(response.get("id"), response)
+            self._trim()
         elif kind == "output_audio_buffer.cleared":
             # the core's answer to the client's output_audio_buffer.clear: cut the track now
             playing = self.track.playing
@@ -329,15 +326,9 @@ class Peer:
         if after is not None:
             await after()
 
-    def _remember(self, rid: str | None, response: dict[str, Any]) -> None:
-        if rid is None:
-            return
-        fmt = ((response.get("audio") or {}).get("output") or {}).get("format")
-        try:
-            self._formats[rid] = parse_audio_format(fmt) if fmt else AudioFormat.PCM
-        except ValueError:
-            self._formats[rid] = AudioFormat.PCM
-        for table in (self._formats, self._items, self._audio_ms):
+    def _trim(self) -> None:
+        """A response began: keep the per-response tables to the recent ones."""
+        for table in (self._items, self._audio_ms):
             while len(table) > 16:
                 del table[next(iter(table))]
 

@@ -31,7 +31,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from av import AudioFrame, CodecContext, Packet
 
-from ...audio import AudioFormat, StreamResampler
+from ...audio import Pcm, StreamResampler
 from ...session.runner import SessionRunner
 
 log = logging.getLogger(__name__)
@@ -445,10 +445,12 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._room.set()
 
 
-def decode_wire(wire: bytes, fmt: AudioFormat, resamplers: dict[str, StreamResampler]) -> np.ndarray:
-    """An output delta in the response's wire format → 24 kHz int16 (audio/pcm needs no work)."""
-    pcm = fmt.decode(wire)
-    if fmt.rate == WIRE_RATE:
-        return pcm
-    resampler = resamplers.setdefault(fmt.value, StreamResampler(fmt.rate, WIRE_RATE))
-    return resampler.process(pcm)
+def at_track_rate(audio: Pcm, resamplers: dict[int, StreamResampler]) -> np.ndarray:
+    """An output delta → 24 kHz int16 for the track (audio/pcm's rate needs no work; a
+    telephony-format response at 8 kHz goes through one stream per rate)."""
+    if audio.rate == WIRE_RATE:
+        return audio.samples
+    resampler = resamplers.get(audio.rate)
+    if resampler is None:
+        resampler = resamplers[audio.rate] = StreamResampler(audio.rate, WIRE_RATE)
+    return resampler.process(audio.samples)
