@@ -33,7 +33,9 @@ from ..base import (
     VADStream,
     VoiceModel,
 )
+from ..settings import OmniSettings
 from . import graphs
+from .batching.stages import OmniBatching, SessionRows
 from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
 from .loader import (
     Arch,
@@ -43,8 +45,6 @@ from .loader import (
     load_omni,
     read_config,
 )
-from ..settings import OmniSettings
-from .batching.stages import OmniBatching, SessionRows
 from .talker import CodeChunk, OmniTalker, TalkerSettings
 from .thinker import StreamingThinker, ThinkerSettings
 
