@@ -20,22 +20,19 @@ import numpy as np
 
 from ..audio import AudioFormat, Pcm, StreamResampler
 from ..audio.denoise import InputDenoiser
-from ..engines.base import ModelInfo, ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
+from ..engines.base import ModelInfo, ThinkRequest
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
-from .config import SessionConfig, parse_format, tools_of
+from .config import SessionConfig, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
 from .idle import IdleTimer
 from .input_buffer import MODEL_RATE, InputAudioBuffer
 from .playback import PlaybackLedger
+from .response_control import ResponseControl
 from .responses import Response
-from .tools import ToolChoice
+from .turn_control import TurnControl
 from .turn_detection import (
-    SilenceStarted,
-    SpeechResumed,
-    SpeechStarted,
-    SpeechStopped,
     TurnDetector,
 )
 
@@ -67,7 +64,7 @@ class Outgoing:
         return {**self.event, "delta": base64.b64encode(self.audio_format.from_pcm(self.audio)).decode()}
 
 
-class RealtimeSession:
+class RealtimeSession(TurnControl, ResponseControl):
     def __init__(
         self,
         model: ModelInfo,
@@ -415,291 +412,6 @@ class RealtimeSession:
         if self.response is not None:
             self._cancel_active("client_cancelled")
         self._emit(server_event("output_audio_buffer.cleared", response_id=self.ledger.current))
-
-    # ---------------------------------------------------------------- turns
-    def on_speech_probabilities(self, probabilities: list[float], start_ms: float) -> None:
-        """Driver callback: VAD results for a :class:`~.actions.DetectSpeech` action."""
-        if self.detector is None or self.closed:
-            return
-        td = self.config.turn_detection
-        assert td is not None
-        for decision in self.detector.feed(probabilities, start_ms):
-            if isinstance(decision, SpeechStarted):
-                self._idle.disarm()
-                self._speech_item_id = new_id("item")
-                self._speech_start_ms = max(decision.audio_start_ms - td.prefix_padding_ms, 0)
-                self._emit(
-                    server_event("input_audio_buffer.speech_started", audio_start_ms=decision.audio_start_ms,
-                                 item_id=self._speech_item_id)
-                )
-                if td.interrupt_response and self.response is not None:
-                    self._cancel_active("turn_detected")
-            elif isinstance(decision, SilenceStarted) and self._speech_item_id is not None:
-                if self.speculative and td.create_response and self.response is None:
-                    self._drop_speculation()
-                    self._spec_id += 1
-                    self._spec_active = True
-                    audio = self.input.peek(self._speech_start_ms, decision.audio_end_ms + 200)
-                    self._actions.append(act.Speculate(self._spec_id, audio))
-            elif isinstance(decision, SpeechResumed):
-                self._drop_speculation()
-            elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
-                item_id, self._speech_item_id = self._speech_item_id, None
-                self._emit(server_event("input_audio_buffer.speech_stopped", audio_end_ms=decision.audio_end_ms, item_id=item_id))
-                audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
-                spec = self._spec_id if self._spec_active else None
-                self._spec_active = False  # from here the driver adopts the prepared reply or drops it
-                if not self._commit(item_id, audio, spec):
-                    if spec is not None:
-                        self._actions.append(act.DropSpeculation(spec))
-                elif td.create_response and self.response is None:
-                    self._create_response({}, spec)
-                elif spec is not None:
-                    self._actions.append(act.DropSpeculation(spec))
-        if self.response is None and self._speech_item_id is None:
-            self._check_idle(start_ms + len(probabilities) * self.detector.frame_ms)
-
-    def _check_idle(self, now_ms: float) -> None:
-        td = self.config.turn_detection
-        stretch = self._idle.due(now_ms, td.idle_timeout_ms if td is not None else None)
-        if stretch is None or td is None:
-            return
-        item_id = new_id("item")
-        self._emit(server_event("input_audio_buffer.timeout_triggered", audio_start_ms=stretch[0],
-                                audio_end_ms=stretch[1], item_id=item_id))
-        self._drop_speculation()
-        self._commit(item_id, self.input.take(stretch[0], stretch[1]))
-        if td.create_response:
-            self._create_response({})
-
-    def _arm_idle(self, response: Response) -> None:
-        self._idle.arm(self._response_started_ms, response.item.audio_ms, 1000.0 * self._vad_position / MODEL_RATE)
-
-    def append_image(self, rgb: np.ndarray) -> None:
-        """A camera frame (newest wins); it joins the next committed user turn."""
-        if self.sees:
-            self._latest_image = rgb
-
-    def _drop_speculation(self) -> None:
-        if self._spec_active:
-            self._spec_active = False
-            self._actions.append(act.DropSpeculation(self._spec_id))
-
-    def preview_request(self, transcript: str) -> ThinkRequest:
-        """The request the next response would make if the pending user turn says ``transcript``
-        (for speculation; the driver compares it with the real one before adopting)."""
-        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
-                                      self.config.tools, self.config.tool_choice)
-        request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
-        return request
-
-    def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> bool:
-        """Add a user audio turn; False (and an error event) when the session has no room for it."""
-        item = Item(id=item_id, role="user", content=[{"type": "input_audio", "transcript": None}], audio16k=audio)
-        if self._latest_image is not None:
-            item.images, self._latest_image = [self._latest_image], None
-        try:  # also reached from the VAD's decision, outside receive(): report, never raise
-            self.conversation.check_room(item.nbytes(), len(self.config.instructions))
-        except ProtocolError as exc:
-            self.error(exc)
-            self._emit(server_event("input_audio_buffer.cleared"))
-            return False
-        previous = self._add_item(item)
-        self._emit(server_event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
-        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
-        if self.model.hears_audio and self.config.transcription is None:
-            self._emit(server_event("conversation.item.done", item=item.to_dict()))
-            return True
-        self._pending_transcripts.add(item_id)
-        self._actions.append(act.Transcribe(item_id, audio, spec_id))
-        return True
-
-    def on_transcription(self, item_id: str, transcript: str | None, error: str | None = None) -> None:
-        """Driver callback: the transcript of a committed item (or why there is none)."""
-        self._pending_transcripts.discard(item_id)
-        try:
-            item = self.conversation.get(item_id)
-        except ProtocolError:
-            item = None  # deleted meanwhile
-        if item is not None:
-            if error is not None:
-                self._emit(
-                    server_event("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
-                                 error={"type": "transcription_error", "code": ErrorCode.SERVER_ERROR, "message": error})
-                )
-            else:
-                for part in item.content:
-                    if part.get("type") == "input_audio":
-                        part["transcript"] = transcript
-                if self.config.transcription is not None:
-                    seconds = 0.0 if item.audio16k is None else len(item.audio16k) / MODEL_RATE
-                    self._emit(
-                        server_event("conversation.item.input_audio_transcription.completed", item_id=item_id,
-                                     content_index=0, transcript=transcript or "",
-                                     usage={"type": "duration", "seconds": round(seconds, 3)})
-                    )
-            self._emit(server_event("conversation.item.done", item=item.to_dict()))
-        self._maybe_start_pipeline()
-
-    # ---------------------------------------------------------------- responses
-    def _create_response(self, params: dict[str, Any], spec_id: int | None = None,
-                         tools: list[ToolSpec] | None = None, choice: ToolChoice | None = None) -> None:
-        cfg = self.config
-        tools = cfg.tools if tools is None else tools
-        choice = choice or cfg.tool_choice
-        modalities = params.get("output_modalities") or cfg.output_modalities
-        modalities = ["audio"] if "audio" in modalities else ["text"]
-        output_format = cfg.output_format
-        audio = (params.get("audio") or {}).get("output") or {}
-        if audio.get("format"):
-            output_format = parse_format(audio["format"], "response.audio.output.format")
-        in_conversation = params.get("conversation") not in ("none",)
-        self.epoch += 1
-        item = Item(id=new_id("item"), role="assistant", status="in_progress")
-        response = Response(
-            id=new_id("resp"),
-            epoch=self.epoch,
-            item=item,
-            modalities=modalities,
-            output_format=output_format,
-            voice=cfg.voice,
-            max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
-            in_conversation=in_conversation,
-            metadata=params.get("metadata"),
-            attach=self._add_item if in_conversation else None,
-        )
-        self.response = response
-        self._idle.disarm()
-        self._response_started_ms = 1000.0 * self._vad_position / MODEL_RATE
-        self.ledger.begin(response.id)
-        if "audio" in modalities:
-            self.audio_started = True
-        response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
-        if self.rate_limits is not None:
-            self._emit(server_event("rate_limits.updated", rate_limits=self.rate_limits()))
-        self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
-                                                    response.wants_audio, tools, choice)
-        self._pending_input = params.get("input")
-        self._pending_refs = params.get("item_references", [])
-        self._pending_spec = spec_id
-        self._maybe_start_pipeline()
-
-    def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool,
-                       tools: list[ToolSpec], choice: ToolChoice) -> ThinkRequest:
-        return ThinkRequest(
-            instructions=self.config.instructions if instructions is None else instructions,
-            messages=[],  # filled when the pipeline starts, after pending transcripts arrive
-            max_output_tokens=None if limit == "inf" else int(limit),
-            voice=self.config.voice,
-            want_audio=want_audio,
-            tools=list(tools),
-            tool_choice=choice.mode if tools else "none",  # a session may hold "required" before its tools
-            tool_name=choice.name,
-        )
-
-    def _messages(self, params_input: list[dict[str, Any]] | None, refs: list[tuple[int, str]]) -> list[TurnMessage]:
-        """The conversation, or the response's own ``input`` (new items and references to
-        existing ones, in the order given)."""
-        if params_input is None and not refs:
-            return self.conversation.to_messages()
-        given = iter(params_input or [])
-        where = dict(refs)
-        items: list[Item] = []
-        for index in range(len(params_input or []) + len(refs)):
-            if index in where:
-                items.append(self.conversation.get(where[index], param=f"response.input.{index}.id"))
-            else:
-                items.append(item_from_client(next(given), self.sees, self.calls_tools, param=f"response.input.{index}"))
-        return [m for m in map(self.conversation.message_of, items) if m is not None]
-
-    def _maybe_start_pipeline(self) -> None:
-        response = self.response
-        # a duplex model's replies come from what it hears (on_model_audio), not from a pipeline
-        if response is None or response.pipeline_started or self._pending_transcripts or self.model.duplex:
-            return
-        response.pipeline_started = True
-        request = self._pending_request
-        assert request is not None
-        try:
-            request.messages = self._messages(self._pending_input, self._pending_refs)
-        except ProtocolError as exc:  # an input item this model cannot take: fail this response only
-            self.error(exc)
-            response.finish(self._emit, "failed", error=exc.to_error())
-            self.response = None
-            return
-        self._actions.append(act.StartResponse(response.id, response.epoch, request, response.output_format, self._pending_spec))
-
-    def _cancel_active(self, reason: str, heard_ms: float | None = None) -> None:
-        response = self.response
-        assert response is not None
-        self.epoch += 1  # fence: every chunk of the old epoch is now stale
-        if self._pending_spec is not None and not response.pipeline_started:
-            self._actions.append(act.DropSpeculation(self._pending_spec))
-        self._pending_spec = None
-        if heard_ms is None:
-            heard_ms = self.ledger.sent_ms(response.id)
-        heard = response.finish(self._emit, "cancelled", reason=reason, heard_ms=heard_ms)
-        self.response = None
-        self._actions.append(act.CancelResponse(response.id, response.epoch))
-        if heard is not None:
-            self._actions.append(act.ConfirmHeard(heard))
-
-    def on_response_text(self, response_id: str, epoch: int, text: str) -> None:
-        response = self._live(response_id, epoch)
-        if response is not None:
-            response.text_delta(self._emit, text)
-
-    def on_response_audio(self, response_id: str, epoch: int, audio: Pcm, text: str = "") -> None:
-        response = self._live(response_id, epoch)
-        if response is not None and len(audio):
-            response.audio_delta(self._emit, audio, text)
-
-    def on_response_call(self, response_id: str, epoch: int, piece: ToolCallDelta) -> None:
-        response = self._live(response_id, epoch)
-        if response is not None:
-            response.call_delta(self._emit, piece)
-
-    def on_response_usage(self, response_id: str, epoch: int, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
-        response = self._live(response_id, epoch)
-        if response is not None:
-            response.input_tokens, response.output_tokens, response.cached_tokens = input_tokens, output_tokens, cached_tokens
-
-    def on_response_end(self, response_id: str, epoch: int, status: str = "completed", error: str | None = None, reason: str | None = None) -> None:
-        """Driver callback: the pipeline finished (or failed). Stale epochs are ignored."""
-        response = self._live(response_id, epoch)
-        if response is None:
-            return
-        err = None
-        if status == "failed":
-            err = {"type": "server_error", "code": ErrorCode.SERVER_ERROR, "message": error or "the model failed"}
-            self._emit(server_event("error", error={**err, "param": None, "event_id": None}))
-        response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
-        self.response = None
-        self._arm_idle(response)
-
-    def _live(self, response_id: str, epoch: int) -> Response | None:
-        response = self.response
-        if response is None or response.id != response_id or response.epoch != epoch or epoch != self.epoch:
-            return None
-        return response
-
-    # ---------------------------------------------------------------- duplex models
-    def on_model_audio(self, audio: Pcm) -> None:
-        """Driver callback: what a duplex model said on hearing a :class:`~.actions.Listen`.
-        It plays at once, as deltas of one open response."""
-        if self.closed:
-            return
-        if self.response is None:
-            self._create_response({"output_modalities": ["audio"]})
-            self._duplex_resampler = None
-        assert self.response is not None
-        rate = self.response.output_format.rate
-        resampler = self._duplex_resampler
-        if resampler is None or resampler.in_rate != audio.rate:
-            resampler = self._duplex_resampler = StreamResampler(audio.rate, rate)
-        samples = resampler.process(audio.samples)
-        if len(samples):  # a resampler's first call may hold everything back as filter delay
-            self.response.audio_delta(self._emit, Pcm(samples, rate), "")
 
 
 #: the published limits of response.metadata
