@@ -72,11 +72,16 @@ def test_vad_separates_speech_from_silence(model: EmbeddedModel, question_16k: n
     finally:
         session.close()
     frames_in_silence = SILENCE // 512  # frames lying wholly inside each silent margin
-    speech_frames = probs[frames_in_silence + 1 : len(probs) - frames_in_silence - 1]
     assert probs[:frames_in_silence].max() < 0.2
     assert probs[-frames_in_silence + 4 :].max() < 0.2  # 4 frames (128 ms) of decay allowed
-    assert np.mean(speech_frames > 0.5) > 0.8
-    assert speech_frames.max() > 0.95
+    # Speech is where the signal itself is loud, not the whole synthesized span: Piper pads its
+    # output with near-silence of varying length, which a fixed slice would count as speech.
+    frames = question_16k[: len(probs) * 512].reshape(len(probs), 512).astype(np.float64)
+    level_dbfs = 20 * np.log10(np.sqrt((frames**2).mean(axis=1)) / 32768 + 1e-12)
+    voiced = probs[level_dbfs > -40]
+    assert len(voiced) > 10
+    assert np.mean(voiced > 0.5) > 0.9
+    assert voiced.max() > 0.95
 
 
 def test_vad_state_is_per_stream(model: EmbeddedModel, question_16k: np.ndarray) -> None:
