@@ -18,7 +18,8 @@ import statistics
 import time
 
 from realtime_omni.engines.base import ThinkRequest, ToolCall, ToolSpec, TurnMessage
-from realtime_omni.engines.embedded.llm_llama import LlamaThinkerModel
+from realtime_omni.engines.embedded.llm import LlamaThinkerModel
+from realtime_omni.engines.settings import EmbeddedSettings
 
 WEATHER = ToolSpec("get_weather", "Get the current weather for a city", {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False})
@@ -104,7 +105,7 @@ def main() -> None:
         e2e(args.runs)
         return
     runs = args.runs
-    shared = LlamaThinkerModel(n_threads=2)
+    shared = LlamaThinkerModel(n_threads=2, cache_dir=EmbeddedSettings().cache_dir)
     shared.load()
     thinker = shared.open()
     rows = []

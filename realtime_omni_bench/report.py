@@ -24,7 +24,7 @@ SCHEMA = "realtime-omni-bench/1"
 #: distributions reported in ``machine.packages`` when installed
 PACKAGES = (
     "realtime-omni", "openai", "websockets", "uvicorn", "uvloop", "starlette", "pydantic", "numpy", "soxr",
-    "onnxruntime", "faster-whisper", "ctranslate2", "llama_cpp_python", "piper-tts", "silero-vad", "torch",
+    "onnxruntime", "faster-whisper", "ctranslate2", "gguf", "onnx", "llguidance", "piper-tts", "silero-vad", "torch",
     "transformers", "vllm", "aiortc", "matplotlib",
 )
 

@@ -8,6 +8,7 @@ environment (that happens once, where the server starts: :mod:`realtime_omni.con
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,12 +20,15 @@ class _Section(BaseModel):
 
 
 class EmbeddedSettings(_Section):
-    """``--model embedded``: Silero VAD → faster-whisper → llama.cpp → Piper on the CPU."""
+    """``--model embedded``: Silero VAD → faster-whisper → SmolLM2 (ONNX Runtime) → Piper on the CPU."""
 
     #: CPU threads of each component (ASR, LLM, TTS); the VAD always uses one
     threads: int = Field(default=2, ge=1, le=256)
     #: the LLM's context window per session (tokens)
-    context_tokens: int = Field(default=2048, ge=256, le=131072)
+    context_tokens: int = Field(default=2048, ge=256, le=8192)
+    #: where the LLM's ONNX graph, built from the GGUF file at the first start, is kept
+    #: (None: rebuilt at every start, ~5 s)
+    cache_dir: Path | None = Field(default_factory=lambda: Path.home() / ".cache" / "realtime-omni")
 
 
 class OmniSettings(_Section):

@@ -194,7 +194,7 @@ def test_worker_exits_when_the_server_dies() -> None:
 # ------------------------------------------------------------------------------------ embedded
 @pytest.fixture(scope="module")
 def embedded() -> IsolatedModel:
-    pytest.importorskip("llama_cpp")
+    pytest.importorskip("llguidance")
     pytest.importorskip("faster_whisper")
     pytest.importorskip("piper")
     model = IsolatedModel("embedded")

@@ -177,8 +177,8 @@ async def test_abrupt_disconnects_leak_nothing(registry):
         assert srv.manager.sessions == {}
         assert srv.manager.total_opened >= 200
         assert task_count() <= tasks_before + 2
-        # A session's llama.cpp context may still be under construction on the engine's loader
-        # thread when the session closes; it is freed as soon as it exists. Give that a moment.
+        # A session's context cache may still be warming on the engine's loader
+        # thread when the session closes; it is released as soon as it is ready. Give that a moment.
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and (_rss_mb() - rss_before >= 40 or len(os.listdir("/proc/self/fd")) > fds_before + 5):
             await asyncio.sleep(0.2)

@@ -19,13 +19,13 @@ from ..base import (
 )
 from ..settings import EmbeddedSettings
 from .asr_whisper import WhisperASR
-from .llm_llama import LlamaThinker, LlamaThinkerModel
+from .llm import LlamaThinker, LlamaThinkerModel
 from .tts_piper import SAMPLE_RATE, PiperTTS
 from .vad_silero import SileroVAD
 
 
 class EmbeddedSession(ModelSession):
-    """Per-session state: VAD streams and the thinker's own Llama (KV cache); the rest is shared."""
+    """Per-session state: VAD streams and the thinker's own context cache; the rest is shared."""
 
     def __init__(self, model: EmbeddedModel, thinker: LlamaThinker) -> None:
         self._model = model
@@ -88,8 +88,9 @@ class EmbeddedModel(VoiceModel):
             self.asr.transcribe(np.zeros(16_000, dtype=np.int16))
 
         def llm() -> None:
-            self.llm = LlamaThinkerModel(n_ctx=self.settings.context_tokens, n_threads=self._threads)
-            self.llm.load()
+            self.llm = LlamaThinkerModel(n_ctx=self.settings.context_tokens, n_threads=self._threads,
+                                         cache_dir=self.settings.cache_dir)
+            self.llm.load(progress)
 
         def tts() -> None:
             self.tts = PiperTTS(threads=self._threads)
@@ -102,7 +103,7 @@ class EmbeddedModel(VoiceModel):
         step("TTS", tts)
 
     def open_session(self) -> EmbeddedSession:
-        # cheap: the session's Llama is created on the shared loader thread in the background
+        # cheap: the session's cache is warmed on the shared loader thread in the background
         return EmbeddedSession(self, self.llm.open())
 
     def close(self) -> None:

@@ -1,11 +1,12 @@
-"""Function calling for the llama.cpp thinker: the prompt, the grammar, and the call parser.
+"""Function calling for the embedded thinker: the prompt, the grammar, and the call parser.
 
 A call is written in the model's text as ``<tool_call>{"name": "<name>", "arguments": {...}}``.
 The server writes the opening ``<tool_call>{"name": "`` itself (the model only decides whether to
-begin it, under ``tool_choice: auto``); from there a GBNF grammar built from the tools' JSON
-schemas lets the model write only a declared name and arguments that match that function's
-schema, so the arguments are always valid JSON. :class:`CallParser` turns that constrained text
-back into a name and a stream of argument deltas.
+begin it, under ``tool_choice: auto``); from there a grammar built from the tools' JSON schemas
+(llguidance's Lark dialect, each schema embedded with ``%json``) lets the model write only a
+declared name and arguments that match that function's schema, so the arguments are always
+valid JSON. :class:`CallParser` turns that constrained text back into a name and a stream of
+argument deltas.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import llama_cpp
-from llama_cpp.llama_grammar import SchemaConverter
+import llguidance
 
 from ..base import ToolCall, ToolCallDelta, ToolSpec
 
@@ -22,7 +22,7 @@ MARKER = "<tool_call>"
 END_MARKER = "</tool_call>"
 #: what the server writes before the model picks a function
 CALL_PREFIX = MARKER + '{"name": "'
-#: a grammar larger than this is refused (llama.cpp parses it for every call)
+#: a grammar larger than this is refused (it is compiled for every call)
 MAX_GRAMMAR_CHARS = 1024 * 1024
 #: what follows the function's name, up to its arguments
 NAME_END = '", "arguments": '
@@ -45,55 +45,37 @@ def render_call(call: ToolCall) -> str:
     return CALL_PREFIX + call.name + NAME_END + (call.arguments.strip() or "{}") + "}" + END_MARKER
 
 
-class _Converter(SchemaConverter):
-    """llama-cpp-python's JSON-schema converter with complete literal escaping: its own leaves
-    backslashes as they are, so a property name or enum value holding a quote or a backslash
-    (JSON-escaped into the literal) made a grammar llama.cpp cannot parse."""
-
-    def _format_literal(self, literal: str) -> str:
-        return _literal(literal)
-
-
 def call_grammar(tools: Sequence[ToolSpec], named: bool) -> str:
-    """GBNF for what the model writes after :data:`CALL_PREFIX` (after the name and
-    :data:`NAME_END` too when ``named``): one declared name, its schema's arguments, ``}``."""
-    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    """The grammar (llguidance Lark) of what the model writes after :data:`CALL_PREFIX` (after
+    the name and :data:`NAME_END` too when ``named``): one declared name, its arguments, ``}``.
+
+    Each tool's schema is checked on its own, so an error names the tool it comes from."""
     alternatives = []
     for index, tool in enumerate(tools):
-        rule = f"tool{index}"
-        try:
-            schema = converter.resolve_refs(json.loads(json.dumps(tool.parameters)), rule)
-            converter.visit(schema, rule)
-        except Exception as exc:  # noqa: BLE001 - the converter raises many kinds on odd schemas
-            raise ToolGrammarError(f"tool {tool.name!r}: its parameters schema has no grammar: {exc}") from None
+        schema = json.dumps(tool.parameters, ensure_ascii=True)
+        rule = f"tool{index}: %json {schema}"
+        error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark("start: " + rule[len(f"tool{index}: "):]))
+        if error and not error.startswith("WARNING"):
+            raise ToolGrammarError(f"tool {tool.name!r}: its parameters schema has no grammar: {error.strip()}")
         head = "" if named else _literal(tool.name + NAME_END) + " "
-        alternatives.append(f'{head}{rule} "}}"')
-    grammar = converter.format_grammar() + "\nroot ::= " + " | ".join(alternatives) + "\n"
+        alternatives.append((f"{head}tool{index} \"}}\"", rule))
+    grammar = "start: " + " | ".join(a for a, _ in alternatives) + "\n" + "\n".join(r for _, r in alternatives) + "\n"
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise ToolGrammarError(f"the tools' grammar takes {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
     return grammar
 
 
-def check_grammar(llm: llama_cpp.Llama, grammar: str) -> None:
-    """Parse the grammar against this model's vocabulary (llama.cpp returns NULL on an error,
-    which the sampler chain would dereference), so a bad one fails the response cleanly."""
-    sampler = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, grammar.encode(), b"root")
-    if not sampler:
-        raise ToolGrammarError("llama.cpp could not parse the tools' grammar")
-    llama_cpp.llama_sampler_free(sampler)
+def compile_call_grammar(grammar: str, tokenizer: llguidance.LLTokenizer) -> llguidance.LLMatcher:
+    """A matcher for one call; a grammar the engine cannot compile fails the response cleanly."""
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+    if matcher.is_error():
+        raise ToolGrammarError(f"the tools' grammar does not compile: {matcher.get_error().strip()}")
+    return matcher
 
 
 def _literal(text: str) -> str:
-    """A GBNF string literal matching ``text`` exactly (control characters as ``\\xHH``)."""
-    out = []
-    for char in text:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif ord(char) < 0x20 or ord(char) == 0x7F:
-            out.append(f"\\x{ord(char):02X}")
-        else:
-            out.append(char)
-    return '"' + "".join(out) + '"'
+    """A Lark string literal matching ``text`` exactly (JSON escapes, all of ASCII)."""
+    return json.dumps(text, ensure_ascii=True)
 
 
 class CallParser:
