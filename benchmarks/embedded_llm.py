@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from realtime_omni.engines.embedded.llm import LlamaThinkerModel, default_model_path
+from realtime_omni.engines.embedded.llm import LlamaThinkerModel
 from realtime_omni.engines.embedded.llm.runtime import ContextCache
 from realtime_omni.engines.settings import EmbeddedSettings
 from realtime_omni_bench.report import Report, command_line, write_report
@@ -64,11 +64,11 @@ class OnnxEngine:
 class LlamaCppEngine:
     name = "llama.cpp (llama-cpp-python, before)"
 
-    def __init__(self, threads: int, n_ctx: int) -> None:
+    def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
         import llama_cpp
         import llama_cpp.llama_cpp as llama_c
 
-        self.llama_cpp, self.llama_c, self.threads, self.n_ctx = llama_cpp, llama_c, threads, n_ctx
+        self.llama_cpp, self.llama_c, self.path, self.threads, self.n_ctx = llama_cpp, llama_c, path, threads, n_ctx
 
     def new(self):
         # as the replaced engine did: no repacked "extra" buffers (AMX faults on this VM)
@@ -81,7 +81,7 @@ class LlamaCppEngine:
 
         self.llama_c.llama_model_default_params = params
         try:
-            return self.llama_cpp.Llama(str(default_model_path()), n_ctx=self.n_ctx, n_threads=self.threads,
+            return self.llama_cpp.Llama(str(self.path), n_ctx=self.n_ctx, n_threads=self.threads,
                                         n_threads_batch=self.threads, n_batch=128, n_ubatch=128, verbose=False)
         finally:
             self.llama_c.llama_model_default_params = original
@@ -179,7 +179,7 @@ def main() -> None:
     results[0]["cold_build_s"] = round(cold, 2)
     with contextlib.suppress(ImportError):
         start = time.perf_counter()
-        engine = LlamaCppEngine(2, 2048)
+        engine = LlamaCppEngine(shared.model_path, 2, 2048)
         engine.new()
         results.append(measure(engine, shared, args.repeats, time.perf_counter() - start))
     onnx = results[0]

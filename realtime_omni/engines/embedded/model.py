@@ -88,8 +88,8 @@ class EmbeddedModel(VoiceModel):
             self.asr.transcribe(np.zeros(16_000, dtype=np.int16))
 
         def llm() -> None:
-            self.llm = LlamaThinkerModel(n_ctx=self.settings.context_tokens, n_threads=self._threads,
-                                         cache_dir=self.settings.cache_dir)
+            self.llm = LlamaThinkerModel(self.settings.llm_path, n_ctx=self.settings.context_tokens,
+                                         n_threads=self._threads, cache_dir=self.settings.cache_dir)
             self.llm.load(progress)
 
         def tts() -> None:

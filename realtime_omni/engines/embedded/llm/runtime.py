@@ -98,6 +98,10 @@ class DecoderRuntime:
             try:
                 _write_atomically(graph_file, data)
                 _write_atomically(tables_file, json.dumps(tables).encode())
+                for stale in [*cache_dir.glob(f"{self.path.stem}-*.onnx"), *cache_dir.glob(f"{self.path.stem}-*.json")]:
+                    if stale not in (graph_file, tables_file):  # another version or context size
+                        with contextlib.suppress(OSError):
+                            stale.unlink()
             except OSError as exc:
                 progress(f"could not keep the graph in {cache_dir} ({exc}); it is built at every start")
         return data, tables

