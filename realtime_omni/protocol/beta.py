@@ -48,6 +48,16 @@ def _session(session: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _transcription_session(session: dict[str, Any]) -> dict[str, Any]:
+    audio_in = (session.get("audio") or {}).get("input") or {}
+    return {
+        "id": session.get("id"), "object": "realtime.transcription_session", "expires_at": session.get("expires_at"),
+        "input_audio_format": _FORMATS.get((audio_in.get("format") or {}).get("type", ""), "pcm16"),
+        "input_audio_transcription": audio_in.get("transcription"), "turn_detection": audio_in.get("turn_detection"),
+        "input_audio_noise_reduction": audio_in.get("noise_reduction"), "include": session.get("include"),
+    }
+
+
 #: the one conversation of a session (responses name it as their ``conversation_id``)
 CONVERSATION_ID = "conv_default"
 
@@ -70,7 +80,10 @@ def to_beta(event: dict[str, Any]) -> dict[str, Any] | None:
     out["type"] = _RENAMES.get(kind, kind)
     if "item" in out:
         out["item"] = _item(out["item"])
-    if kind in ("session.created", "session.updated"):
+    if kind in ("session.created", "session.updated") and out["session"].get("type") == "transcription":
+        out["type"] = "transcription_" + kind
+        out["session"] = _transcription_session(out["session"])
+    elif kind in ("session.created", "session.updated"):
         out["session"] = _session(out["session"])
     if kind.startswith("response.") and isinstance(out.get("response"), dict):
         response = dict(out["response"])

@@ -27,10 +27,9 @@ _ADAPTERS: dict[str, pydantic.TypeAdapter[Any]] = {
 }
 KNOWN_TYPES = frozenset(_ADAPTERS)
 #: client events of the published protocols (beta included) this server does not take, and why
-UNSUPPORTED_TYPES = {
-    "transcription_session.update": "transcription sessions are not supported; open a realtime session and "
-                                    "set audio.input.transcription",
-}
+UNSUPPORTED_TYPES: dict[str, str] = {}
+#: beta event names the GA protocol folds into another event (with the session type it implies)
+BETA_ALIASES = {"transcription_session.update": ("session.update", "transcription")}
 _BETA_FORMATS = {"pcm16": "audio/pcm", "g711_ulaw": "audio/pcmu", "g711_alaw": "audio/pcma"}
 
 
@@ -239,6 +238,9 @@ def parse_client_event(raw: str | bytes, max_bytes: int = MAX_EVENT_BYTES) -> An
     kind = data.get("type")
     if not isinstance(kind, str):
         raise ProtocolError(ErrorCode.INVALID_EVENT, "event has no string 'type'", param="type", event_id=event_id)
+    if kind in BETA_ALIASES and isinstance(data.get("session"), dict):
+        kind, session_type = BETA_ALIASES[kind]
+        data = {**data, "type": kind, "session": {**data["session"], "type": session_type}}
     if kind in UNSUPPORTED_TYPES:
         raise ProtocolError(ErrorCode.UNSUPPORTED, UNSUPPORTED_TYPES[kind], param="type", event_id=event_id)
     if kind not in KNOWN_TYPES:

@@ -35,10 +35,16 @@ class TurnDetection(BaseModel):
         return out
 
 
+#: what a client may list in ``include``: none of it is available from the served models
+_INCLUDABLE = {"item.input_audio_transcription.logprobs": "log probabilities of transcripts"}
+
+
 class SessionConfig(BaseModel):
     """The effective configuration of one session (what ``session.updated`` reports)."""
 
     model: str
+    #: "transcription": the input is detected, committed and transcribed; no responses
+    type: Literal["realtime", "transcription"] = "realtime"
     instructions: str = ""
     voice: str = "alloy"
     output_modalities: list[Literal["text", "audio"]] = ["audio"]
@@ -56,8 +62,24 @@ class SessionConfig(BaseModel):
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities
 
+    @property
+    def responds(self) -> bool:
+        """Whether turns get answers (a transcription session only transcribes them)."""
+        return self.type == "realtime"
+
+    def become(self, kind: Literal["realtime", "transcription"]) -> None:
+        self.type = kind
+        if kind == "transcription" and self.transcription is None:
+            # transcripts are what this session is for; the served model makes them
+            self.transcription = {"model": self.model}
+
     def apply(self, update: dict[str, Any], *, audio_started: bool) -> None:
         """Apply a (validated, GA-shaped) ``session.update`` payload; only present keys change."""
+        for wanted in update.get("include") or ():
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"{_INCLUDABLE.get(wanted, wanted)} are not available from this "
+                                "server's models", param="session.include")
+        if update.get("type") in ("realtime", "transcription"):
+            self.become(update["type"])
         if "instructions" in update and update["instructions"] is not None:
             self.instructions = update["instructions"]
         if update.get("output_modalities") is not None:
@@ -94,7 +116,16 @@ class SessionConfig(BaseModel):
             self.speed = float(audio_out["speed"])
 
     def to_dict(self, session_id: str, expires_at: int) -> dict[str, Any]:
-        """The GA ``session`` object."""
+        """The GA ``session`` object (a transcription session's when that is the type)."""
+        audio_in = {
+            "format": _format_dict(self.input_format),
+            "transcription": self.transcription,
+            "noise_reduction": {"type": self.noise_reduction} if self.noise_reduction else None,
+            "turn_detection": self.turn_detection.to_dict() if self.turn_detection else None,
+        }
+        if self.type == "transcription":
+            return {"type": "transcription", "object": "realtime.transcription_session", "id": session_id,
+                    "expires_at": expires_at, "include": None, "audio": {"input": audio_in}}
         return {
             "type": "realtime",
             "object": "realtime.session",
@@ -109,12 +140,7 @@ class SessionConfig(BaseModel):
             "prompt": None,
             "expires_at": expires_at,
             "audio": {
-                "input": {
-                    "format": _format_dict(self.input_format),
-                    "transcription": self.transcription,
-                    "noise_reduction": {"type": self.noise_reduction} if self.noise_reduction else None,
-                    "turn_detection": self.turn_detection.to_dict() if self.turn_detection else None,
-                },
+                "input": audio_in,
                 "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
             },
         }

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -233,8 +233,8 @@ class RealtimeSession(TurnControl, ResponseControl):
         if update.get("prompt"):
             raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts (session.prompt) are not supported by this server; "
                                 "send the text as instructions", param="session.prompt")
-        if update.get("type") == "transcription":
-            raise ProtocolError(ErrorCode.UNSUPPORTED, "transcription sessions are not supported", param="session.type")
+        if update.get("type") not in (None, self.config.type):
+            self._check_type_change(update["type"])
         if update.get("model") is not None and not self.accepts_model(update["model"]):
             raise ProtocolError(ErrorCode.INVALID_VALUE, f"the model cannot change within a session (served: "
                                 f"{self.model.id!r})", param="session.model")
@@ -258,6 +258,20 @@ class RealtimeSession(TurnControl, ResponseControl):
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
+
+    def _check_type_change(self, kind: str) -> None:
+        if kind == "transcription" and "transcription" not in self.model.capabilities:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not transcribe",
+                                param="session.type")
+        if self.response is not None:
+            raise ProtocolError(ErrorCode.ACTIVE_RESPONSE, f"the session type cannot change while response "
+                                f"{self.response.id} is in progress", param="session.type")
+
+    def start_as(self, kind: Literal["realtime", "transcription"]) -> None:
+        """Open as a transcription session (``?intent=transcription``), before :meth:`start`."""
+        if kind != self.config.type:
+            self._check_type_change(kind)
+            self.config.become(kind)
 
     def _reset_detector(self) -> None:
         td = self.config.turn_detection
@@ -383,6 +397,9 @@ class RealtimeSession(TurnControl, ResponseControl):
         )
 
     def _on_response_create(self, event: Any) -> None:
+        if not self.config.responds:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "a transcription session does not create responses; "
+                                "session.update with type 'realtime' first", param="type")
         if self.response is not None:
             raise ProtocolError(
                 ErrorCode.ACTIVE_RESPONSE,

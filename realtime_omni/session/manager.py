@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+from typing import Literal
 
 from ..engines.base import ModelAtCapacity
 from ..engines.registry import ModelRegistry
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
+from ..protocol.errors import ProtocolError
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
 from .runner import RunnerLimits, SessionRunner
@@ -80,7 +82,8 @@ class SessionManager:
             self.persister.start()
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
-             last_seq: int = 0, owner: str | None = None, transport: str = "internal") -> SessionRunner:
+             last_seq: int = 0, owner: str | None = None, transport: str = "internal",
+             session_type: Literal["realtime", "transcription"] = "realtime") -> SessionRunner:
         """Create and start a session (call on the event loop). ``owner``: digest of the API key
         it belongs to (None when keys are off); only that key may resume it. ``transport``: what
         carries it (websocket, webrtc, twilio), for metrics."""
@@ -103,6 +106,12 @@ class SessionManager:
         core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:
             core.restore(snapshot)
+        else:
+            try:
+                core.start_as(session_type)
+            except ProtocolError as exc:
+                model_session.close()
+                raise ValueError(exc.message) from None
         runner = SessionRunner(
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
             on_close=self._forget, on_change=self.persister.changed if self.persister else None,

@@ -43,7 +43,7 @@ class TurnControl:
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
             elif isinstance(decision, SilenceStarted) and self._speech_item_id is not None:
-                if self.speculative and td.create_response and self.response is None:
+                if self.speculative and td.create_response and self.config.responds and self.response is None:
                     self._drop_speculation()
                     self._spec_id += 1
                     self._spec_active = True
@@ -60,7 +60,7 @@ class TurnControl:
                 if not self._commit(item_id, audio, spec):
                     if spec is not None:
                         self._actions.append(act.DropSpeculation(spec))
-                elif td.create_response and self.response is None:
+                elif td.create_response and self.config.responds and self.response is None:
                     self._create_response({}, spec)
                 elif spec is not None:
                     self._actions.append(act.DropSpeculation(spec))
@@ -77,7 +77,7 @@ class TurnControl:
                                 audio_end_ms=stretch[1], item_id=item_id))
         self._drop_speculation()
         self._commit(item_id, self.input.take(stretch[0], stretch[1]))
-        if td.create_response:
+        if td.create_response and self.config.responds:
             self._create_response({})
 
     def _arm_idle(self, response: Response) -> None:
@@ -141,6 +141,10 @@ class TurnControl:
                         part["transcript"] = transcript
                 if self.config.transcription is not None:
                     seconds = 0.0 if item.audio16k is None else len(item.audio16k) / MODEL_RATE
+                    if transcript:
+                        # the engines transcribe a committed turn in one pass: one delta, the whole text
+                        self._emit(server_event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                                                content_index=0, delta=transcript))
                     self._emit(
                         server_event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                                      content_index=0, transcript=transcript or "",

@@ -57,7 +57,9 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
             last_seq = int(query.get("last_sequence_number") or websocket.headers.get("x-last-sequence-number") or 0)
             runner, replay, gap = await manager.resume(token, last_seq, owner, transport="websocket")
         else:
-            runner = manager.open(query.get("model"), owner=owner, transport="websocket")
+            # ?intent=transcription (OpenAI's URL for transcription sessions) opens one directly
+            kind = "transcription" if query.get("intent") == "transcription" else "realtime"
+            runner = manager.open(query.get("model"), owner=owner, transport="websocket", session_type=kind)
     except (SessionLimitError, UnknownModelError, ResumeError, ValueError) as exc:
         code = {SessionLimitError: ErrorCode.SESSION_LIMIT_REACHED, UnknownModelError: ErrorCode.MODEL_NOT_FOUND,
                 ResumeError: ErrorCode.RESUME_TOKEN_INVALID}.get(type(exc), ErrorCode.INVALID_VALUE)
