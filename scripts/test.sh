@@ -43,7 +43,7 @@ print(int(sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfi
 fi
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
   say "installing the package and its test extras with $PY"
-  "$PY" -m pip install -q -e '.[embedded,omni,ray,test]' || { echo "test.sh: pip install failed (see above)" >&2; exit 2; }
+  "$PY" -m pip install -q -e '.[embedded,denoise,omni,ray,test]' || { echo "test.sh: pip install failed (see above)" >&2; exit 2; }
 fi
 
 # --- optional environments: a virtualenv per framework, layered on this environment ------------

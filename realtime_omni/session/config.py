@@ -195,7 +195,7 @@ def _noise_reduction(value: dict[str, Any] | None) -> denoise.NoiseReduction | N
                             f"got {kind!r}", param=param)
     if not denoise.available():
         raise ProtocolError(ErrorCode.UNSUPPORTED, f"noise reduction needs the {denoise.PACKAGE!r} package, which "
-                            "this server lacks (pip install 'realtime-omni[embedded]')", param=param)
+                            "this server lacks (pip install 'realtime-omni[denoise]')", param=param)
     return kind
 
 

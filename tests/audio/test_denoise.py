@@ -8,7 +8,7 @@ import pytest
 from realtime_omni.audio import Pcm
 from realtime_omni.audio.denoise import InputDenoiser, StreamDenoiser, available
 
-pytestmark = pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'embedded' extra)")
+pytestmark = pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'denoise' extra)")
 RATE = 24_000
 LEAD = RATE  # 1 s of noise alone before and after the speech: where the noise floor is measured
 

@@ -18,7 +18,7 @@ from tests.helpers import assert_valid_server_event
 from tests.server import ServerThread
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"),
-              pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'embedded' extra)")]
+              pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'denoise' extra)")]
 TIMEOUT = 30.0
 
 

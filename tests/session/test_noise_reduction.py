@@ -15,7 +15,7 @@ from realtime_omni.protocol import parse_client_event
 from realtime_omni.protocol.errors import ProtocolError
 from tests.session.test_core import CASCADE, ECHO, Driver
 
-needs_denoiser = pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'embedded' extra)")
+needs_denoiser = pytest.mark.skipif(not available(), reason="needs pyrnnoise (the 'denoise' extra)")
 
 
 def noise24(ms: int, seed: int = 3) -> np.ndarray:
