@@ -187,3 +187,22 @@ def test_a_grammar_beyond_the_size_limit_is_refused():
         f"p{j}": {"type": "string", "description": "x" * 900} for j in range(16)}}) for i in range(80)]
     with pytest.raises(ToolGrammarError, match="at most"):
         call_grammar(wide, named=False)
+
+
+def test_declared_properties_are_the_only_ones_and_json_stays_on_one_line(thinker):
+    """An object schema that lists its properties takes no others (JSON Schema's default would
+    let a small model invent properties until the token limit), written as calls are rendered."""
+    from realtime_omni.engines.embedded.tool_calls import compile_call_grammar
+
+    city = ToolSpec("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})
+    tokenizer = thinker._shared.runtime.tokenizer
+
+    def accepts(arguments: str) -> bool:
+        matcher = compile_call_grammar(call_grammar([city], named=True), thinker._shared.runtime.guidance_tokenizer())
+        tokens = tokenizer.encode(arguments + "}")
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    assert accepts('{"city": "Paris"}') and accepts("{}")
+    assert not accepts('{"city": "Paris", "description": "sunny"}')
+    assert not accepts('{\n  "city": "Paris"\n}')
+    assert city.parameters == {"type": "object", "properties": {"city": {"type": "string"}}}  # not mutated

@@ -52,7 +52,7 @@ def call_grammar(tools: Sequence[ToolSpec], named: bool) -> str:
     Each tool's schema is checked on its own, so an error names the tool it comes from."""
     alternatives = []
     for index, tool in enumerate(tools):
-        schema = json.dumps(tool.parameters, ensure_ascii=True)
+        schema = json.dumps({**_closed(tool.parameters), "x-guidance": _JSON_STYLE}, ensure_ascii=True)
         rule = f"tool{index}: %json {schema}"
         error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark("start: " + rule[len(f"tool{index}: "):]))
         if error and not error.startswith("WARNING"):
@@ -63,6 +63,35 @@ def call_grammar(tools: Sequence[ToolSpec], named: bool) -> str:
     if len(grammar) > MAX_GRAMMAR_CHARS:
         raise ToolGrammarError(f"the tools' grammar takes {len(grammar)} characters; at most {MAX_GRAMMAR_CHARS}")
     return grammar
+
+
+#: arguments written the way calls are rendered back to the model: one line, ", " and ": "
+#: (free whitespace let a small model pad its arguments with newlines until the token limit)
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def _closed(schema: object) -> object:
+    """A copy of ``schema`` where an object that declares its properties takes no others unless
+    it says so. JSON Schema allows extra properties by default; function-calling APIs read a
+    declared property list as the whole list, and a small model held to the open form wrote
+    invented properties until it ran out of tokens."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS or key in ("items", "additionalProperties", "not", "if", "then", "else"):
+            out[key] = _closed(value)
+        else:
+            out[key] = value
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def compile_call_grammar(grammar: str, tokenizer: llguidance.LLTokenizer) -> llguidance.LLMatcher:
