@@ -132,6 +132,10 @@ class Conversation:
     def __iter__(self):  # type: ignore[no-untyped-def]
         return (self._items[i] for i in self._order)
 
+    def holds(self, item: Item) -> bool:
+        """Whether this very item is in the conversation (not deleted, not replaced)."""
+        return self._items.get(item.id) is item
+
     def last_id(self) -> str | None:
         return self._order[-1] if self._order else None
 

@@ -59,6 +59,13 @@ class Close:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class PlaybackCut:
+    """A server-side player (WebRTC track, telephony) dropped what it held of a response."""
+
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Transcript:
     """The transcript of a committed item, or why there is none."""
 
@@ -114,7 +121,7 @@ class ResponseEnd:
 
 
 EngineOutput = ResponseText | ResponseAudio | ResponseCall | ResponseUsage | ResponseEnd
-SessionInput = ClientEvent | RateLimited | AudioIn | Image | Sync | Close | Transcript | EngineOutput
+SessionInput = ClientEvent | RateLimited | AudioIn | Image | Sync | Close | PlaybackCut | Transcript | EngineOutput
 
 
 def for_response(output: EngineOutput, response_id: str, epoch: int) -> EngineOutput:

@@ -52,7 +52,7 @@ class ResponseControl:
         self.response = response
         self._idle.disarm()
         self._response_started_ms = 1000.0 * self._vad_position / MODEL_RATE
-        self.ledger.begin(response.id)
+        self.ledger.begin(response.id, response)
         if "audio" in modalities:
             self.audio_started = True
         response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")

@@ -247,10 +247,28 @@ class SessionRunner:
             self.mark_sent(out)
         return missed, gap
 
+    # -- what transports report about playback (the core keeps the record) -------------------
     def mark_sent(self, out: Outgoing) -> None:
         """Writers call this after each send (playback truth for WebSocket clients)."""
         if out.response_id is not None:
             self.core.ledger.mark_sent(out.response_id, out.audio_ms)
+
+    def played(self, response_id: str, ms: float) -> None:
+        """A server-side player sent ``ms`` more of the response's audio to the listener."""
+        self.core.ledger.mark_sent(response_id, ms)
+
+    def heard(self, response_id: str, ms: float) -> None:
+        """The listener has heard the response up to ``ms`` (telephony marks)."""
+        self.core.ledger.set_heard(response_id, ms)
+
+    def is_stale(self, epoch: int | None) -> bool:
+        """Whether audio of ``epoch`` was fenced off by a barge-in after it was queued."""
+        return self.core.fenced(epoch)
+
+    async def playback_cut(self, response_id: str) -> None:
+        """A server-side player dropped what it held of the response at a barge-in: the core
+        truncates a complete but partly heard reply to what was heard."""
+        await self._offer(inp.PlaybackCut(response_id))
 
     async def close(self, reason: str = "client_closed") -> None:
         """Request a clean close; returns when everything the session held is released."""
@@ -343,6 +361,8 @@ class SessionRunner:
             case inp.Sync(done):
                 if not done.done():
                     done.set_result(None)
+            case inp.PlaybackCut(response_id):
+                core.playback_cut(response_id)
             case inp.Transcript(item_id, text, error):
                 core.on_transcription(item_id, text, error)
             case inp.ResponseText() | inp.ResponseAudio() | inp.ResponseCall() | inp.ResponseUsage() | inp.ResponseEnd():

@@ -62,7 +62,6 @@ class TwilioCall:
         self._writer: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._active: str | None = None  # the response in progress, as the writer saw it
-        self._done: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # response → (status, in conversation)
         self._close_code = 1000
 
     # ------------------------------------------------------------------ application API
@@ -217,7 +216,7 @@ class TwilioCall:
         heard = self.playback.on_mark(tw.parse_mark(message))
         if heard is not None and self.runner is not None:
             self.stats["marks_heard"] += 1
-            self.runner.core.ledger.set_heard(*heard)  # playback truth for the next barge-in
+            self.runner.heard(*heard)  # playback truth for the next barge-in
 
     async def _on_dtmf(self, message: dict[str, Any]) -> None:
         digit = tw.parse_dtmf(message)
@@ -253,8 +252,6 @@ class TwilioCall:
                     await self._barge_in(runner)
                 elif kind == "response.created":
                     self._active = event["response"]["id"]
-                elif kind == "response.output_item.added":
-                    self.playback.set_item(event["response_id"], event["item"]["id"])
                 elif kind == "response.done":
                     await self._response_done(event["response"])
                 elif kind == "error":
@@ -283,7 +280,7 @@ class TwilioCall:
 
     async def _send_audio(self, runner: SessionRunner, out: Outgoing) -> None:
         assert self.info is not None and out.response_id is not None and out.audio is not None
-        if out.epoch is not None and out.epoch != runner.core.epoch:
+        if runner.is_stale(out.epoch):
             return  # fenced off by a barge-in after it was queued
         # the telephony edge: the carrier takes μ-law, whatever the session's output format
         frames, name = self.playback.frames(out.response_id, AudioFormat.PCMU.from_pcm(out.audio))
@@ -305,16 +302,10 @@ class TwilioCall:
             return
         await self._send(tw.clear(self.info.stream_sid))
         self.stats["clears"] += 1
-        for response_id, track in self.playback.clear().items():
-            if response_id == active:
-                continue  # still in progress: the session cancelled it, truncating to the heard marks
-            status, in_conversation = self._done.get(response_id, ("", False))
-            if status == "completed" and in_conversation and track.item_id and track.heard_ms < track.audio_ms:
-                # Fully generated, partly played: keep only what the caller heard. (A task, so the
-                # writer never waits on the session's mailbox while the session waits on us.)
-                truncate = {"type": "conversation.item.truncate", "item_id": track.item_id, "content_index": 0,
-                            "audio_end_ms": int(track.heard_ms)}
-                self._spawn(runner.submit(json.dumps(truncate)))
+        for response_id in self.playback.clear():
+            # the session truncates a complete but partly heard reply to the heard marks (a
+            # task: the writer never waits on the session's mailbox while the session waits on us)
+            self._spawn(runner.playback_cut(response_id))
         self._notify(self._extension("telephony.clear", response_id=active))
 
     async def _response_done(self, response: dict[str, Any]) -> None:
@@ -327,9 +318,6 @@ class TwilioCall:
             await self._send(tw.clear(self.info.stream_sid))  # cancelled: its queued audio is stale
             self.playback.clear()
             self.stats["clears"] += 1
-        self._done[response_id] = (status, response.get("conversation_id") is not None)
-        while len(self._done) > 16:
-            self._done.popitem(last=False)
         if self._active == response_id:
             self._active = None
 

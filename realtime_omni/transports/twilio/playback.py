@@ -22,7 +22,6 @@ MAX_CLEARED = 4096  # cleared mark names remembered until their echo (bounded)
 class _Track:
     """One response's outbound audio."""
 
-    item_id: str | None = None
     #: μ-law bytes of the delta tail that did not fill a whole frame yet
     remainder: bytes = b""
     #: ms of frames sent (padding included) and of real audio given to us
@@ -50,9 +49,6 @@ class CarrierPlayback:
                     break
                 del self._tracks[old_id]
         return track
-
-    def set_item(self, response_id: str, item_id: str) -> None:
-        self._track(response_id).item_id = item_id
 
     def frames(self, response_id: str, wire: bytes, *, final: bool = False) -> tuple[list[bytes], str | None]:
         """Cut a delta into whole 160-byte frames; returns them and the mark to send after them.

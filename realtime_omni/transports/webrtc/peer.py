@@ -100,10 +100,6 @@ class Peer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closer: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
-        # per-response bookkeeping of the writer
-        self._items: dict[str, str] = {}
-        self._audio_ms: dict[str, float] = {}
-        self._done: dict[str, str] = {}
         self._resamplers: dict[int, StreamResampler] = {}
         self.events_sent = 0
         self.events_received = 0
@@ -288,18 +284,12 @@ class Peer:
         kind = event["type"]
         runner = self.runner
         if kind == "response.output_audio.delta":
-            rid = out.response_id
-            if rid not in self._items:
-                self._items[rid] = event.get("item_id")
-            self._audio_ms[rid] = self._audio_ms.get(rid, 0.0) + out.audio_ms
             self.audio_deltas += 1
             if out.audio is not None:  # PCM from the session: no wire format on this path
-                await self.track.push(at_track_rate(out.audio, self._resamplers), rid, out.epoch)
+                await self.track.push(at_track_rate(out.audio, self._resamplers), out.response_id, out.epoch)
             return  # the audio goes on the track, never on the data channel
         after: Callable[[], Any] | None = None
-        if kind == "response.created":
-            self._trim()
-        elif kind == "output_audio_buffer.cleared":
+        if kind == "output_audio_buffer.cleared":
             # the core's answer to the client's output_audio_buffer.clear: cut the track now
             playing = self.track.playing
             self.track.clear(announce=False)
@@ -315,9 +305,6 @@ class Peer:
             response = event.get("response") or {}
             rid = response.get("id")
             if rid is not None:
-                self._done[rid] = response.get("status", "completed")
-                while len(self._done) > 16:
-                    del self._done[next(iter(self._done))]
                 if response.get("status") == "cancelled":
                     self.track.clear(rid)
                 self.track.finish(rid)
@@ -326,31 +313,14 @@ class Peer:
         if after is not None:
             await after()
 
-    def _trim(self) -> None:
-        """A response began: keep the per-response tables to the recent ones."""
-        for table in (self._items, self._audio_ms):
-            while len(table) > 16:
-                del table[next(iter(table))]
-
     async def _interrupted(self) -> None:
-        """Server VAD heard the user: stop the assistant's voice now.
-
-        An active response is cancelled by the session itself (its response.done follows, and
-        the ledger the track keeps tells the session what was heard). A response that already
-        completed may still be playing its last second: cut it and truncate its item to what
-        was heard, through the same session API a client would use."""
+        """Server VAD heard the user: stop the assistant's voice now, and tell the session what
+        was dropped (it truncates a complete reply to what was heard; an active response it
+        cancels itself)."""
         rid = self.track.playing
-        if not self.track.clear():
-            return
-        if rid is None or self._done.get(rid) != "completed" or rid not in self._items:
-            return
-        heard = self.runner.core.ledger.sent_ms(rid)
-        if heard + 20 >= self._audio_ms.get(rid, 0.0):
-            return
-        truncate = {"type": "conversation.item.truncate", "item_id": self._items[rid], "content_index": 0,
-                    "audio_end_ms": int(heard)}
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.runner.submit(json.dumps(truncate)), 1.0)
+        if self.track.clear() and rid is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.runner.playback_cut(rid), 1.0)
 
     def preface(self, events: list[dict[str, Any]]) -> None:
         """Events to send before anything else once the data channel opens (a resume's replay)."""

@@ -325,8 +325,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
 
     def _fence(self) -> None:
         """Epoch fence at send time: audio of an epoch the session has moved past is stale."""
-        epoch = self._runner.core.epoch
-        if self._chunks and self._chunks[0].epoch != epoch:
+        if self._chunks and self._runner.is_stale(self._chunks[0].epoch):
             self.clear()
 
     def _follow_live(self) -> None:
@@ -370,7 +369,6 @@ class OutgoingAudioTrack(MediaStreamTrack):
             return self._silence
         out: np.ndarray | None = None
         filled = 0
-        ledger = self._runner.core.ledger
         played: dict[str, int] = {}
         while filled < FRAME_SAMPLES and self._chunks:
             chunk = self._chunks[0]
@@ -395,7 +393,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self._queued < self._max_samples:
             self._room.set()
         for rid, samples in played.items():
-            ledger.mark_sent(rid, 1000.0 * samples / RATE)  # playback truth: what went out
+            self._runner.played(rid, 1000.0 * samples / RATE)  # playback truth: what went out
         if self._playing is not None and self._playing in self._complete and not self._chunks:
             self._stop_playing()
         elif filled < FRAME_SAMPLES and self._playing not in self._complete:
