@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
 from . import __version__, endpoints, metrics
+from .audio.end_of_turn import EndOfTurnModel
 from .config import ServerSettings
 from .engines.registry import ModelRegistry
 from .http import docs
@@ -58,12 +59,15 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
         app.state.draining = asyncio.Event()
         lead = lim.output_lead_ms if lim.output_lead_ms >= 0 else None
         store = await asyncio.to_thread(open_store, settings.store.url, settings.store.ttl_s)
+        end_of_turn = None
+        if settings.serving.end_of_turn_model and any("vad" in info.capabilities for info in reg.infos()):
+            end_of_turn = await asyncio.to_thread(EndOfTurnModel.load, settings.engines.embedded.cache_dir, log.info)
         app.state.manager = SessionManager(
             reg, max_sessions=lim.max_sessions, limits=limits,
             pipeline=PipelineSettings(lead_ms=lead), model_threads=settings.serving.threads,
             store=store, resume_grace_s=settings.store.resume_grace_s, persist_ttl_s=settings.store.ttl_s,
             observer=app.state.metrics,
-            store_transcripts=settings.store.transcripts,
+            store_transcripts=settings.store.transcripts, end_of_turn=end_of_turn,
         )
         app.state.manager.start()
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.server.host, settings.server.port)

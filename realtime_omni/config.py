@@ -48,6 +48,10 @@ class ServingSection(_Section):
     ray_address: str | None = None
     #: threads that run the sessions' model stages in this process
     threads: int = Field(default=4, ge=1)
+    #: ``semantic_vad`` asks an end-of-turn model (Smart Turn v3.2, fetched at the first start
+    #: into ``engines.embedded.cache_dir``) whether a pause ends the user's turn; False: it is a
+    #: silence window set by its eagerness
+    end_of_turn_model: bool = True
 
 
 class LimitsSection(_Section):

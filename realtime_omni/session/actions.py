@@ -8,6 +8,7 @@ import numpy as np
 
 from ..audio import AudioFormat, Pcm
 from ..engines.base import ThinkRequest
+from .turn_detection import TurnCheck
 
 
 @dataclass
@@ -46,6 +47,14 @@ class Speculate:
 
 
 @dataclass
+class CheckTurnEnd:
+    """``semantic_vad``: ask the end-of-turn model whether the user's pause ends their turn."""
+
+    check: TurnCheck
+    pcm16k: np.ndarray
+
+
+@dataclass
 class DropSpeculation:
     spec_id: int
 
@@ -76,5 +85,5 @@ class CloseSession:
     reason: str
 
 
-Action = (DetectSpeech | Transcribe | Speculate | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
+Action = (DetectSpeech | Transcribe | Speculate | CheckTurnEnd | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
           | Listen | CloseSession)

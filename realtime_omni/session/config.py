@@ -11,8 +11,12 @@ from ..engines.base import ToolSpec
 from ..protocol.errors import ErrorCode, ProtocolError
 from .tools import ToolChoice, parse_tool_choice, parse_tools
 
-# semantic_vad has no separate model here: its eagerness maps onto the silence window.
+# semantic_vad without an end-of-turn model: its eagerness maps onto a silence window.
 _EAGERNESS_SILENCE_MS = {"low": 900, "medium": 500, "auto": 500, "high": 250}
+#: semantic_vad with the model: the model is asked after this much silence...
+SEMANTIC_CHECK_MS = 200
+#: ...and a turn it judged unfinished ends anyway after this much (by eagerness)
+SEMANTIC_MAX_WAIT_MS = {"low": 4000, "medium": 2000, "auto": 2000, "high": 1000}
 
 
 class TurnDetection(BaseModel):

@@ -24,7 +24,7 @@ from ..engines.base import ModelInfo, ThinkRequest
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
-from .config import SessionConfig, tools_of
+from .config import SEMANTIC_CHECK_MS, SEMANTIC_MAX_WAIT_MS, SessionConfig, tools_of
 from .conversation import Conversation, Item, item_from_client, new_id
 from .idle import IdleTimer
 from .input_buffer import MODEL_RATE, InputAudioBuffer
@@ -75,6 +75,7 @@ class RealtimeSession(TurnControl, ResponseControl):
         max_bytes: int | None = None,
         clock=time.time,  # type: ignore[no-untyped-def]
         requested_model: str | None = None,
+        end_of_turn: bool = False,
     ) -> None:
         self.id = session_id or new_id("sess")
         self.model = model
@@ -92,6 +93,8 @@ class RealtimeSession(TurnControl, ResponseControl):
         self._spec_id = 0
         self._spec_active = False
         self.has_vad = has_vad and not model.duplex  # a duplex model takes its own turns
+        #: semantic_vad can ask an end-of-turn model (else it is a silence window)
+        self.end_of_turn = end_of_turn
         self.config = SessionConfig(model=model.id)
         if not self.has_vad:
             self.config.turn_detection = None
@@ -275,7 +278,13 @@ class RealtimeSession(TurnControl, ResponseControl):
 
     def _reset_detector(self) -> None:
         td = self.config.turn_detection
-        self.detector = TurnDetector(td.threshold, td.silence_duration_ms) if td and self.has_vad else None
+        if td is None or not self.has_vad:
+            self.detector = None
+        elif td.type == "semantic_vad" and self.end_of_turn:
+            self.detector = TurnDetector(td.threshold, SEMANTIC_MAX_WAIT_MS[td.eagerness or "auto"],
+                                         check_after_ms=SEMANTIC_CHECK_MS)
+        else:
+            self.detector = TurnDetector(td.threshold, td.silence_duration_ms)
         if self.detector is None and self._speech_item_id is not None:
             self._speech_item_id = None
 

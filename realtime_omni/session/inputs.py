@@ -16,6 +16,7 @@ import numpy as np
 from ..audio import Pcm
 from ..engines.base import ToolCallDelta
 from .core import RealtimeSession
+from .turn_detection import TurnCheck
 
 # eq=False: the fields hold arrays and futures; an input is a message, never compared.
 
@@ -63,6 +64,15 @@ class PlaybackCut:
     """A server-side player (WebRTC track, telephony) dropped what it held of a response."""
 
     response_id: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TurnEndVerdict:
+    """The end-of-turn model's answer to a :class:`~.actions.CheckTurnEnd`."""
+
+    check: TurnCheck
+    complete: bool
+    probability: float
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -121,7 +131,8 @@ class ResponseEnd:
 
 
 EngineOutput = ResponseText | ResponseAudio | ResponseCall | ResponseUsage | ResponseEnd
-SessionInput = ClientEvent | RateLimited | AudioIn | Image | Sync | Close | PlaybackCut | Transcript | EngineOutput
+SessionInput = (ClientEvent | RateLimited | AudioIn | Image | Sync | Close | PlaybackCut | TurnEndVerdict | Transcript
+                | EngineOutput)
 
 
 def for_response(output: EngineOutput, response_id: str, epoch: int) -> EngineOutput:

@@ -7,6 +7,7 @@ import concurrent.futures
 import logging
 from typing import Literal
 
+from ..audio.end_of_turn import EndOfTurnModel
 from ..engines.base import ModelAtCapacity
 from ..engines.registry import ModelRegistry
 from ..observer import NullObserver, Observer
@@ -14,9 +15,9 @@ from ..pipeline import PipelineSettings
 from ..protocol.errors import ProtocolError
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
-from .runner import RunnerLimits, SessionRunner
 from .persist import Persister, restoration
 from .retention import keeps_row, purge_forever
+from .runner import RunnerLimits, SessionRunner
 from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,11 @@ class SessionManager:
         persist_ttl_s: float = 3600.0,
         observer: Observer | None = None,
         store_transcripts: bool = True,
+        end_of_turn: EndOfTurnModel | None = None,
     ) -> None:
         self.registry = registry
+        #: semantic_vad's end-of-turn model, shared by every session (None: a silence window)
+        self.end_of_turn = end_of_turn
         self.max_sessions = max_sessions
         self.limits = limits or RunnerLimits()
         self.pipeline = pipeline or PipelineSettings()
@@ -102,6 +106,7 @@ class SessionManager:
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
             requested_model=model_name,
             max_bytes=self.limits.max_session_bytes,
+            end_of_turn=self.end_of_turn is not None,
         )
         core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:
@@ -115,7 +120,7 @@ class SessionManager:
         runner = SessionRunner(
             core, model_session, self.executor, self.vad_executor, self.limits, self.pipeline,
             on_close=self._forget, on_change=self.persister.changed if self.persister else None,
-            observer=self.observer, transport=transport,
+            observer=self.observer, transport=transport, end_of_turn=self.end_of_turn,
         )
         runner.owner = owner if snapshot is None else snapshot.get("owner")
         runner.from_store = snapshot is not None

@@ -11,6 +11,7 @@ import concurrent.futures
 import logging
 from typing import Any, Protocol
 
+from ..audio.end_of_turn import COMPLETE, EndOfTurnModel
 from ..engines.base import ModelSession, VADStream
 from ..observer import Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
@@ -39,6 +40,9 @@ class PerformerHost(Protocol):
 
     @property
     def vad_executor(self) -> concurrent.futures.Executor: ...
+
+    @property
+    def end_of_turn(self) -> EndOfTurnModel | None: ...
 
     @property
     def pipeline_settings(self) -> PipelineSettings: ...
@@ -75,6 +79,8 @@ class ActionPerformer:
                 await self._listen(action)
             case act.Speculate():
                 self._host.speculation.start(action)
+            case act.CheckTurnEnd():
+                self._spawn(self._check_turn_end(action))
             case act.DropSpeculation(spec_id):
                 self._host.speculation.discard(spec_id)
             case act.Transcribe():
@@ -136,6 +142,23 @@ class ActionPerformer:
         task = asyncio.create_task(coro)
         self.side_tasks.add(task)
         task.add_done_callback(self.side_tasks.discard)
+
+    async def _check_turn_end(self, action: act.CheckTurnEnd) -> None:
+        """Ask the end-of-turn model about the user's pause; without an answer (no model, a
+        failure, a timeout) the silence window ends the turn as server_vad would."""
+        model = self._host.end_of_turn
+        if model is None:
+            return
+        try:
+            probability = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(self._host.vad_executor, model.probability, action.pcm16k),
+                self._host.pipeline_settings.step_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the silence window still ends the turn
+            log.exception("end-of-turn model failed in session %s", self._host.core.id)
+            return
+        await self._host.mailbox.put(inp.TurnEndVerdict(action.check, probability >= COMPLETE, probability))
 
     async def _transcribe(self, action: act.Transcribe) -> None:
         loop = asyncio.get_running_loop()

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..audio import Pcm
+from ..audio.end_of_turn import EndOfTurnModel
 from ..engines.base import ModelSession, VADStream
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
@@ -48,8 +49,11 @@ class SessionRunner(ConnectionLink):
         on_change: Callable[["SessionRunner", list[dict[str, Any]]], None] | None = None,
         observer: Observer | None = None,
         transport: str = "internal",
+        end_of_turn: EndOfTurnModel | None = None,
     ) -> None:
         self.core = core
+        #: semantic_vad's end-of-turn model (shared by all sessions), None without one
+        self.end_of_turn = end_of_turn
         self.model = model
         self.executor = executor
         self.vad_executor = vad_executor
@@ -279,6 +283,8 @@ class SessionRunner(ConnectionLink):
                     done.set_result(None)
             case inp.PlaybackCut(response_id):
                 core.playback_cut(response_id)
+            case inp.TurnEndVerdict(check, complete, probability):
+                core.on_turn_end_verdict(check, complete, probability)
             case inp.Transcript(item_id, text, error):
                 core.on_transcription(item_id, text, error)
             case inp.ResponseText() | inp.ResponseAudio() | inp.ResponseCall() | inp.ResponseUsage() | inp.ResponseEnd():

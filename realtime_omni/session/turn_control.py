@@ -18,6 +18,7 @@ from .turn_detection import (
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
+    TurnCheck,
 )
 
 
@@ -51,21 +52,42 @@ class TurnControl:
                     self._actions.append(act.Speculate(self._spec_id, audio))
             elif isinstance(decision, SpeechResumed):
                 self._drop_speculation()
+            elif isinstance(decision, TurnCheck) and self._speech_item_id is not None:
+                # semantic_vad: the end-of-turn model hears the turn so far, the pause included
+                audio = self.input.peek(self._speech_start_ms, decision.audio_end_ms + 200)
+                self._actions.append(act.CheckTurnEnd(decision, audio))
             elif isinstance(decision, SpeechStopped) and self._speech_item_id is not None:
-                item_id, self._speech_item_id = self._speech_item_id, None
-                self._emit(server_event("input_audio_buffer.speech_stopped", audio_end_ms=decision.audio_end_ms, item_id=item_id))
-                audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
-                spec = self._spec_id if self._spec_active else None
-                self._spec_active = False  # from here the driver adopts the prepared reply or drops it
-                if not self._commit(item_id, audio, spec):
-                    if spec is not None:
-                        self._actions.append(act.DropSpeculation(spec))
-                elif td.create_response and self.config.responds and self.response is None:
-                    self._create_response({}, spec)
-                elif spec is not None:
-                    self._actions.append(act.DropSpeculation(spec))
+                self._end_turn(decision)
         if self.response is None and self._speech_item_id is None:
             self._check_idle(start_ms + len(probabilities) * self.detector.frame_ms)
+
+    def _end_turn(self, decision: SpeechStopped) -> None:
+        """The user's turn is over: commit it, then answer (or let a prepared reply go)."""
+        td = self.config.turn_detection
+        assert td is not None and self._speech_item_id is not None
+        item_id, self._speech_item_id = self._speech_item_id, None
+        self._emit(server_event("input_audio_buffer.speech_stopped", audio_end_ms=decision.audio_end_ms, item_id=item_id))
+        audio = self.input.take(self._speech_start_ms, decision.audio_end_ms + 200)
+        spec = self._spec_id if self._spec_active else None
+        self._spec_active = False  # from here the driver adopts the prepared reply or drops it
+        if not self._commit(item_id, audio, spec):
+            if spec is not None:
+                self._actions.append(act.DropSpeculation(spec))
+        elif td.create_response and self.config.responds and self.response is None:
+            self._create_response({}, spec)
+        elif spec is not None:
+            self._actions.append(act.DropSpeculation(spec))
+
+    def on_turn_end_verdict(self, check: TurnCheck, complete: bool, probability: float) -> None:
+        """Driver callback: the end-of-turn model's answer for a :class:`~.actions.CheckTurnEnd`.
+
+        Finished: the turn ends now, at the pause the model heard, unless the user has spoken
+        again since. Unfinished: the silence window (long, by eagerness) decides as usual."""
+        if self.detector is None or self.closed or self._speech_item_id is None or not complete:
+            return
+        stopped = self.detector.end_now(check)
+        if stopped is not None:
+            self._end_turn(stopped)
 
     def _check_idle(self, now_ms: float) -> None:
         td = self.config.turn_detection

@@ -14,7 +14,7 @@ import inspect
 import json
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 

@@ -21,6 +21,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ...config import ServerSettings
 from ...http.access import Opener, Owner, allowed_origin
 from ...http.bodies import LimitedBody
 from ...http.errors import ApiError, api_error
