@@ -116,6 +116,8 @@ class ThinkRequest:
     tool_choice: ToolChoiceMode = "auto"
     #: with ``tool_choice == "required"``: the one function that must be called, if named
     tool_name: str | None = None
+    #: speaking rate (``audio.output.speed``, 0.25-1.5); talkers that cannot change it ignore it
+    speed: float = 1.0
 
 
 @dataclass
@@ -194,9 +196,10 @@ class ModelSession(abc.ABC):
 
     @abc.abstractmethod
     def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
     ) -> Iterator[TalkerOutput]:
-        """Turn one segment of thinker output into audio (or codes), first chunk early."""
+        """Turn one segment of thinker output into audio (or codes), first chunk early, at
+        ``speed`` times the voice's own rate where the talker can change it."""
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         """Codec stage: a talker output → int16 audio at ``ModelInfo.output_rate``."""

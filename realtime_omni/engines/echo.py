@@ -29,7 +29,7 @@ class EchoSession(ModelSession):
         return iter(())
 
     def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
     ) -> Iterator[TalkerOutput]:
         return iter(())
 

@@ -218,7 +218,7 @@ class ResponsePipeline:
 
         async def speak(segment: list[ThinkerOutput], final: bool) -> None:
             await self._iterate_in_thread(
-                lambda: self.model.talk(segment, request.voice, request.cancelled, final), threading.Event(), forward,
+                lambda: self.model.talk(segment, request.voice, request.cancelled, final, request.speed), threading.Event(), forward,
                 "talker",
             )
 

@@ -73,6 +73,7 @@ class ResponseControl:
             max_output_tokens=None if limit == "inf" else int(limit),
             voice=self.config.voice,
             want_audio=want_audio,
+            speed=self.config.speed,
             tools=list(tools),
             tool_choice=choice.mode if tools else "none",  # a session may hold "required" before its tools
             tool_name=choice.name,

@@ -32,6 +32,7 @@ def same_request(a: ThinkRequest, b: ThinkRequest) -> bool:
         a.instructions == b.instructions
         and a.want_audio == b.want_audio
         and a.voice == b.voice
+        and a.speed == b.speed
         and a.max_output_tokens == b.max_output_tokens
         and (a.tools, a.tool_choice, a.tool_name) == (b.tools, b.tool_choice, b.tool_name)
         and [(m.role, m.text.strip(), m.call) for m in a.messages] == [(m.role, m.text.strip(), m.call) for m in b.messages]

@@ -230,6 +230,22 @@ def test_piper_talk(model: EmbeddedModel) -> None:
         session.close()
 
 
+def test_piper_speaks_faster_and_slower_at_the_session_speed(model: EmbeddedModel) -> None:
+    session = model.open_session()
+    text = [ThinkerOutput(text="The quick brown fox jumps over the lazy dog near the river bank.")]
+
+    def seconds(speed: float) -> float:  # Piper samples its timing: the mean of three takes
+        takes = [sum(len(o.audio) for o in session.talk(text, "alloy", threading.Event(), True, speed))
+                 for _ in range(3)]
+        return float(np.mean(takes)) / 22_050
+
+    try:
+        normal, fast, slow = seconds(1.0), seconds(1.5), seconds(0.5)
+    finally:
+        session.close()
+    assert fast < 0.8 * normal < 0.8 * 0.8 * slow, (fast, normal, slow)  # ~0.67x and ~2x
+
+
 def test_echo_model_is_inert() -> None:
     echo = EchoModel()
     echo.load()

@@ -213,6 +213,17 @@ def local_vad():
     return SileroVAD()
 
 
+def test_the_speaking_rate_crosses_the_process_boundary(embedded: IsolatedModel) -> None:
+    session = embedded.open_session()
+    segment = [ThinkerOutput(text="One, two, three, four, five, six, seven, eight, nine, ten.")]
+    try:
+        normal = sum(len(o.audio) for o in session.talk(segment, "alloy", threading.Event(), True))
+        fast = sum(len(o.audio) for o in session.talk(segment, "alloy", threading.Event(), True, 1.5))
+    finally:
+        session.close()
+    assert fast < 0.85 * normal, (fast, normal)
+
+
 @pytest.fixture(scope="module")
 def speech_16k(embedded: IsolatedModel) -> np.ndarray:
     """Piper speech synthesized through the proxy's talk(), at 16 kHz, padded with silence."""

@@ -10,6 +10,7 @@ from realtime_omni.audio import AudioFormat, Pcm
 from realtime_omni.engines.base import ModelInfo
 from realtime_omni.engines.echo import EchoModel
 from realtime_omni.protocol import parse_client_event
+from realtime_omni.protocol.errors import ProtocolError
 from realtime_omni.session import actions as act
 from realtime_omni.session.core import RealtimeSession
 from tests.helpers import assert_valid_server_event
@@ -339,3 +340,17 @@ def test_errors_sent_to_a_client_are_logged_with_session_and_code(caplog):
         d.send(type="conversation.item.delete", item_id="item_missing")
     assert [e["error"]["code"] for e in d.events if e["type"] == "error"] == ["item_not_found"]
     assert any(d.s.id in r.getMessage() and "item_not_found" in r.getMessage() for r in caplog.records)
+
+
+def test_the_session_speed_reaches_the_talker_request():
+    d = Driver(has_vad=False)
+    d.send(type="session.update", session={"type": "realtime", "audio": {"output": {"speed": 1.25}}})
+    assert d.events[-1]["session"]["audio"]["output"]["speed"] == 1.25
+    d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hi"}]})
+    start = next(a for a in d.send(type="response.create") if isinstance(a, act.StartResponse))
+    assert start.request.speed == 1.25
+    with pytest.raises(ProtocolError) as refused:  # the published range, checked at the edge
+        parse_client_event(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"output": {"speed": 3.0}}}}))
+    assert refused.value.param.endswith("speed")

@@ -41,10 +41,10 @@ class EmbeddedSession(ModelSession):
         return self._thinker.think(request)
 
     def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
     ) -> Iterator[TalkerOutput]:
         # only one voice is installed: every requested name ("alloy", "verse", ...) gets joe
-        return self._model.tts.talk("".join(out.text for out in segment), cancelled, final)
+        return self._model.tts.talk("".join(out.text for out in segment), cancelled, final, speed)
 
     def confirm(self, spoken_text: str) -> None:
         self._thinker.confirm(spoken_text)

@@ -6,6 +6,7 @@ import importlib.resources
 import json
 import re
 import threading
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,16 +51,19 @@ class PiperTTS:
         # Per-chunk peak normalisation (Piper's default) makes consecutive clauses of one reply
         # differ in loudness; the raw output already peaks around 0.4-0.7.
         self._config = SynthesisConfig(normalize_audio=False)
+        self._length_scale = config.length_scale or 1.0  # the voice's own rate
 
-    def synthesize(self, text: str) -> Iterator[np.ndarray]:
-        """int16 audio per Piper sentence chunk (empty iterator for unspeakable text)."""
+    def synthesize(self, text: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+        """int16 audio per Piper sentence chunk (empty iterator for unspeakable text); ``speed``
+        scales the speaking rate (Piper's ``length_scale`` is its inverse)."""
         cleaned = _UNSPEAKABLE.sub(" ", text)
         if not cleaned.strip():
             return
-        for chunk in self.voice.synthesize(cleaned, self._config):
+        config = self._config if speed == 1.0 else replace(self._config, length_scale=self._length_scale / speed)
+        for chunk in self.voice.synthesize(cleaned, config):
             yield chunk.audio_int16_array
 
-    def talk(self, text: str, cancelled: threading.Event, final: bool) -> Iterator[TalkerOutput]:
+    def talk(self, text: str, cancelled: threading.Event, final: bool, speed: float = 1.0) -> Iterator[TalkerOutput]:
         """Speak ``text`` sentence by sentence; the outputs' texts concatenate to ``text``.
 
         Text that produces no audio (whitespace, stray punctuation) rides on the next output, or
@@ -72,7 +76,7 @@ class PiperTTS:
                 return
             pending += piece
             last_piece = index == len(pieces) - 1
-            chunks = self.synthesize(piece)
+            chunks = self.synthesize(piece, speed)
             current = next(chunks, None)
             while current is not None:
                 if cancelled.is_set():

@@ -347,11 +347,11 @@ class OmniSession(ModelSession):
         return len(pending)
 
     def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
     ) -> Iterator[TalkerOutput]:
         if self.closed:
             return iter(())
-        return self.talker.talk(segment, voice, cancelled, final)
+        return self.talker.talk(segment, voice, cancelled, final)  # the codec has one rate: speed is not applied
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         chunk = out.codes

@@ -303,8 +303,8 @@ class WorkerHost:
             request.cancelled = cancelled
             return session.think(request)
         if method == "talk":
-            segment, voice, final = args
-            return session.talk(segment, voice, cancelled, final)
+            segment, voice, final, speed = args
+            return session.talk(segment, voice, cancelled, final, speed)
         raise ValueError(f"unknown worker stream {method!r}")
 
     @property

@@ -306,10 +306,10 @@ class IsolatedSession(ModelSession):
         return self._owner._call(self.key, "talk_boundary", (pending, final), wait_s=0.0)
 
     def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
+        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
     ) -> Iterator[TalkerOutput]:
         self._check()
-        return self._owner._stream(self.key, "talk", (segment, voice, final), cancelled)
+        return self._owner._stream(self.key, "talk", (segment, voice, final, speed), cancelled)
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         if not self._traits.custom_decode:
