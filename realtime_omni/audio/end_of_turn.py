@@ -36,7 +36,9 @@ COMPLETE = 0.5
 
 class EndOfTurnModel:
     def __init__(self, path: Path, threads: int = 1) -> None:
-        from faster_whisper.feature_extractor import FeatureExtractor  # the embedded extra
+        from faster_whisper.feature_extractor import (
+            FeatureExtractor,  # the embedded extra
+        )
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads

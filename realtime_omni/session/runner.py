@@ -26,8 +26,8 @@ from ..protocol.errors import ErrorCode, ProtocolError
 from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
-from .link import ConnectionLink
 from .limits import EXPIRY_MESSAGES, RunnerLimits, TokenBucket, Wedged
+from .link import ConnectionLink
 from .memory import approx_bytes
 from .meter import TurnMeter
 from .performer import ActionPerformer

@@ -6,8 +6,8 @@ import importlib.resources
 import json
 import re
 import threading
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
