@@ -45,7 +45,7 @@ class TalkySession(ModelSession):
             yield ThinkerOutput(text=f"w{index} ")
 
     def talk(self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event,
-             final: bool) -> Iterator[TalkerOutput]:
+             final: bool, speed: float = 1.0) -> Iterator[TalkerOutput]:
         """``chunks`` pieces of ``chunk_ms`` of tone, paced in real time after the first."""
         text = "".join(o.text for o in segment)
         n = 24 * self.chunk_ms
