@@ -387,45 +387,6 @@ class RealtimeSession(TurnControl, ResponseControl):
         self.conversation.delete(event.item_id)
         self._emit(server_event("conversation.item.deleted", item_id=event.item_id))
 
-    def _on_conversation_item_truncate(self, event: Any) -> None:
-        item = self.conversation.get(event.item_id)
-        if item.role != "assistant" or event.content_index != 0 or not item.content or item.content[0].get("type") != "output_audio":
-            raise ProtocolError(ErrorCode.INVALID_TRUNCATE, "only an assistant audio part can be truncated", param="content_index")
-        if event.audio_end_ms < 0 or event.audio_end_ms > item.audio_ms + 1:
-            raise ProtocolError(
-                ErrorCode.INVALID_TRUNCATE,
-                f"audio_end_ms {event.audio_end_ms} is beyond the item's {item.audio_ms:.0f} ms of audio",
-                param="audio_end_ms",
-            )
-        if self.response is not None and self.response.item is item:
-            self._cancel_active("client_cancelled", heard_ms=event.audio_end_ms)
-        self._truncate(item, event.audio_end_ms)
-
-    def _truncate(self, item: Item, audio_end_ms: int) -> None:
-        heard = item.truncate_audio(audio_end_ms)
-        self._actions.append(act.ConfirmHeard(heard))
-        self._emit(server_event("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=audio_end_ms))
-
-    def playback_cut(self, response_id: str) -> None:
-        """A transport that plays audio on the server's side (WebRTC, telephony) dropped what it
-        still held of ``response_id`` for the listener (a barge-in).
-
-        The active response needs nothing here: the turn detector that heard the user cancels it,
-        truncating to what was heard. A reply already complete but not all heard is truncated to
-        what was heard, exactly as a client's ``conversation.item.truncate`` would."""
-        if self.closed or (self.response is not None and self.response.id == response_id):
-            return
-        unheard = self.ledger.unheard_reply(response_id)
-        if unheard is None:
-            return
-        response, heard_ms = unheard
-        if self.conversation.holds(response.item):  # not deleted meanwhile
-            self._truncate(response.item, int(heard_ms))
-
-    def fenced(self, epoch: int | None) -> bool:
-        """Whether audio tagged with ``epoch`` is stale (the session moved past it: a barge-in)."""
-        return epoch is not None and epoch != self.epoch
-
     def _on_response_create(self, event: Any) -> None:
         if not self.config.responds:
             raise ProtocolError(ErrorCode.UNSUPPORTED, "a transcription session does not create responses; "

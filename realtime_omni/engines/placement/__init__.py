@@ -5,6 +5,6 @@ import Ray, connecting (``RayModel.load``) does.
 """
 
 from .model import RayModel, Worker
-from .session import RaySession, RayVADSession, RayVADStream
+from .session import RaySession, RayVADSession
 
-__all__ = ["RayModel", "RaySession", "RayVADSession", "RayVADStream", "Worker"]
+__all__ = ["RayModel", "RaySession", "RayVADSession", "Worker"]

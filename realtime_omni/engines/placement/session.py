@@ -6,25 +6,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import logging
 import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-import numpy as np
-
-from ...audio import Pcm
 from ..base import (
     ModelInfo,
-    ModelSession,
-    TalkerOutput,
-    ThinkerOutput,
-    ThinkRequest,
     VADStream,
 )
 from ..worker import protocol as p
-from ..worker.protocol import WorkerCrashed, WorkerError
+from ..worker.remote import RemoteSession, RemoteVADStream
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +73,13 @@ class SessionOwner(Protocol):
     def _release(self, worker: Worker, key: str) -> None: ...
 
 
-class RaySession(ModelSession):
+class RaySession(RemoteSession):
     """A session whose engine state lives in one worker actor under ``key`` (sticky)."""
 
     def __init__(self, owner: SessionOwner, key: str, worker: Worker) -> None:
+        super().__init__(key, owner.traits, owner.strip_unheard_audio and not owner.info.hears_audio)
         self._owner = owner
-        self.key = key
         self.worker = worker
-        self.closed = False
-        self._traits = owner.traits
-        self._vad_keys = itertools.count(1)
-
-    def _check(self) -> None:
-        if self.closed:
-            raise RuntimeError("model session is closed")
 
     def worker_for_call(self) -> Worker:
         """This session's worker; if it died, the live worker with the most free capacity, where
@@ -112,42 +97,17 @@ class RaySession(ModelSession):
                     "from the conversation (re-prefill)", owner.name, self.key[:8], old.worker_id, new.worker_id)
         return new
 
-    def transcribe(self, pcm16k: np.ndarray) -> str:
-        return self._owner._call(self, "transcribe", (pcm16k,))
+    def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+        return self._owner._call(self, method, args)
 
-    def listen(self, audio: Pcm) -> Pcm | None:
-        # a duplex model hears each input chunk where it lives: one actor call per chunk
-        return self._owner._call(self, "listen", (audio,))
+    def _call_now(self, method: str, args: tuple[Any, ...]) -> Any:
+        return self._owner._call(self, method, args, move=False, timeout=2.0)
 
-    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
-        self._check()
-        wire = p.wire_request(request, self._owner.strip_unheard_audio and not self._owner.info.hears_audio)
-        return self._owner._stream(self, "think", (wire,), request.cancelled)
+    def _stream(self, method: str, args: tuple[Any, ...], cancelled: threading.Event) -> Iterator[Any]:
+        return self._owner._stream(self, method, args, cancelled)
 
-    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
-        if not self._traits.custom_talk_boundary:
-            return super().talk_boundary(pending, final)
-        self._check()
-        # on the event loop: never wait for a move; a dead worker fails the response at once
-        return self._owner._call(self, "talk_boundary", (pending, final), move=False, timeout=2.0)
-
-    def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
-    ) -> Iterator[TalkerOutput]:
-        self._check()
-        return self._owner._stream(self, "talk", (segment, voice, final, speed), cancelled)
-
-    def decode(self, out: TalkerOutput) -> np.ndarray:
-        if not self._traits.custom_decode:
-            return super().decode(out)
-        return self._owner._call(self, "decode", (out,))
-
-    def confirm(self, spoken_text: str) -> None:
-        self._check()
-        if self.worker.dead:
-            return  # the context to cut back died with the worker
-        with contextlib.suppress(WorkerError):
-            self._owner._call(self, "confirm", (spoken_text,), move=False, timeout=5.0)
+    def _context_lost(self) -> bool:
+        return self.worker.dead
 
     def close(self) -> None:
         if self.closed:
@@ -167,29 +127,7 @@ class RayVADSession(RaySession):
         self._check()
         local = self._owner._vad
         if local is not None:
-            return local.stream()
-        return RayVADStream(self, next(self._vad_keys), self._traits.vad_frame_samples)
-
-
-class RayVADStream(VADStream):
-    """The worker's VAD, for engines with no ``gateway_vad``: one actor call per chunk of input
-    the session core hands over (slow past a few dozen sessions; prefer a gateway VAD)."""
-
-    def __init__(self, session: RaySession, key: int, frame_samples: int) -> None:
-        self._session = session
-        self.key = key
-        self.frame_samples = frame_samples
-        self._reset = False
-
-    def probabilities(self, pcm16k: np.ndarray) -> list[float]:
-        if len(pcm16k) % self.frame_samples:
-            raise ValueError(f"VAD input must be whole frames of {self.frame_samples} samples, got {len(pcm16k)}")
-        reset, self._reset = self._reset, False
-        args = (self.key, pcm16k, reset)
-        try:
-            return self._session._owner._call(self._session, "vad", args)
-        except WorkerCrashed:
-            return self._session._owner._call(self._session, "vad", args)  # fresh state on the next worker
-
-    def reset(self) -> None:
-        self._reset = True
+            return local.stream()  # the gateway's own VAD, beside the audio: no actor call per frame
+        # the worker's VAD: one actor call per chunk of input the session core hands over (slow
+        # past a few dozen sessions; prefer a gateway VAD)
+        return RemoteVADStream(self, next(self._vad_keys), self._traits.vad_frame_samples)

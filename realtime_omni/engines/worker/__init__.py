@@ -6,13 +6,15 @@ and restarts the child when it dies (pending calls raise :class:`WorkerCrashed`)
 """
 
 from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
-from .proxy import IsolatedModel, IsolatedSession, IsolatedVADSession, IsolatedVADStream
+from .proxy import IsolatedModel, IsolatedSession, IsolatedVADSession
+from .remote import RemoteSession, RemoteVADStream
 
 __all__ = [
     "IsolatedModel",
     "IsolatedSession",
     "IsolatedVADSession",
-    "IsolatedVADStream",
+    "RemoteSession",
+    "RemoteVADStream",
     "WorkerClosed",
     "WorkerCrashed",
     "WorkerError",

@@ -20,30 +20,22 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from ...audio import Pcm
 from ..base import (
     ModelAtCapacity,
     ModelInfo,
-    ModelSession,
-    TalkerOutput,
-    ThinkerOutput,
-    ThinkRequest,
-    VADStream,
     VoiceModel,
 )
 from ..settings import EngineSettings
 from . import protocol as p
 from .channel import CRASHED, ChannelDead
 from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
+from .remote import RemoteSession, RemoteVADStream
 from .supervisor import Supervisor
 
 __all__ = [
     "IsolatedModel",
     "IsolatedSession",
     "IsolatedVADSession",
-    "IsolatedVADStream",
     "WorkerClosed",
     "WorkerCrashed",
     "WorkerError",
@@ -270,61 +262,21 @@ class IsolatedModel(VoiceModel):
                 channel.post(msg)
 
 
-class IsolatedSession(ModelSession):
+class IsolatedSession(RemoteSession):
     """A session whose engine state lives in the worker under ``key``."""
 
     def __init__(self, owner: IsolatedModel, key: int) -> None:
+        super().__init__(key, owner.traits, owner.strip_unheard_audio and not owner.info.hears_audio)
         self._owner = owner
-        self.key = key
-        self.closed = False
-        self._traits = owner.traits
-        self._vad_keys = itertools.count(1)
 
-    def _check(self) -> None:
-        if self.closed:
-            raise RuntimeError("model session is closed")
+    def _call(self, method: str, args: tuple[Any, ...]) -> Any:
+        return self._owner._call(self.key, method, args)
 
-    def transcribe(self, pcm16k: np.ndarray) -> str:
-        self._check()
-        return self._owner._call(self.key, "transcribe", (pcm16k,))
+    def _call_now(self, method: str, args: tuple[Any, ...]) -> Any:
+        return self._owner._call(self.key, method, args, wait_s=0.0)
 
-    def listen(self, audio: Pcm) -> Pcm | None:
-        self._check()
-        return self._owner._call(self.key, "listen", (audio,))
-
-    def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
-        self._check()
-        wire = p.wire_request(request, self._owner.strip_unheard_audio and not self._owner.info.hears_audio)
-        return self._owner._stream(self.key, "think", (wire,), request.cancelled)
-
-    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
-        if not self._traits.custom_talk_boundary:
-            return super().talk_boundary(pending, final)  # pure text logic: no round trip
-        self._check()
-        # called on the event loop: never wait for a restarting worker (whose thinker state for
-        # this response died anyway); a WorkerUnavailable fails the response at once
-        return self._owner._call(self.key, "talk_boundary", (pending, final), wait_s=0.0)
-
-    def talk(
-        self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0
-    ) -> Iterator[TalkerOutput]:
-        self._check()
-        return self._owner._stream(self.key, "talk", (segment, voice, final, speed), cancelled)
-
-    def decode(self, out: TalkerOutput) -> np.ndarray:
-        if not self._traits.custom_decode:
-            return super().decode(out)
-        self._check()
-        return self._owner._call(self.key, "decode", (out,))
-
-    def confirm(self, spoken_text: str) -> None:
-        self._check()
-        try:
-            # only the worker that generated the reply holds a context to cut back: if it is
-            # down (or dies now), there is nothing left to confirm and nothing to wait for
-            self._owner._call(self.key, "confirm", (spoken_text,), wait_s=0.0)
-        except WorkerError:
-            pass
+    def _stream(self, method: str, args: tuple[Any, ...], cancelled: threading.Event) -> Iterator[Any]:
+        return self._owner._stream(self.key, method, args, cancelled)
 
     def close(self) -> None:
         if self.closed:
@@ -334,7 +286,7 @@ class IsolatedSession(ModelSession):
             self._owner._open.discard(self.key)
         try:
             # never wait for a restarting worker: a new one holds no state for this session
-            self._owner._call(self.key, "close", (), wait_s=0.0)
+            self._call_now("close", ())
         except WorkerError:
             pass
 
@@ -343,34 +295,6 @@ class IsolatedVADSession(IsolatedSession):
     """For engines with a VAD: a distinct class because the session manager decides "has VAD"
     from ``type(session).new_vad``."""
 
-    def new_vad(self) -> IsolatedVADStream:
+    def new_vad(self) -> RemoteVADStream:
         self._check()
-        return IsolatedVADStream(self, next(self._vad_keys), self._traits.vad_frame_samples)
-
-
-class IsolatedVADStream(VADStream):
-    """The worker creates the real stream at the first call; ``reset`` rides on the next call."""
-
-    def __init__(self, session: IsolatedSession, key: int, frame_samples: int) -> None:
-        self._session = session
-        self.key = key
-        self.frame_samples = frame_samples
-        self._reset = False
-
-    def probabilities(self, pcm16k: np.ndarray) -> list[float]:
-        session = self._session
-        session._check()
-        if len(pcm16k) % self.frame_samples:
-            raise ValueError(f"VAD input must be whole frames of {self.frame_samples} samples, got {len(pcm16k)}")
-        reset, self._reset = self._reset, False
-        args = (self.key, pcm16k, reset)
-        try:
-            return session._owner._call(session.key, "vad", args)
-        except WorkerCrashed:
-            # the stream's state died with the worker; a VAD error would end the whole session
-            # (the runner does not catch it), so run the frames again on the restarted worker
-            # (waiting for it like any call), where the stream starts fresh
-            return session._owner._call(session.key, "vad", args)
-
-    def reset(self) -> None:
-        self._reset = True
+        return RemoteVADStream(self, next(self._vad_keys), self._traits.vad_frame_samples)
