@@ -14,6 +14,9 @@ pipeline layers do not change:
   stage, backpressure of ``stream_window`` items). Audio travels inside the whole utterance
   (``transcribe``, ``think``), never one actor call per 20 ms frame. Engines with a VAD that can
   run beside the audio (``gateway_vad``, e.g. Silero for ``embedded``) run it in the gateway.
+* **Nodes that join later.** Every ``discover_s`` the monitor compares the cluster's nodes with
+  the workers; a slot without one (a node that joined, a GPU it brought) gets a worker, which
+  serves once its model is loaded.
 * **Failures.** A worker that dies fails the calls in flight at once (:class:`WorkerCrashed`; the
   pipeline ends the response with an error event); a replacement actor starts on the same node;
   the session's next call re-places it on the live worker with the most free capacity, where its
@@ -87,6 +90,7 @@ class RayModel(VoiceModel):
         stream_window: int = 8,
         cancel_grace_s: float = 5.0,
         poll_s: float = 0.5,
+        discover_s: float = 5.0,
         strip_unheard_audio: bool = True,
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -101,6 +105,8 @@ class RayModel(VoiceModel):
         self.stream_window = max(2, stream_window)
         self.cancel_grace_s = cancel_grace_s
         self.poll_s = poll_s
+        #: how often the cluster is looked at for nodes that joined after the load
+        self.discover_s = discover_s
         self.strip_unheard_audio = strip_unheard_audio
         self.init_kwargs = dict(init_kwargs or {})
         self.workers: list[Worker] = []
@@ -119,6 +125,10 @@ class RayModel(VoiceModel):
         self.replacements = 0
         #: worker actors started again after one died
         self.restarts = 0
+        #: worker actors started on nodes that joined the cluster after the load
+        self.joined = 0
+        #: node id → workers being started there (replacements and newcomers), not yet serving
+        self._starting: dict[str, int] = {}
 
     # -- VoiceModel -----------------------------------------------------------------------------
     @property
@@ -299,9 +309,15 @@ class RayModel(VoiceModel):
         return WorkerCrashed(f"model {self.name!r} worker actor {worker.worker_id} died during the call")
 
     def _watch(self) -> None:
-        """Poll each worker's load (its own count of live sessions); replace dead workers."""
+        """Poll each worker's load (its own count of live sessions); replace dead workers; start
+        workers on nodes that joined the cluster since."""
         ray = _ray()
+        next_discovery = time.monotonic() + self.discover_s
         while not self._closing.wait(self.poll_s):
+            if time.monotonic() >= next_discovery:
+                next_discovery = time.monotonic() + self.discover_s
+                with contextlib.suppress(Exception):  # the cluster's view is unreachable for now
+                    self._discover()
             with self._lock:
                 workers = list(self.workers)
             refs = {w: w.handle.load_report.remote() for w in workers if not w.dead}
@@ -330,25 +346,64 @@ class RayModel(VoiceModel):
             log.error("model %s: node %s of worker %s is gone; not replacing it", self.name, dead.node_id[:8],
                       dead.worker_id)
             return
-        worker = self._spawn(dead.node_id, dead.resources)
+        self._start_in_background(dead.node_id, dead.resources, replaces=dead)
+
+    def _discover(self) -> None:
+        """Start a worker in every slot of the cluster that has none: nodes that joined after the
+        load (or GPUs they brought). Dead workers' slots are :meth:`_replace`'s."""
+        wanted: dict[str, list[dict[str, float]]] = {}
+        for node_id, resources in self._slots():
+            wanted.setdefault(node_id, []).append(resources)
+        with self._lock:
+            held: dict[str, int] = dict(self._starting)
+            for worker in self.workers:
+                held[worker.node_id] = held.get(worker.node_id, 0) + 1
+        for node_id, slots in wanted.items():
+            for resources in slots[held.get(node_id, 0):]:
+                log.info("model %s: node %s joined the cluster; starting a worker there", self.name, node_id[:8])
+                self._start_in_background(node_id, resources, replaces=None)
+
+    def _start_in_background(self, node_id: str, resources: dict[str, float], replaces: Worker | None) -> None:
+        """Start a worker and let it serve once loaded (which may take as long as a model load)."""
+        worker = self._spawn(node_id, resources)
+        with self._lock:
+            self._starting[node_id] = self._starting.get(node_id, 0) + 1
 
         def wait() -> None:
             try:
                 self._await(worker)
             except Exception as exc:  # noqa: BLE001
-                log.error("model %s: replacement worker failed to start: %s", self.name, exc)
+                log.error("model %s: worker %s on node %s failed to start: %s", self.name, worker.worker_id,
+                          node_id[:8], exc)
+                with contextlib.suppress(Exception):
+                    _ray().kill(worker.handle, no_restart=True)
+                return
+            finally:
+                with self._lock:
+                    self._starting[node_id] -= 1
+                    if not self._starting[node_id]:
+                        del self._starting[node_id]
+            with self._lock:
+                closing = self._closing.is_set()
+                if not closing:
+                    self.workers.append(worker)
+            if closing:  # the model closed while this one loaded: nobody else will stop it
                 with contextlib.suppress(Exception):
                     _ray().kill(worker.handle, no_restart=True)
                 return
             with self._lock:
-                if self._closing.is_set():
-                    return
-                self.workers.append(worker)
-                self.restarts += 1
-            log.warning("model %s: worker %s replaced %s on node %s", self.name, worker.worker_id, dead.worker_id,
-                        dead.node_id[:8])
+                if replaces is None:
+                    self.joined += 1
+                else:
+                    self.restarts += 1
+            if replaces is None:
+                log.warning("model %s: worker %s serves on node %s, which joined the cluster", self.name,
+                            worker.worker_id, node_id[:8])
+            else:
+                log.warning("model %s: worker %s replaced %s on node %s", self.name, worker.worker_id,
+                            replaces.worker_id, node_id[:8])
 
-        threading.Thread(target=wait, name=f"ray-{self.name}-respawn", daemon=True).start()
+        threading.Thread(target=wait, name=f"ray-{self.name}-start", daemon=True).start()
 
     # -- RPC --------------------------------------------------------------------------------------
     def _call(self, session: RaySession, method: str, args: tuple[Any, ...], *, move: bool = True,
