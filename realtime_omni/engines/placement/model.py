@@ -127,6 +127,8 @@ class RayModel(VoiceModel):
         self.restarts = 0
         #: worker actors started on nodes that joined the cluster after the load
         self.joined = 0
+        #: sessions a worker refused as full (by its own count) and that went to another one
+        self.readmissions = 0
         #: node id → workers being started there (replacements and newcomers), not yet serving
         self._starting: dict[str, int] = {}
 
@@ -283,9 +285,9 @@ class RayModel(VoiceModel):
         worker.pid = described["pid"]
         worker.reported_at = time.monotonic()
 
-    def _place(self, key: str, exclude: Worker | None = None) -> Worker:
+    def _place(self, key: str, exclude: Worker | None = None, avoid: frozenset[str] = frozenset()) -> Worker:
         with self._lock:
-            live = [w for w in self.workers if not w.dead and w is not exclude]
+            live = [w for w in self.workers if not w.dead and w is not exclude and w.worker_id not in avoid]
             if not live:
                 raise WorkerUnavailable(f"model {self.name!r} has no live worker on the Ray cluster")
             best = max(live, key=lambda w: (w.free(), -w.live))
@@ -299,6 +301,21 @@ class RayModel(VoiceModel):
     def _release(self, worker: Worker, key: str) -> None:
         with self._lock:
             worker.placed.discard(key)
+
+    def _refused(self, session: RaySession, worker: Worker) -> Worker:
+        """``worker`` is full by its own count (a count here was behind): take the session, which
+        holds no context yet, to another worker with room, or raise :class:`ModelAtCapacity`."""
+        session.refused_by.add(worker.worker_id)
+        with self._lock:
+            if worker.info is not None and worker.info.max_sessions is not None:
+                worker.reported_live = max(worker.reported_live, worker.info.max_sessions)  # until the next poll
+        self._release(worker, session.key)
+        new = self._place(session.key, avoid=frozenset(session.refused_by))
+        session.worker = new
+        self.readmissions += 1
+        log.info("model %s: worker %s was full; session %s placed on %s instead", self.name, worker.worker_id,
+                 session.key[:8], new.worker_id)
+        return new
 
     def _lost(self, worker: Worker, exc: BaseException | None = None) -> WorkerError:
         if self._closing.is_set():
@@ -410,27 +427,48 @@ class RayModel(VoiceModel):
               timeout: float | None = None) -> Any:
         ray = _ray()
         worker = session.worker_for_call() if move else session.worker
-        if worker.dead:
-            raise self._lost(worker)
-        try:
-            ok, blob, tb = ray.get(worker.handle.call.remote(session.key, method, p.dumps(args)),
-                                   timeout=self.call_timeout_s if timeout is None else timeout)
-        except ray.exceptions.GetTimeoutError as exc:
-            raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not answer in time") from exc
-        except ray.exceptions.RayActorError as exc:
-            raise self._lost(worker, exc) from exc
-        if ok:
-            return p.loads(blob)
-        raise p.unpack_exception(blob, tb)
+        while True:
+            if worker.dead:
+                raise self._lost(worker)
+            try:
+                ok, blob, tb = ray.get(worker.handle.call.remote(session.key, method, p.dumps(args)),
+                                       timeout=self.call_timeout_s if timeout is None else timeout)
+            except ray.exceptions.GetTimeoutError as exc:
+                raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not answer in time") from exc
+            except ray.exceptions.RayActorError as exc:
+                raise self._lost(worker, exc) from exc
+            if ok:
+                session.admitted = True
+                return p.loads(blob)
+            error = p.unpack_exception(blob, tb)
+            if not isinstance(error, ModelAtCapacity) or session.admitted or not move:
+                raise error
+            worker = self._refused(session, worker)  # raises ModelAtCapacity when no worker has room
 
     def _stream(self, session: RaySession, method: str, args: tuple[Any, ...],
                 cancelled: threading.Event) -> Iterator[Any]:
         """Items of a streamed engine call, with cancellation; the generator's backpressure bounds
-        what the worker produces ahead of this consumer."""
+        what the worker produces ahead of this consumer. A worker full by its own count refuses
+        a new session before its first item: the stream then starts on another worker."""
         if cancelled.is_set():
             return
-        ray = _ray()
         worker = session.worker_for_call()
+        while True:
+            started = False
+            try:
+                for item in self._stream_on(worker, session, method, args, cancelled):
+                    started = session.admitted = True
+                    yield item
+                session.admitted = True
+                return
+            except ModelAtCapacity:
+                if started or session.admitted:
+                    raise
+                worker = self._refused(session, worker)
+
+    def _stream_on(self, worker: Worker, session: RaySession, method: str, args: tuple[Any, ...],
+                   cancelled: threading.Event) -> Iterator[Any]:
+        ray = _ray()
         stream_id = uuid.uuid4().hex
         gen = worker.handle.stream.options(
             num_returns="streaming", _generator_backpressure_num_objects=self.stream_window,

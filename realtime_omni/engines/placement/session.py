@@ -68,7 +68,7 @@ class SessionOwner(Protocol):
     def _stream(self, session: RaySession, method: str, args: tuple[Any, ...],
                 cancelled: threading.Event) -> Iterator[Any]: ...
 
-    def _place(self, key: str, exclude: Worker | None = None) -> Worker: ...
+    def _place(self, key: str, exclude: Worker | None = None, avoid: frozenset[str] = frozenset()) -> Worker: ...
 
     def _release(self, worker: Worker, key: str) -> None: ...
 
@@ -80,6 +80,10 @@ class RaySession(RemoteSession):
         super().__init__(key, owner.traits, owner.strip_unheard_audio and not owner.info.hears_audio)
         self._owner = owner
         self.worker = worker
+        #: a worker has served a call of this session (before that, a full worker may refuse it)
+        self.admitted = False
+        #: workers that refused it as full
+        self.refused_by: set[str] = set()
 
     def worker_for_call(self) -> Worker:
         """This session's worker; if it died, the live worker with the most free capacity, where

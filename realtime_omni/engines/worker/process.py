@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..base import ModelSession, VADStream, VoiceModel
+from ..base import ModelAtCapacity, ModelSession, VADStream, VoiceModel
 from ..settings import EngineSettings
 from . import protocol as p
 
@@ -255,8 +255,21 @@ class WorkerHost:
             if entry.closed:
                 raise RuntimeError("model session is closed")
             if entry.session is None:
+                self._admit(key, entry)
                 entry.session = self.model.open_session()
             return entry, entry.session
+
+    def _admit(self, key: Any, entry: _Entry) -> None:
+        """This worker is the authority on its own capacity: whoever placed a session here
+        (a gateway whose count is behind), it never serves more than its model's max_sessions."""
+        limit = self.model.info.max_sessions if self.model is not None else None
+        if limit is None:
+            return
+        with self._lock:
+            serving = sum(1 for other in self._sessions.values() if other is not entry and other.session is not None)
+            if serving >= limit:
+                self._sessions.pop(key, None)  # refused: it holds nothing here
+                raise ModelAtCapacity(f"this worker serves {serving} sessions, its most")
 
     def _open(self, key: int) -> None:
         with contextlib.suppress(Exception):
@@ -311,7 +324,7 @@ class WorkerHost:
     def live_sessions(self) -> int:
         """Sessions open here (opened by a call or OPEN, not closed yet)."""
         with self._lock:
-            return len(self._sessions)
+            return sum(1 for entry in self._sessions.values() if entry.session is not None)
 
     def open(self, key: Any) -> None:
         """Open session ``key`` now (calls open it lazily too)."""
