@@ -1,4 +1,4 @@
-"""Function calling on the embedded thinker (SmolLM2-135M, llama.cpp): how often it calls, how
+"""Function calling on the embedded thinker (SmolLM2-135M, ONNX Runtime): how often it calls, how
 fast, and whether its answer uses the function's output. Prints a Markdown table.
 
     python benchmarks/tool_calls.py [--runs 10] [--e2e]
