@@ -106,6 +106,11 @@ class WebRTCSection(_Section):
     jitter_prefetch: int = Field(default=0, ge=0)
     #: camera frames sampled per second for models with image_in
     video_fps: float = Field(default=1.0, gt=0)
+    #: a caller whose offer asks to receive video gets a face whose mouth follows the reply's audio
+    avatar: bool = True
+    avatar_width: int = Field(default=320, ge=16, le=1920)
+    avatar_height: int = Field(default=240, ge=16, le=1080)
+    avatar_fps: float = Field(default=15.0, gt=0, le=60)
     datachannel_timeout_s: float = Field(default=5.0, gt=0)
     connect_timeout_s: float = Field(default=15.0, gt=0)
     #: hang up when the peer sends neither media nor events for this long (0: never)

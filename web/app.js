@@ -7,6 +7,7 @@ const ui = {
   model: $("model"), connect: $("connect"), disconnect: $("disconnect"), state: $("state"),
   micLevel: $("mic-level"), outLevel: $("out-level"), latency: $("latency"), received: $("received"),
   transcript: $("transcript"), latencies: $("latencies"), error: $("error"), remote: $("remote"),
+  face: $("face"), faceSection: $("face-section"),
   interrupt: $("interrupt"), say: $("say"), text: $("text"), send: $("send"), modelInfo: $("model-info"),
   hint: $("hint"),
 };
@@ -146,7 +147,16 @@ async function connect() {
     });
     pc = new RTCPeerConnection({ iceServers: await iceServers() });
     pc.addTrack(micStream.getAudioTracks()[0], micStream);
-    pc.ontrack = (event) => { ui.remote.srcObject = event.streams[0] || new MediaStream([event.track]); };
+    // the server answers with a face whose mouth follows the reply it speaks
+    pc.addTransceiver("video", { direction: "recvonly" });
+    pc.ontrack = (event) => {
+      if (event.track.kind === "video") {
+        ui.face.srcObject = new MediaStream([event.track]);
+        ui.faceSection.hidden = false;
+      } else {
+        ui.remote.srcObject = event.streams[0] || new MediaStream([event.track]);
+      }
+    };
     pc.onconnectionstatechange = () => {
       if (["failed", "closed", "disconnected"].includes(pc?.connectionState)) {
         if (pc.connectionState === "failed") showError("the connection failed");
@@ -342,6 +352,8 @@ async function disconnect() {
   if (audioCtx) audioCtx.close().catch(() => {});
   dc = pc = micStream = audioCtx = null;
   ui.remote.srcObject = null;
+  ui.face.srcObject = null;
+  ui.faceSection.hidden = true;
   ui.connect.disabled = false;
   ui.disconnect.disabled = true;
   demoState.activeResponse = null;

@@ -570,3 +570,61 @@ async def test_one_frame_clock_tick_wakes_every_track() -> None:
     tick = clock.tick
     await first
     assert clock.tick == tick + 1 and time.monotonic() - start < 0.1
+
+
+async def test_a_caller_who_asks_for_video_sees_a_face_that_speaks_the_reply(echo_server) -> None:
+    """The avatar track: negotiated when the offer receives video, paced at its frame rate, its
+    mouth open while the reply is heard and closed in silence (measured on the decoded frames)."""
+    from aiortc.mediastreams import MediaStreamError
+
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    client.pc.addTransceiver("video", direction="recvonly")
+    seen: list[tuple[float, float]] = []  # (arrival, share of the mouth box that is mouth)
+    reader: list[asyncio.Task] = []
+
+    async def read(track) -> None:
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        top, bottom, left, right = peer.avatar.mouth_box
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            mouth = frame.to_ndarray(format="rgb24")[top:bottom, left:right]
+            seen.append((time.monotonic(), float(np.mean(mouth[..., 1] < 110))))  # lips and inside: dark green
+
+    client.pc.on("track", lambda track: reader.append(asyncio.ensure_future(read(track))) if track.kind == "video" else None)
+    await client.connect()
+    try:
+        video = [m for m in client.pc.remoteDescription.sdp.split("m=")[1:] if m.startswith("video")]
+        assert video and "a=sendonly" in video[0], "the answer should send video to a caller who receives it"
+        await wait_until(lambda: len(seen) >= 15, timeout=15)  # a second of frames, in silence
+        quiet = [share for _, share in seen[-10:]]
+        started = time.monotonic()
+        client.source.play(chirp(1.5))
+        await client.wait_for("output_audio_buffer.started", timeout=5)
+        await asyncio.sleep(1.0)
+        speaking = [share for t, share in seen if t > started + 0.3]
+        await asyncio.sleep(2.0)  # the 1.5 s chirp has been played back by now
+        after = [share for t, share in seen if t > started + 2.6]
+        assert max(quiet) < 0.25 and max(speaking) > 2 * max(quiet) + 0.15, (quiet, speaking)
+        assert after and min(after) < 0.25, after
+        elapsed = seen[-1][0] - seen[0][0]
+        assert 10 <= (len(seen) - 1) / elapsed <= 20, f"{len(seen)} frames in {elapsed:.1f} s (15 fps expected)"
+    finally:
+        for task in reader:
+            task.cancel()
+        await client.close()
+    await wait_until(lambda: live_calls(echo_server) == 0)
+
+
+async def test_no_video_is_sent_to_a_caller_who_does_not_ask(echo_server) -> None:
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    try:
+        assert "m=video" not in client.pc.remoteDescription.sdp
+        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        assert peer.avatar is None
+    finally:
+        await client.close()
+    await wait_until(lambda: live_calls(echo_server) == 0)

@@ -167,6 +167,11 @@ async def test_demo_page_talks_to_the_embedded_model(browser_server, say, tmp_pa
         assert state["turns"] and state["turns"][0]["eventMs"] is not None, state["turns"]
         shown = await cdp.evaluate("document.getElementById('transcript').innerText")
         assert state["assistantTranscripts"][0].strip()[:20] in shown
+        # the assistant's face: the server's video track plays in the page
+        face = await cdp.evaluate("(() => { const v = document.getElementById('face'); return "
+                                  "{w: v.videoWidth, h: v.videoHeight, t: v.currentTime, "
+                                  "shown: !document.getElementById('face-section').hidden}; })()")
+        assert face["shown"] and (face["w"], face["h"]) == (320, 240) and face["t"] > 0, face
         print("browser turn latency (speech_stopped → output_audio_buffer.started / audio level):",
               state["turns"][0])
 

@@ -36,6 +36,7 @@ from .incoming import (
     pump_audio_in,
 )
 from .tracks import OutgoingAudioTrack, at_track_rate, server_event
+from .avatar import AvatarTrack
 from .video import VideoSampler, pump_video_in
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class WebRTCOptions:
     #: 0: each packet is decoded on arrival (:class:`~.incoming.ImmediateAudioJitterBuffer`)
     jitter_prefetch: int = 0
     video_fps: float = 1.0
+    #: a caller that asks to receive video gets the avatar track (a face speaking the replies)
+    avatar: bool = True
+    avatar_size: tuple[int, int] = (320, 240)
+    avatar_fps: float = 15.0
     #: the data channel must open within this long after the connection is up
     datachannel_timeout_s: float = 5.0
     #: ICE + DTLS must connect within this long after the answer
@@ -83,6 +88,8 @@ class Peer:
         live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
         self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
+        #: the video sent back, when the caller's offer asks to receive video (see answer)
+        self.avatar: AvatarTrack | None = None
         self.audio_in = AudioInputStats()
         #: decodes the microphone in the loop (None: aiortc's decoder thread does)
         self.decoder: InlineAudioDecoder | None = None
@@ -127,10 +134,18 @@ class Peer:
                 transceiver.direction = "sendrecv"
                 self._tune_jitter_buffer(transceiver.receiver)
                 self.decoder = InlineAudioDecoder.install(transceiver.receiver)
-            elif transceiver.kind == "video" and not video_seen and self.sees:
+            elif transceiver.kind == "video" and not video_seen:
                 video_seen = True
-                transceiver.direction = "recvonly"
-            else:  # extra m-lines, or video for a model that cannot see: nothing flows
+                # the offer's direction, seen from here: "sendonly"/"sendrecv" mean the caller
+                # receives; the camera comes in only for a model that can see
+                send = self.options.avatar and transceiver._offerDirection in ("sendrecv", "sendonly")
+                if send:
+                    width, height = self.options.avatar_size
+                    self.avatar = AvatarTrack(lambda: self.track.level, width, height, self.options.avatar_fps)
+                    transceiver.sender.replaceTrack(self.avatar)
+                transceiver.direction = {(True, True): "sendrecv", (True, False): "sendonly",
+                                         (False, True): "recvonly", (False, False): "inactive"}[(send, self.sees)]
+            else:  # extra m-lines: nothing flows
                 transceiver.direction = "inactive"
         await gather_on(pc, addresses)
         answer = await pc.createAnswer()
@@ -361,6 +376,8 @@ class Peer:
             except Exception:  # noqa: BLE001 - keep releasing
                 log.exception("call %s: closing the session failed", self.id)
         self.track.stop()
+        if self.avatar is not None:
+            self.avatar.stop()
         tasks = list(self._tasks)
         writer = [t for t in tasks if t.get_name().endswith("-writer")]
         if writer and not resumable:  # let it send the session's last events (the runner woke it with None)
@@ -393,6 +410,7 @@ class Peer:
             "underruns": self.track.underruns,
             "skipped_ms": round(self.track.skipped_ms, 1),
             "video_frames": self.video.frames_seen,
+            "avatar_frames": self.avatar.frames_sent if self.avatar is not None else 0,
             "inline_decoder": self.decoder is not None,
         }
 

@@ -244,6 +244,9 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        #: loudness (0..1) of the frame that went out last: what the listener hears now (the
+        #: avatar's mouth follows it; silence, a barge-in and a hang-up all bring it to 0)
+        self.level = 0.0
         # counters (benchmarks, metrics)
         self.frames_sent = 0
         self.audio_frames_sent = 0
@@ -421,6 +424,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         samples = self._next_samples()
+        self.level = 0.0 if samples is self._silence else min(1.0, float(np.sqrt(np.mean(samples.astype(np.float32) ** 2))) / 6000.0)
         pts = self._frames * FRAME_SAMPLES
         self._frames += 1
         self.frames_sent += 1
