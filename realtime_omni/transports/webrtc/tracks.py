@@ -244,15 +244,24 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        #: loudness (0..1) of the frame that went out last: what the listener hears now (the
-        #: avatar's mouth follows it; silence, a barge-in and a hang-up all bring it to 0)
-        self.level = 0.0
+        #: the frame that went out last: what the listener hears now (the avatar's mouth follows
+        #: its loudness; silence, a barge-in and a hang-up all bring it to 0). A reference, no copy.
+        self.last_frame: np.ndarray = self._silence
         # counters (benchmarks, metrics)
         self.frames_sent = 0
         self.audio_frames_sent = 0
         self.underruns = 0
         self.cleared = 0
         self.late_frames = 0
+
+    @property
+    def level(self) -> float:
+        """Loudness (0..1) of the frame that went out last; computed when asked (the avatar asks
+        15 times a second), not for every frame of every call."""
+        frame = self.last_frame
+        if frame is self._silence:
+            return 0.0
+        return min(1.0, float(np.sqrt(np.mean(frame.astype(np.float32) ** 2))) / 6000.0)
 
     # ------------------------------------------------------------------ writer side
     @property
@@ -423,8 +432,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._tick += 1
         if self.readyState != "live":
             raise MediaStreamError
-        samples = self._next_samples()
-        self.level = 0.0 if samples is self._silence else min(1.0, float(np.sqrt(np.mean(samples.astype(np.float32) ** 2))) / 6000.0)
+        samples = self.last_frame = self._next_samples()
         pts = self._frames * FRAME_SAMPLES
         self._frames += 1
         self.frames_sent += 1
