@@ -10,8 +10,8 @@ own turn detection offline, with the real Silero VAD (32 ms frames) and the real
 model (Smart Turn v3.2), exactly as a session drives them: :class:`TurnDetector` decisions, the
 model asked at each :class:`TurnCheck`, :meth:`TurnDetector.end_now` when it says "finished".
 
-Measured per mode: **false cut-offs** (a paused utterance whose turn ended in its pause, before
-its second part) and the **end-of-turn delay** (from the end of the last speech to the decision,
+Measured per mode: **cut-offs** (a turn that ended before the user finished: in a paused
+utterance's pause, or in a complete utterance's own comma pause) and the **end-of-turn delay** (from the end of the last speech to the decision,
 in audio time, plus the model's own compute time where it decided).
 """
 
@@ -117,19 +117,21 @@ def main() -> None:
         cutoffs, delays, waits = 0, [], []
         for kind, text, clip, resumed_ms, final_end in cases:
             ended_ms, compute_ms = run(clip, mode, vad, model, cache)
-            cut = kind == "paused" and ended_ms < resumed_ms
+            # cut off: the turn ended before the user finished (in the mid-sentence pause, or in a
+            # complete utterance's own comma pause: before its last speech)
+            cut = ended_ms < min(resumed_ms, final_end - 50)
             cutoffs += cut
             delay = None if cut else ended_ms + compute_ms - final_end
             if delay is not None:
                 (delays if kind == "complete" else waits).append(delay)
             samples.append({"mode": name, "kind": kind, "text": text, "ended_ms": ended_ms, "compute_ms": round(compute_ms, 1),
                             "cut_off": cut, "delay_ms": None if delay is None else round(delay, 1)})
-        row = {"false_cutoffs": cutoffs, "paused": len(PAUSED),
+        row = {"false_cutoffs": cutoffs, "utterances": len(cases),
                "complete_delay_p50": round(statistics.median(delays), 0) if delays else None,
                "complete_delay_max": round(max(delays), 0) if delays else None,
                "paused_delay_p50": round(statistics.median(waits), 0) if waits else None}
         summary[name] = row
-        rows.append([name, f"{cutoffs}/{len(PAUSED)}", row["complete_delay_p50"], row["complete_delay_max"],
+        rows.append([name, f"{cutoffs}/{len(cases)}", row["complete_delay_p50"], row["complete_delay_max"],
                      row["paused_delay_p50"]])
     probabilities = {text: round(p, 3) for (cid, _b, _e), (p, _ms) in cache.items()
                      for kind, text, clip, *_ in cases if id(clip) == cid}
@@ -140,12 +142,12 @@ def main() -> None:
         command=command_line(), config={"pause_ms": args.pause_ms, "check_after_ms": SEMANTIC_CHECK_MS,
                                         "max_wait_ms": SEMANTIC_MAX_WAIT_MS, "server_vad_silence_ms": 500},
         summary=summary, samples={"runs": samples, "model_probability_at_first_check": probabilities},
-        columns=["mode", f"false cut-offs ({args.pause_ms} ms mid-sentence pauses)",
+        columns=["mode", f"cut-offs before the user finished ({len(PAUSED)} with a {args.pause_ms} ms mid-sentence pause + {len(COMPLETE_UTTERANCES)} complete)",
                  "end-of-turn delay, complete utterances p50 ms", "max ms", "delay after paused utterances p50 ms"],
         rows=rows,
-        headline=(f"false cut-offs in {args.pause_ms} ms mid-sentence pauses: server_vad "
-                  f"{summary['server_vad (500 ms)']['false_cutoffs']}/{len(PAUSED)}, semantic_vad auto "
-                  f"{semantic['false_cutoffs']}/{len(PAUSED)}; end-of-turn delay on complete utterances p50 "
+        headline=(f"turns cut off before the user finished: server_vad "
+                  f"{summary['server_vad (500 ms)']['false_cutoffs']}/{len(cases)}, semantic_vad auto "
+                  f"{semantic['false_cutoffs']}/{len(cases)}; end-of-turn delay on complete utterances p50 "
                   f"{summary['server_vad (500 ms)']['complete_delay_p50']} ms vs {semantic['complete_delay_p50']} ms"),
         notes=[
             "Delay: from the end of the last speech (its last 10 ms above -45 dBFS) to the decision, in audio "
