@@ -119,7 +119,7 @@ def main() -> None:
             ended_ms, compute_ms = run(clip, mode, vad, model, cache)
             # cut off: the turn ended before the user finished (in the mid-sentence pause, or in a
             # complete utterance's own comma pause: before its last speech)
-            cut = ended_ms < min(resumed_ms, final_end - 50)
+            cut = bool(ended_ms < min(resumed_ms, final_end - 50))
             cutoffs += cut
             delay = None if cut else ended_ms + compute_ms - final_end
             if delay is not None:
@@ -158,6 +158,9 @@ def main() -> None:
             "on; these numbers show the mechanism, not its accuracy on people.",
             "A semantic_vad turn the model calls unfinished ends after the eagerness window (high 1 s, auto 2 s, "
             "low 4 s of silence): that is the delay it pays when it is wrong about a finished turn.",
+            "Piper samples its prosody, so each run speaks the sentences a little differently: between runs here "
+            "a case or two moved (the worst complete-utterance delay was 438 ms in one run and 2078 ms in another, "
+            "when the model took \"How are you today?\" for unfinished); the per-case results are in the JSON.",
         ],
         reproduce=[command_line()],
     )
