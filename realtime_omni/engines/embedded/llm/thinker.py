@@ -57,12 +57,15 @@ class LlamaThinkerModel:
         n_ctx: int = 2048,
         n_threads: int = 2,
         cache_dir: Path | None = None,
+        seed: int | None = None,
     ) -> None:
         self._configured_path = Path(model_path) if model_path is not None else None
         self.model_path: Path  # found (or fetched) by load()
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.cache_dir = cache_dir
+        #: seeds the sampling of every session opened from here on, in order (None: fresh seeds)
+        self._seeds = np.random.SeedSequence(seed) if seed is not None else None
         # new sessions' caches are warmed (default system prompt evaluated) here, off the caller's
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-warm")
         # filled by load()
@@ -123,7 +126,7 @@ class LlamaThinker:
         self._lock = threading.RLock()
         self._closed = False
         self._generation = 0
-        self._rng = np.random.default_rng()
+        self._rng = np.random.default_rng(shared._seeds.spawn(1)[0] if shared._seeds is not None else None)
         # reply text (stripped) -> the tokens generated for it: re-tokenizing generated text can
         # give a different (equally valid) token split, which would break prefix reuse
         self._replies: OrderedDict[str, list[int]] = OrderedDict()
