@@ -661,3 +661,57 @@ def test_fused_rms_norm_computes_what_transformers_does(dtype):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     assert fuse_rms_norms(model) == 0  # once is enough
     assert fuse_rms_norms(torch.nn.Sequential(other)) == 0
+
+
+@pytest.mark.parametrize("q_len,mask_kind", [(1, "none"), (2, "none"), (1, "bool"), (2, "bool"), (2, "additive")])
+def test_short_attention_computes_what_sdpa_does(q_len, mask_kind):
+    """The code predictor's attention on CUDA (three kernels instead of SDPA's): the same result
+    with grouped K/V heads, whatever form the mask comes in."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from realtime_omni.engines.omni.fused import short_attention
+
+    gen = torch.Generator().manual_seed(q_len)
+    batch, heads, kv_heads, kv_len, dim = 3, 8, 2, 17, 16
+    q = torch.randn(batch, heads, q_len, dim, generator=gen)
+    k = torch.randn(batch, kv_heads, kv_len, dim, generator=gen)
+    v = torch.randn(batch, kv_heads, kv_len, dim, generator=gen)
+    lengths = torch.tensor([5, 9, 17])  # each row has written this many columns
+    visible = torch.arange(kv_len)[None, :] < lengths[:, None]
+    causal = torch.ones((q_len, kv_len), dtype=torch.bool).tril(kv_len - q_len)  # the queries are the last keys
+    allowed = (visible[:, None, :] & causal[None])[:, None]  # (B, 1, q, kv)
+    mask = {"none": None, "bool": allowed,
+            "additive": torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))}[mask_kind]
+    module = torch.nn.Module()
+    module.is_causal, module.num_key_value_groups, module.training = True, heads // kv_heads, False
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=dim ** -0.5)
+    got, _ = short_attention(module, q, k, v, mask, scaling=dim ** -0.5)
+    assert got.shape == want.shape == (batch, q_len, heads, dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_short_attention_gives_the_code_predictor_the_same_codes(omni):
+    """Switched on for a loaded Qwen3 model's code predictor, a reply's codes do not change."""
+    from realtime_omni.engines.omni.fused import use_short_attention
+
+    model = omni
+    if model.loaded.arch != "qwen3_omni_moe":
+        pytest.skip("only Qwen3-Omni has a code predictor")
+    config = model.loaded.talker.code_predictor.model.config
+    before = config._attn_implementation
+
+    def codes() -> list:
+        session = model.open_session()
+        try:
+            _, chunks, _, _ = run_turn(session, request([TurnMessage(role="user", text="hi there")], max_tokens=6))
+        finally:
+            session.close()
+        return [c.codes.codes.tolist() for c in chunks if c.codes is not None]
+
+    want = codes()
+    try:
+        use_short_attention(config)
+        assert config._attn_implementation == "omni_short"
+        assert codes() == want and want
+    finally:
+        config._attn_implementation = before

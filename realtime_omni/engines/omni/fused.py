@@ -46,3 +46,55 @@ def _fused_forward(self: Any, hidden_states: Any) -> Any:
     if hidden_states.dtype != self.weight.dtype:  # mixed precision: keep the original's promotion
         return self._unfused_forward(hidden_states)
     return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
+
+
+# -- attention over a short cache ------------------------------------------------------------------
+
+#: the name the code predictor's attention is registered under with transformers
+SHORT_ATTENTION = "omni_short"
+
+
+def short_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+                    scaling: float | None = None, dropout: float = 0.0, **_kwargs: Any) -> tuple[Any, None]:
+    """Attention as three plain kernels (two batched matmuls and a softmax), for caches of a few
+    tokens.
+
+    Qwen3-Omni's code predictor attends over at most 17 tokens, 75 times per frame; SDPA's fused
+    kernels carry a fixed cost (about 55 µs each on the H200) far above that work. The query
+    heads that share a key/value head are folded into the query axis, so each K/V head is read
+    once (no ``repeat_kv`` copy). ``attention_mask``: None, boolean (True attends) or additive,
+    broadcastable to ``(batch, 1, q_len, kv_len)``; the result is ``(batch, q_len, heads, dim)``.
+    """
+    import torch
+
+    batch, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    scale = scaling if scaling is not None else dim ** -0.5
+    q = query.reshape(batch, kv_heads, group * q_len, dim)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale  # (B, KV, G*T, S)
+    if attention_mask is None and q_len > 1:  # SDPA's ``is_causal`` (aligned top-left, as torch does)
+        causal = torch.ones((q_len, kv_len), dtype=torch.bool, device=query.device).tril()
+        attention_mask = causal[None, None]
+    if attention_mask is not None:
+        mask = attention_mask[..., :kv_len].reshape(attention_mask.shape[0], 1, 1, -1, kv_len)
+        scores = scores.view(batch, kv_heads, group, q_len, kv_len)
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.float()
+        scores = scores.view(batch, kv_heads, group * q_len, kv_len)
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value).view(batch, heads, q_len, dim)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_short_attention(config: Any) -> None:
+    """Run the attention of the modules built from ``config`` through :func:`short_attention`
+    (read at each forward, so it applies to a loaded model before its graphs are captured)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(SHORT_ATTENTION, short_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(SHORT_ATTENTION, sdpa_mask)
+    config._attn_implementation = SHORT_ATTENTION

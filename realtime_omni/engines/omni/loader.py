@@ -318,9 +318,11 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
     if arch == "qwen3_omni_moe" and torch.device(device).type == "cuda":
         _grouped_experts(model)
     if torch.device(device).type == "cuda":
-        from .fused import fuse_rms_norms
+        from .fused import fuse_rms_norms, use_short_attention
 
         fuse_rms_norms(model)
+        if arch == "qwen3_omni_moe":  # the code predictor's 17-token cache: three kernels, not SDPA's
+            use_short_attention(model.talker.code_predictor.model.config)
         # the float32 codec (Qwen2.5's DiT and BigVGAN) on tensor cores: TF32 matmuls, as convs
         # already are by default; the bf16 thinker and talker are unaffected
         torch.backends.cuda.matmul.allow_tf32 = True
