@@ -178,6 +178,13 @@ class ModelSession(abc.ABC):
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         """Stream the reply. Context kept from earlier turns may be reused (resumable segment)."""
 
+    def prefill(self, request: ThinkRequest) -> int:
+        """The conversation so far, before a reply is asked for (a committed user turn, or the
+        turn as it stands at a pause that may end it). Engines that keep a context may evaluate
+        it now, so that a reply asked for with the same messages starts from it; returns the
+        tokens evaluated (0: nothing done, the default)."""
+        return 0
+
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
         """How many of the ``pending`` thinker outputs form the next talker segment now.
 

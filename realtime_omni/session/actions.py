@@ -47,6 +47,15 @@ class Speculate:
 
 
 @dataclass
+class Prefill:
+    """A model that hears audio and keeps its context (omni): the conversation as the next
+    reply would read it, to evaluate now (``ModelSession.prefill``), before the reply is asked
+    for. Only a matter of speed: a reply asked for with other messages evaluates them itself."""
+
+    request: ThinkRequest
+
+
+@dataclass
 class CheckTurnEnd:
     """``semantic_vad``: ask the end-of-turn model whether the user's pause ends their turn."""
 
@@ -85,5 +94,5 @@ class CloseSession:
     reason: str
 
 
-Action = (DetectSpeech | Transcribe | Speculate | CheckTurnEnd | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
+Action = (DetectSpeech | Transcribe | Speculate | Prefill | CheckTurnEnd | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
           | Listen | CloseSession)

@@ -90,6 +90,9 @@ class RealtimeSession(TurnControl, ResponseControl):
         self._latest_image: np.ndarray | None = None
         #: prepare replies during the pause before the end-of-turn decision (cascade models)
         self.speculative = not model.hears_audio
+        #: evaluate a user's audio turn ahead of the reply, at the pause that may end it and when
+        #: it is committed by hand (omni models: they hear the audio itself and keep a context)
+        self.prefills_ahead = model.hears_audio
         self._spec_id = 0
         self._spec_active = False
         self.has_vad = has_vad and not model.duplex  # a duplex model takes its own turns
@@ -328,7 +331,8 @@ class RealtimeSession(TurnControl, ResponseControl):
         self._drop_speculation()
         if self.detector is not None:
             self.detector.reset()
-        self._commit(item_id, self.input.take())
+        if self._commit(item_id, self.input.take()):
+            self._prefill_ahead()  # the client asks for the reply itself, usually a moment later
 
     def _on_input_audio_buffer_clear(self, event: Any) -> None:
         self.input.clear()

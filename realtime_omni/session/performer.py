@@ -12,7 +12,7 @@ import logging
 from typing import Any, Protocol
 
 from ..audio.end_of_turn import COMPLETE, EndOfTurnModel
-from ..engines.base import ModelSession, VADStream
+from ..engines.base import ModelSession, ThinkRequest, VADStream
 from ..observer import Observer
 from ..pipeline import PipelineSettings, ResponsePipeline, Sink
 from . import actions as act
@@ -79,6 +79,8 @@ class ActionPerformer:
                 await self._listen(action)
             case act.Speculate():
                 self._host.speculation.start(action)
+            case act.Prefill(request):
+                self._spawn(self._prefill(request))
             case act.CheckTurnEnd():
                 self._spawn(self._check_turn_end(action))
             case act.DropSpeculation(spec_id):
@@ -159,6 +161,20 @@ class ActionPerformer:
             log.exception("end-of-turn model failed in session %s", self._host.core.id)
             return
         await self._host.mailbox.put(inp.TurnEndVerdict(action.check, probability >= COMPLETE, probability))
+
+    async def _prefill(self, request: ThinkRequest) -> None:
+        """Evaluate the conversation ahead of the reply; a failure or a timeout only costs the
+        reply that time (it evaluates whatever it does not find)."""
+        model = self._host.model
+        if model is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self._host.executor, model.prefill, request),
+                                   self._host.pipeline_settings.step_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - only speed is lost
+            log.exception("prefill ahead of the reply failed in session %s", self._host.core.id)
 
     async def _transcribe(self, action: act.Transcribe) -> None:
         loop = asyncio.get_running_loop()

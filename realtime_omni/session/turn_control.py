@@ -44,12 +44,16 @@ class TurnControl:
                 if td.interrupt_response and self.response is not None:
                     self._cancel_active("turn_detected")
             elif isinstance(decision, SilenceStarted) and self._speech_item_id is not None:
-                if self.speculative and td.create_response and self.config.responds and self.response is None:
-                    self._drop_speculation()
-                    self._spec_id += 1
-                    self._spec_active = True
+                if td.create_response and self.config.responds and self.response is None:
+                    # the audio the turn will hold if this pause ends it
                     audio = self.input.peek(self._speech_start_ms, decision.audio_end_ms + 200)
-                    self._actions.append(act.Speculate(self._spec_id, audio))
+                    if self.speculative:
+                        self._drop_speculation()
+                        self._spec_id += 1
+                        self._spec_active = True
+                        self._actions.append(act.Speculate(self._spec_id, audio))
+                    else:
+                        self._prefill_ahead(self._user_audio_message(audio))
             elif isinstance(decision, SpeechResumed):
                 self._drop_speculation()
             elif isinstance(decision, TurnCheck) and self._speech_item_id is not None:
@@ -122,6 +126,22 @@ class TurnControl:
                                       self.config.tools, self.config.tool_choice)
         request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
         return request
+
+    def _prefill_ahead(self, pending: TurnMessage | None = None) -> None:
+        """Let the model evaluate the conversation (plus the ``pending`` user turn) before the
+        reply is asked for. Only where the reply will read the same messages: audio turns whose
+        text stays empty (no transcription configured), no response running."""
+        if not self.prefills_ahead or self.config.transcription is not None or self.response is not None:
+            return
+        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
+                                      self.config.tools, self.config.tool_choice)
+        request.messages = self.conversation.to_messages() + ([pending] if pending is not None else [])
+        self._actions.append(act.Prefill(request))
+
+    def _user_audio_message(self, audio: np.ndarray) -> TurnMessage:
+        """A committed audio turn as the thinker will read it (see :meth:`_commit`)."""
+        images = [self._latest_image] if self._latest_image is not None else []
+        return TurnMessage(role="user", text="", audio=audio, images=images)
 
     def _commit(self, item_id: str, audio: np.ndarray, spec_id: int | None = None) -> bool:
         """Add a user audio turn; False (and an error event) when the session has no room for it."""

@@ -395,6 +395,54 @@ def test_second_turn_prefills_only_new_tokens(omni):
         fresh.close()
 
 
+def test_a_turn_prefilled_ahead_leaves_the_reply_only_its_header(omni):
+    """``ModelSession.prefill``: the user's turn evaluated before the reply is asked for. The
+    reply then evaluates only ``<|im_start|>assistant\n`` and says exactly what it says without
+    the head start; a turn prefilled with other audio (the user spoke on) is cropped again."""
+    first = TurnMessage(role="user", text="one", audio=user_audio(0.5, seed=4))
+    second = TurnMessage(role="user", audio=user_audio(0.4, seed=5))
+    other = TurnMessage(role="user", audio=user_audio(0.3, seed=6))
+
+    def conversation(ahead: list[TurnMessage] | None) -> tuple[list, list, list]:
+        session = omni.open_session()
+        try:
+            outs1, _, _, _ = run_turn(session, request([first], max_tokens=6))
+            assistant = TurnMessage(role="assistant", text="".join(o.text for o in outs1))
+            messages = [first, assistant, second]
+            renderer = session.thinker.renderer
+            for pending in ahead or []:
+                evaluated = session.prefill(request([first, assistant, pending], max_tokens=6))
+                assert evaluated >= len(renderer.render(pending).ids)
+                assert session.prefill(request([first, assistant, pending], max_tokens=6)) == 0  # nothing new
+            outs, chunks, audio, _ = run_turn(session, request(messages, max_tokens=6))
+            if ahead and ahead[-1] is second:
+                assert outs[0].prefilled_tokens == len(renderer.header("assistant"))
+            else:
+                assert outs[0].prefilled_tokens > len(renderer.render(second).ids)
+            return ([o.hidden.token_id for o in outs], [c.codes.codes.tolist() for c in chunks if c.codes is not None],
+                    [a.tolist() for a in audio])
+        finally:
+            session.close()
+
+    plain = conversation(None)
+    assert conversation([second]) == plain
+    assert conversation([other]) == plain  # prefilled with what the user did not end on
+    assert conversation([other, second]) == plain
+
+
+def test_no_prefill_ahead_while_a_reply_runs(omni):
+    session = omni.open_session()
+    try:
+        first = TurnMessage(role="user", text="one")
+        replying = session.think(request([first], max_tokens=6))
+        next(replying)
+        assert session.prefill(request([first, TurnMessage(role="user", text="two")])) == 0
+        replying.close()
+        assert session.prefill(request([first, TurnMessage(role="user", text="two")])) > 0
+    finally:
+        session.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # (4) barge-in: the cache is cut back to the confirmed position
 

@@ -196,3 +196,24 @@ def _refused_beyond_slots(tmp_path) -> None:
                 assert json.loads(third.recv(timeout=30))["type"] == "session.created"
     finally:
         registry.close()
+
+
+async def test_a_turn_committed_by_hand_is_evaluated_before_the_reply_is_asked_for(omni_server):
+    """An omni session evaluates a committed audio turn at once: a reply asked for a moment later
+    finds it in the cache (reported as cached input tokens) and evaluates only its header."""
+    srv, model_id = omni_server
+    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    async with client.realtime.connect(model=model_id) as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 4,
+                                           "audio": {"input": {"turn_detection": None}}})
+        noise = (np.random.default_rng(1).standard_normal(24_000) * 3000).astype("<i2")
+        await conn.input_audio_buffer.append(audio=base64.b64encode(noise.tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        await asyncio.sleep(3)  # the user's turn is evaluated meanwhile (tens of ms here)
+        await conn.response.create()
+        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
+            pass
+        usage = event.response.usage
+        header = 3  # <|im_start|>assistant\n
+        assert usage.input_token_details.cached_tokens == usage.input_tokens - header > 10

@@ -354,3 +354,44 @@ def test_the_session_speed_reaches_the_talker_request():
         parse_client_event(json.dumps({"type": "session.update", "session": {
             "type": "realtime", "audio": {"output": {"speed": 3.0}}}}))
     assert refused.value.param.endswith("speed")
+
+
+def test_an_omni_turn_is_prefilled_at_the_pause_with_the_audio_the_commit_holds():
+    """Models that hear audio get the turn as it stands at the pause (to evaluate ahead of the
+    reply); the message must be exactly what the reply will read, or the head start is lost."""
+    d = Driver(SEEING)
+    d.take()
+    frame = np.full((4, 4, 3), 3, np.uint8)
+    d.s.append_image(frame)
+    d.send(type="input_audio_buffer.append", audio=base64.b64encode(
+        (np.random.default_rng(1).standard_normal(24 * 2000) * 3000).astype("<i2").tobytes()).decode())
+    d.s.on_speech_probabilities([0.9] * 10 + [0.0] * 30, 0.0)
+    new = d.pump()
+    assert not [a for a in new if isinstance(a, act.Speculate)]  # omni models hear the audio: no ASR to prepare
+    prefill = next(a for a in new if isinstance(a, act.Prefill))
+    start = next(a for a in new if isinstance(a, act.StartResponse))
+    assert new.index(prefill) < new.index(start)
+    ahead, asked = prefill.request.messages[-1], start.request.messages[-1]
+    assert (ahead.role, ahead.text, asked.text) == ("user", "", "")
+    assert np.array_equal(ahead.audio, asked.audio) and len(ahead.audio) > 0
+    assert ahead.images[0] is frame and asked.images[0] is frame
+    assert prefill.request.instructions == start.request.instructions
+
+
+def test_a_turn_committed_by_hand_is_prefilled_unless_it_cannot_match():
+    d = Driver(SEEING, has_vad=False)
+    d.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    d.send(type="input_audio_buffer.append", audio=pcm24(300))
+    new = d.send(type="input_audio_buffer.commit")
+    prefill = next(a for a in new if isinstance(a, act.Prefill))
+    assert prefill.request.messages[-1].role == "user" and len(prefill.request.messages[-1].audio) > 0
+    # with transcription on, the reply reads the transcript too: nothing to prefill ahead of it
+    d.send(type="session.update", session={"type": "realtime", "audio": {"input": {"transcription": {"model": "whisper-1"}}}})
+    d.send(type="input_audio_buffer.append", audio=pcm24(300))
+    new = d.send(type="input_audio_buffer.commit")
+    assert not [a for a in new if isinstance(a, act.Prefill)]
+    # cascade models read transcripts: never
+    c = Driver(has_vad=False)
+    c.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    c.send(type="input_audio_buffer.append", audio=pcm24(300))
+    assert not [a for a in c.send(type="input_audio_buffer.commit") if isinstance(a, act.Prefill)]

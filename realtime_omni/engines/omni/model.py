@@ -342,6 +342,9 @@ class OmniSession(ModelSession):
             return iter(())
         return self.thinker.run(request)
 
+    def prefill(self, request: ThinkRequest) -> int:
+        return 0 if self.closed else self.thinker.prefill_ahead(request)
+
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
         # the talker consumes one token per codec frame: give it every token as soon as it exists
         return len(pending)

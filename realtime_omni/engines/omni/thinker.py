@@ -114,6 +114,8 @@ class StreamingThinker(ThinkerPrefill):
         self.lock = threading.RLock()
         self.turn = 0
         self.closed = False
+        #: the turn of the reply being generated, if any (a prefill ahead of a turn skips then)
+        self._running_turn: int | None = None
         #: tokens evaluated by the last prefill (not reused from the cache)
         self.last_prefill_tokens = 0
         self.last_prompt_tokens = 0
@@ -137,8 +139,14 @@ class StreamingThinker(ThinkerPrefill):
                 return
             self.turn += 1
             turn = self.turn
-        with torch.inference_mode(), self._streaming():
-            yield from self._run(request, turn)
+            self._running_turn = turn
+        try:
+            with torch.inference_mode(), self._streaming():
+                yield from self._run(request, turn)
+        finally:
+            with self.lock:
+                if self._running_turn == turn:  # else a newer reply runs (and owns the mark)
+                    self._running_turn = None
 
     def _streaming(self):
         """Counted among the sessions the batched thinker waits for while this reply runs."""
@@ -197,6 +205,10 @@ class StreamingThinker(ThinkerPrefill):
                 reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 reply.record.closed = False
             return len(self.ctx)
+
+    @property
+    def running(self) -> bool:
+        return self._running_turn is not None
 
     @property
     def cache_length(self) -> int:

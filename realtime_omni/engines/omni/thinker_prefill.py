@@ -24,9 +24,30 @@ class ThinkerPrefill:
     """Mixed into :class:`~.thinker.StreamingThinker` (its state: ``ctx``, ``renderer``,
     ``settings``, ``rows``, ``loaded`` and the forward / append steps)."""
 
-    def _prefill(self, request: ThinkRequest, turn: int):
+    def prefill_ahead(self, request: ThinkRequest) -> int:
+        """Evaluate the conversation of ``request`` now, before a reply is asked for (the user's
+        turn as it is committed, or at the pause that may end it). A reply asked for later with
+        the same messages then finds them in the cache and evaluates only its header; one asked
+        for with other messages crops what differs, as for any turn. Skipped (0) while a reply
+        runs or when the context is over its budget (the reply trims it). Returns the tokens
+        evaluated."""
+        import torch
+
+        with self.lock, torch.inference_mode():
+            if self.closed or self.running:
+                return 0
+            ids, rendered, close_len, budget = self._new_tokens(self._target(request))
+            if not rendered or len(self.ctx) + len(ids) > budget:
+                return 0
+            prefilled = self._prefill_ids(self.turn, ids, rendered, len(ids), close_len, reply=False)[0]
+        log.info("omni thinker: %d tokens of the conversation prefilled ahead of the reply", prefilled)
+        return prefilled
+
+    def _new_tokens(self, target: list) -> tuple[list[int], list, int, int]:
+        """Crop the cache where ``target`` diverges from it; the tokens that close the last reply
+        and render the new messages (without a header), their renders, the closing's length and
+        the context budget."""
         ctx = self.ctx
-        target = self._target(request)
         prints = [fingerprint(m) for m in target]
         keep = 0
         while (keep < len(ctx.messages) and keep < len(prints)
@@ -47,12 +68,18 @@ class ThinkerPrefill:
             r = self.renderer.render(msg)
             rendered.append((len(ids), r, fp))
             ids += r.ids
+        budget = self.settings.max_context_tokens or (self._max_positions - self.settings.max_new_tokens)
+        return ids, rendered, close_len, budget
+
+    def _prefill(self, request: ThinkRequest, turn: int):
+        ctx = self.ctx
+        target = self._target(request)
+        ids, rendered, close_len, budget = self._new_tokens(target)
         gen_offset = len(ids)
         ids += self.renderer.header("assistant")
-        budget = self.settings.max_context_tokens or (self._max_positions - self.settings.max_new_tokens)
         if len(ctx) + len(ids) > budget and len(target) > 1:
             # too long: drop the oldest non-system messages and re-prefill what is left
-            return self._prefill_trimmed(request, turn, target, prints, budget)
+            return self._prefill_trimmed(request, turn, target, [fingerprint(m) for m in target], budget)
         return self._prefill_ids(turn, ids, rendered, gen_offset, close_len)
 
     def _prefill_trimmed(self, request, turn, target, prints, budget):
@@ -77,7 +104,10 @@ class ThinkerPrefill:
         log.info("omni thinker: context over %d tokens, dropped %d old messages", budget, drop - head)
         return self._prefill_ids(turn, ids, rendered, gen_offset)
 
-    def _prefill_ids(self, turn: int, ids: list[int], rendered, gen_offset: int, close_len: int = 0):
+    def _prefill_ids(self, turn: int, ids: list[int], rendered, gen_offset: int, close_len: int = 0,
+                     reply: bool = True):
+        """Run ``ids`` into the cache and record their messages; with ``reply``, the last tokens
+        are the header of a reply that starts now (its record and state are set up)."""
         import torch
 
         ctx = self.ctx
@@ -91,9 +121,11 @@ class ThinkerPrefill:
             pixels += r.pixel_values
             grids += r.image_grids
             items += [(base + offset + o, kind, value) for o, kind, value in r.items]
-        record = MessageRecord(("assistant", ""), base + gen_offset, base + len(ids), closed=False)
-        records.append(record)
-        reply = ReplyState(turn=turn, record=record, content_start=base + len(ids))
+        state = None
+        if reply:
+            record = MessageRecord(("assistant", ""), base + gen_offset, base + len(ids), closed=False)
+            records.append(record)
+            state = ReplyState(turn=turn, record=record, content_start=base + len(ids))
 
         mm_kwargs: dict[str, Any] = {}
         device = loaded.device
@@ -138,11 +170,12 @@ class ThinkerPrefill:
             ctx.messages[-1].closed = True
             ctx.messages[-1].end = base + close_len
         ctx.messages += records
-        ctx.reply = reply
+        if state is not None:
+            ctx.reply = state
         for pos, kind, value in items:
             ctx.items.append(MultimodalItem(pos, kind, value))
         self._append(ids, positions, src)
-        return len(ids), len(ctx), reply, logits
+        return len(ids), len(ctx), state, logits
 
     def _positions(self, input_ids, image_grid_thw, audio_lengths):
         import torch

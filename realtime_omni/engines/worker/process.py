@@ -355,7 +355,7 @@ class WorkerHost:
             if entry is None or entry.session is None:
                 return None  # state from a dead worker: nothing here to cut back
             return entry.session.confirm(*args)
-        if method in ("transcribe", "decode", "talk_boundary", "listen"):
+        if method in ("transcribe", "decode", "talk_boundary", "listen", "prefill"):
             _entry, session = self._session(key)
             return getattr(session, method)(*args)
         raise ValueError(f"unknown worker call {method!r}")

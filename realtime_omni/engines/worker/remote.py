@@ -69,6 +69,10 @@ class RemoteSession(ModelSession):
         self._check()
         return self._stream("think", (p.wire_request(request, self._strip_unheard_audio),), request.cancelled)
 
+    def prefill(self, request: ThinkRequest) -> int:
+        self._check()
+        return self._call("prefill", (p.wire_request(request, self._strip_unheard_audio),))
+
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
         if not self._traits.custom_talk_boundary:
             return super().talk_boundary(pending, final)  # pure text logic: no round trip
