@@ -80,17 +80,32 @@ def stats_delta(before: dict, after: dict) -> dict:
     return out
 
 
-def run_n(model, req, n: int) -> dict:
+def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
+    """N sessions, then N replies asked for together. With ``ahead_ms``, each session's turn is
+    handed to ``ModelSession.prefill`` that long before the replies are asked for (as the server
+    does at the pause that ends a turn under server_vad: 64 ms into the silence, 500 ms before
+    the turn ends); timings count from the moment the replies are asked for, whether or not the
+    prefill has finished by then."""
     import torch
 
     sessions = [model.open_session() for _ in range(n)]
-    barrier = threading.Barrier(n)
+    starts: list[float] = []
+    barrier = threading.Barrier(n, action=lambda: starts.append(time.perf_counter()))
     results: list = [None] * n
+    prefill_ms: list = [None] * n
     errors: list = []
 
     def one(i: int) -> None:
         try:
-            results[i] = stream_once(model, req, session=sessions[i], start=barrier)
+            if not ahead_ms:
+                results[i] = stream_once(model, req, session=sessions[i], start=barrier)
+                return
+            barrier.wait()
+            asked = starts[0] + ahead_ms / 1000
+            sessions[i].prefill(req)
+            prefill_ms[i] = 1000 * (time.perf_counter() - starts[0])
+            time.sleep(max(0.0, asked - time.perf_counter()))
+            results[i] = stream_once(model, req, session=sessions[i], t0=asked)
         except BaseException as exc:  # noqa: BLE001
             errors.append(f"{type(exc).__name__}: {exc}"[:300])
             barrier.abort()
@@ -131,14 +146,20 @@ def run_n(model, req, n: int) -> dict:
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,
+        "ahead_ms": ahead_ms,
+        "prefill_ahead_ms": ({"p50": _pct([p for p in prefill_ms if p is not None], 50),
+                              "max": max((p for p in prefill_ms if p is not None), default=None)}
+                             if ahead_ms else None),
     }
 
 
-def level(model, req, n: int, variant: str) -> dict:
-    res = run_n(model, req, n)
+def level(model, req, n: int, variant: str, ahead_ms: float = 0.0) -> dict:
+    res = run_n(model, req, n, ahead_ms)
     brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
                                   "underrun_sessions", "gpu_mem_peak_gb")}
     brief["variant"] = variant
+    if ahead_ms:
+        brief["prefill_ahead_ms"] = res["prefill_ahead_ms"]
     brief["rows"] = {k: round(v["mean_rows"], 1) for k, v in res["batches"].items()}
     brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
@@ -166,7 +187,7 @@ def profile_level(model, req, n: int) -> dict:
 
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
-SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead"}
+SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms"}
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
@@ -181,7 +202,7 @@ def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
     return name, settings
 
 
-def apply_variant(model, settings: dict[str, float], defaults: dict[str, float]) -> None:
+def apply_variant(model, settings: dict[str, float], defaults: dict[str, float]) -> dict[str, float]:
     values = {**defaults, **settings}
     sys.setswitchinterval(values["switch_ms"] / 1000.0)
     for batcher in model.batching.batchers:
@@ -189,6 +210,7 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
     model.batching.prefill.token_budget = int(values["prefill_tokens"])
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
+    return values
 
 
 def check_alone(model, req) -> dict:
@@ -244,7 +266,7 @@ def run_config(path: Path, args) -> dict:
     stream_once(model, warm)
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 0.0,
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
-                "lookahead": model.batching.lookahead}
+                "lookahead": model.batching.lookahead, "ahead_ms": 0.0}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:
@@ -253,11 +275,11 @@ def run_config(path: Path, args) -> dict:
             args.partial.write_text(json.dumps(result, indent=1, default=float))
     result["sweep"] = []
     for name, settings in variants:
-        apply_variant(model, settings, defaults)
-        entry = {"name": name, "settings": {**defaults, **settings}, "runs": []}
+        values = apply_variant(model, settings, defaults)
+        entry = {"name": name, "settings": values, "runs": []}
         result["sweep"].append(entry)
         for n in args.sweep_sessions or args.sessions:
-            entry["runs"].append(level(model, req, n, name))
+            entry["runs"].append(level(model, req, n, name, values["ahead_ms"]))
             if args.partial is not None:
                 args.partial.write_text(json.dumps(result, indent=1, default=float))
     apply_variant(model, {}, defaults)

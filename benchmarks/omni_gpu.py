@@ -76,11 +76,12 @@ def build_request(model, prompt_tokens: int, audio_seconds: float, reply_tokens:
     return req, msg, n
 
 
-def stream_once(model, req, session=None, start=None):
+def stream_once(model, req, session=None, start=None, t0=None):
     """One response through three threads (thinker → talker → codec); returns timings.
 
     With ``session`` given it is used (and left open); ``start`` (a barrier) lines the clock up
-    with other responses started together."""
+    with other responses started together; ``t0`` (``perf_counter`` time) is when the reply was
+    asked for, if earlier than now (timings count from it)."""
     own = session is None
     if own:
         session = model.open_session()
@@ -96,7 +97,7 @@ def stream_once(model, req, session=None, start=None):
     chunks: list[dict] = []
     talk_log: list[dict] = []
     errors: list[BaseException] = []
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if t0 is None else t0
 
     def thinker():
         try:
