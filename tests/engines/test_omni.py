@@ -266,9 +266,17 @@ def test_stream_turn_audio_in(omni):
 
 
 def test_streaming_equals_one_shot_generate(omni):
-    """Greedy thinker tokens and talker codes match the reference ``generate``, step for step."""
+    """Greedy thinker tokens and talker codes match the reference ``generate``, step for step.
+
+    The session steps alone: a batched step's float sums depend on its bucket (the rows other
+    sessions hold), which can flip a near-tie of these random weights; batched sessions are
+    compared with sessions alone in test_omni_batching."""
     loaded = omni.loaded
-    session = omni.open_session()
+    batching, omni.batching = omni.batching, None
+    try:
+        session = omni.open_session()
+    finally:
+        omni.batching = batching
     try:
         msg = TurnMessage(role="user", text="hello", audio=user_audio(0.8, seed=3))
         outputs, chunks, _audio, _ = run_turn(session, request([msg], max_tokens=8))
@@ -415,10 +423,15 @@ def test_a_turn_prefilled_ahead_leaves_the_reply_only_its_header(omni):
                 assert evaluated >= len(renderer.render(pending).ids)
                 assert session.prefill(request([first, assistant, pending], max_tokens=6)) == 0  # nothing new
             outs, chunks, audio, _ = run_turn(session, request(messages, max_tokens=6))
+            # the talker's own rows: Qwen3 the 9-row assistant part; Qwen2.5 the header + 2
+            talker_own = 9 if omni.loaded.arch == "qwen3_omni_moe" else len(renderer.header("assistant")) + 2
             if ahead and ahead[-1] is second:
                 assert outs[0].prefilled_tokens == len(renderer.header("assistant"))
+                assert session.talker.stream.rows_run == talker_own
             else:
                 assert outs[0].prefilled_tokens > len(renderer.render(second).ids)
+                # the first turn's rows stay in the talker's cache: only what is new runs
+                assert talker_own < session.talker.stream.rows_run < outs[0].prompt_tokens
             return ([o.hidden.token_id for o in outs], [c.codes.codes.tolist() for c in chunks if c.codes is not None],
                     [a.tolist() for a in audio])
         finally:

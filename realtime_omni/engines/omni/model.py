@@ -343,7 +343,12 @@ class OmniSession(ModelSession):
         return self.thinker.run(request)
 
     def prefill(self, request: ThinkRequest) -> int:
-        return 0 if self.closed else self.thinker.prefill_ahead(request)
+        if self.closed:
+            return 0
+        evaluated, prompt = self.thinker.prefill_ahead(request)
+        if prompt is not None and request.want_audio:
+            self.talker.prefill_ahead(prompt)
+        return evaluated
 
     def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
         # the talker consumes one token per codec frame: give it every token as soon as it exists

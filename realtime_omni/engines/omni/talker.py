@@ -47,12 +47,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
-from .context import TokenHidden
+from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni
 from .talker_qwen3 import Qwen3Stream
 from .talker_qwen25 import Qwen25Stream
-from .talker_stream import CodeChunk, TalkerSettings, TalkerStream
+from .talker_stream import CodeChunk, TalkerPrefix, TalkerSettings, TalkerStream, prefill_rows
 
 if TYPE_CHECKING:
     from .batching.rows import SessionRows
@@ -82,6 +82,8 @@ class OmniTalker:
         # one reply at a time on the shared caches: a superseded reply's thread may still be
         # finishing a step when the next reply prefills
         self.step_lock = threading.Lock()
+        #: what of the conversation the talker cache holds, reused by the next reply
+        self.prefix = TalkerPrefix()
         self.closed = False
 
     def parts(self) -> tuple[StaticDecoder, CodeFrames | None]:
@@ -90,6 +92,7 @@ class OmniTalker:
         rows = self.rows
         if self.decoder is None:
             self.decoder = self.kind.new_decoder(self.loaded, self.settings, rows.talker if rows else None)
+            self.prefix.forget()  # a fresh cache holds nothing
         if self.frames is None and self.loaded.arch != "qwen2_5_omni" and rows is None:
             # (batched, the talker's frame step runs the code predictor itself)
             self.frames = CodeFrames(self.loaded, do_sample=self.settings.do_sample,
@@ -109,6 +112,28 @@ class OmniTalker:
             decoder.capture_now(lambda: self.kind.dummy_prefill(self.loaded, decoder))
             if frames is not None:
                 frames.graph.ensure_captured()
+
+    def prefill_ahead(self, prompt: TalkerPrompt) -> int:
+        """Run the conversation part of the next reply's talker prompt into the cache now (the
+        thinker has just evaluated the user's turn ahead of the reply), so the reply runs only
+        its own rows. Skipped (0) while a reply is being spoken. Returns the rows run."""
+        import torch
+
+        with self.lock, torch.inference_mode():
+            if self.closed or (self.stream is not None and not self.stream.done):
+                return 0
+            context = self.kind.context_part(self.loaded, prompt)
+            if context is None:
+                return 0
+            inputs, positions = context
+            decoder, _frames = self.parts()
+            if decoder.max_len < inputs.shape[0] + 16:
+                return 0  # the reply could not follow it: leave the cache as it is
+            with self.step_lock:
+                _, run = prefill_rows(self.loaded, self.kind.forward, decoder,
+                                      self.rows.talker if self.rows is not None else None, inputs, positions,
+                                      inputs.shape[0], self.prefix)
+        return run
 
     def talk(
         self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool
@@ -131,6 +156,7 @@ class OmniTalker:
                     stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
                                                      hidden.turn, hidden.prompt, speaker, decoder, frames)
                     stream.step_lock = self.step_lock
+                    stream.prefix = self.prefix
                     stream.rows = self.rows.talker if self.rows is not None else None
                 elif hidden.turn < stream.turn:
                     continue  # a stale reply

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import TokenHidden
+from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni, samples_per_code
 from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
@@ -72,7 +72,14 @@ class Qwen25Stream(TalkerStream):
         self.history = torch.tensor(
             [[int(cfg.tts_codec_mask_token_id)] * n_prompt
              + [int(cfg.tts_codec_pad_token_id), int(cfg.tts_codec_start_token_id)]], dtype=torch.long)
-        self.logits = self._prefill_with(inputs, positions)
+        self.logits = self._prefill_with(inputs, positions, n_prompt)
+
+    @classmethod
+    def context_part(cls, loaded: LoadedOmni, prompt: TalkerPrompt) -> tuple[Any, Any] | None:
+        """The talker's rows for the whole thinker context, at the thinker's positions."""
+        if prompt.src is None or not prompt.src.shape[0]:
+            return None
+        return prompt.src, prompt.positions.t()
 
     @staticmethod
     def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions):

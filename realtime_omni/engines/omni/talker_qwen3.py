@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import ThinkerOutput
-from .context import TokenHidden
+from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni
 from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
@@ -72,6 +72,42 @@ class Qwen3Stream(TalkerStream):
     def _can_prefill(self) -> bool:
         return self.prompt is not None and len(self.assistant) >= 4
 
+    @classmethod
+    def context_part(cls, loaded: LoadedOmni, prompt: TalkerPrompt) -> tuple[Any, Any] | None:
+        """The talker's rows for the user turns of the context, at positions 0..U-1 (None when
+        there are none, or images: their rotary positions are laid out with the whole prompt)."""
+        import torch
+
+        if any(it.kind == "image" for it in prompt.user_items):
+            return None
+        user = cls._user_rows(loaded, prompt)
+        if user is None:
+            return None
+        n = user.shape[0]
+        return user, torch.arange(n, dtype=torch.long).view(1, n).expand(3, n)
+
+    @staticmethod
+    def _user_rows(loaded: LoadedOmni, prompt: TalkerPrompt) -> Any:
+        """User-turn tokens → talker rows: text through ``text_projection`` of the embedding,
+        audio/image through ``hidden_projection`` of the thinker's hidden state."""
+        import torch
+
+        if prompt.user_src is None or not prompt.user_src.shape[0]:
+            return None
+        talker = loaded.talker
+        proj_dtype = talker.text_projection.linear_fc1.weight.dtype
+        dtype = talker.codec_head.weight.dtype
+        device = loaded.device
+        user = torch.empty((prompt.user_src.shape[0], loaded.config.talker_config.text_config.hidden_size),
+                           device=device, dtype=dtype)
+        mm = prompt.user_mm.to(device)
+        src = prompt.user_src.to(proj_dtype)
+        if mm.any():
+            user[mm] = talker.hidden_projection(src[mm]).to(dtype)
+        if (~mm).any():
+            user[~mm] = talker.text_projection(src[~mm]).to(dtype)
+        return user
+
     def _prefill(self) -> None:
         import torch
 
@@ -79,17 +115,9 @@ class Qwen3Stream(TalkerStream):
         cfg, tcfg = loaded.config, loaded.config.talker_config
         talker = loaded.talker
         dtype = talker.codec_head.weight.dtype
-        parts = []
-        if prompt.user_src is not None and prompt.user_src.shape[0]:
-            user = torch.empty((prompt.user_src.shape[0], tcfg.text_config.hidden_size), device=self.device,
-                               dtype=dtype)
-            mm = prompt.user_mm.to(self.device)
-            src = prompt.user_src.to(self.proj_dtype)
-            if mm.any():
-                user[mm] = talker.hidden_projection(src[mm]).to(dtype)
-            if (~mm).any():
-                user[~mm] = talker.text_projection(src[~mm]).to(dtype)
-            parts.append(user)
+        context = self.context_part(loaded, prompt)
+        user = context[0] if context is not None else self._user_rows(loaded, prompt)
+        parts = [] if user is None else [user]
         head = talker.text_projection(torch.stack(self.assistant[:4]).to(self.proj_dtype)).to(dtype)
         text_part = torch.cat([head[:3], self.tts_pad.expand(4, -1).to(dtype), self.tts_bos[None].to(dtype),
                                head[3:4]], dim=0)
@@ -116,7 +144,8 @@ class Qwen3Stream(TalkerStream):
                                                    None)
             positions = pos[:, 0, :].round().long()
         self.pos = int(positions.max()) + 1
-        self.hidden, self.logits = self._prefill_with(inputs, positions)
+        self.hidden, self.logits = self._prefill_with(inputs, positions,
+                                                      context[0].shape[0] if context is not None else 0)
 
     @staticmethod
     def forward(loaded: LoadedOmni, decoder: StaticDecoder, inputs, positions):

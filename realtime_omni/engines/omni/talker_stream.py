@@ -17,6 +17,32 @@ from .loader import LoadedOmni, samples_per_code
 
 log = logging.getLogger(__name__)
 
+def prefill_rows(loaded: LoadedOmni, forward: Callable[..., Any], decoder: StaticDecoder, rows: Any, inputs: Any,
+                 positions: Any, context_rows: int, prefix: TalkerPrefix) -> tuple[Any, int]:
+    """Run ``inputs`` (n, D) at ``positions`` (3, n) into a session's talker cache (its own, or
+    its slot in the batched talker when ``rows`` is given), skipping the leading context rows
+    the cache already holds (under the session's step lock); ``forward``: the architecture's
+    :meth:`TalkerStream.forward`. Returns the last row's outputs (Qwen2.5: logits; Qwen3: hidden
+    state and logits) and the rows run."""
+    context = inputs[:context_rows]
+    keep = prefix.reusable(context, positions[:, :context_rows], decoder.write_position()) if context_rows else 0
+    n = inputs.shape[0] - keep
+    with on_stream(loaded.stream("talker")):
+        decoder.crop(keep)
+        if rows is None:
+            out = forward(loaded, decoder, inputs[None, keep:], positions[:, keep:])
+        else:
+            # with the other sessions' talker prefills starting now, in one forward pass
+            hidden, logits = rows.prefill.prefill(inputs[keep:], positions[:, keep:], {}, rows.slot, keep)
+            decoder.advance(n)
+            out = logits if loaded.arch == "qwen2_5_omni" else (hidden, logits)
+    if context_rows:
+        prefix.remember(context, positions[:, :context_rows])
+    else:
+        prefix.forget()
+    return out, n
+
+
 @dataclass
 class TalkerSettings:
     do_sample: bool = True
@@ -95,6 +121,42 @@ class Superseded(Exception):
     """A closed reply tried to step on the session's shared caches."""
 
 
+class TalkerPrefix:
+    """The context part of a session's talker prompt, kept in its talker cache between replies.
+
+    A talker prompt is the conversation (Qwen2.5: every thinker token; Qwen3: the user turns'
+    tokens) followed by a few reply-specific rows (the assistant header, the speaker, the first
+    reply token). The conversation part only grows from one reply to the next, so the rows that
+    match what the cache already holds (same input vectors at the same positions) are not run
+    again: a reply runs its new context rows and its own rows, and a turn prefilled ahead of its
+    reply (:meth:`OmniTalker.prefill_ahead`) leaves only the reply's rows.
+    """
+
+    def __init__(self) -> None:
+        self.inputs: Any = None  # (n, D) on the device
+        self.positions: Any = None  # (3, n) on the host
+
+    def reusable(self, inputs: Any, positions: Any, cached: int) -> int:
+        """How many leading rows of ``inputs`` / ``positions`` the cache holds already
+        (``cached``: the rows the cache has now; rows past it were cut)."""
+        import torch
+
+        if self.inputs is None:
+            return 0
+        n = min(len(self.inputs), len(inputs), cached)
+        if n <= 0:
+            return 0
+        same = (self.inputs[:n] == inputs[:n]).all(-1).cpu() & (self.positions[:, :n] == positions[:, :n].cpu()).all(0)
+        differ = torch.nonzero(~same)
+        return int(differ[0, 0]) if len(differ) else n
+
+    def remember(self, inputs: Any, positions: Any) -> None:
+        self.inputs, self.positions = inputs, positions.cpu()
+
+    def forget(self) -> None:
+        self.inputs = self.positions = None
+
+
 class TalkerStream:
     """One reply's talker state (shared logic: chunking, text pacing, stop/resume)."""
 
@@ -112,10 +174,12 @@ class TalkerStream:
         self.decoder = decoder
         self.code_frames = frames
         self.step_lock = threading.Lock()  # the session's, set by OmniTalker
+        self.prefix = TalkerPrefix()  # the session's, set by OmniTalker
         self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
         self.ahead: Any = None  # batched: frames queued ahead (``batcher.Lookahead``)
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
+        self.rows_run = 0  # prompt rows the prefill ran (the rest were in the cache already)
         self.done = prompt is None  # no prompt (first output lost) → nothing to say
         self.ended = False  # the thinker's reply is complete
         self.final_sent = False
@@ -237,22 +301,19 @@ class TalkerStream:
     def _max_frames(self) -> int:
         return self.frame_limit
 
-    def _prefill_with(self, inputs, positions) -> Any:
-        """Prefill the (reused) static cache from position 0; returns the step's outputs."""
+    def _prefill_with(self, inputs, positions, context_rows: int = 0) -> Any:
+        """Prefill the session's talker cache with ``inputs`` (1, n, D) at ``positions`` (3, n);
+        the first ``context_rows`` are the conversation part (:class:`TalkerPrefix`): those the
+        cache holds already are not run again. Returns the last row's outputs."""
         decoder = self.decoder
         n = inputs.shape[1]
         if n + 2 > decoder.max_len:
             raise ValueError(f"talker prompt of {n} tokens exceeds its cache of {decoder.max_len}")
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
         with self._own_caches():
-            with on_stream(self.loaded.stream("talker")):
-                decoder.crop(0)
-                if self.rows is None:
-                    return self.forward(self.loaded, decoder, inputs, positions)
-            # with the other sessions' talker prefills starting now, in one forward pass
-            hidden, logits = self.rows.prefill.prefill(inputs[0], positions, {}, self.rows.slot, 0)
-            decoder.advance(n)
-            return logits if self.loaded.arch == "qwen2_5_omni" else (hidden, logits)
+            out, self.rows_run = prefill_rows(self.loaded, self.forward, decoder, self.rows, inputs[0], positions,
+                                              context_rows, self.prefix)
+        return out
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
         """Run the captured step after ``fill(*static inputs)`` wrote this step's inputs."""
@@ -323,6 +384,12 @@ class TalkerStream:
 
     @classmethod
     def code_sampling(cls, loaded: LoadedOmni, settings: TalkerSettings) -> CodeSampling: ...
+
+    @classmethod
+    def context_part(cls, loaded: LoadedOmni, prompt: TalkerPrompt) -> tuple[Any, Any] | None:
+        """The conversation part of the talker's prompt: rows (n, D) and positions (3, n), the
+        same for every reply that follows this context (see :class:`TalkerPrefix`)."""
+        ...
 
     def _can_prefill(self) -> bool: ...
 

@@ -467,8 +467,9 @@ class StreamingThinker(ThinkerPrefill):
         if self._ahead is not None:
             self._ahead.drain()
 
-    def _snapshot(self, turn: int) -> TalkerPrompt:
-        """What the talker is prefilled with for the reply that starts now."""
+    def _snapshot(self, turn: int, reply: bool = True) -> TalkerPrompt:
+        """What the talker is prefilled with for the reply that starts now (``reply`` False:
+        the context alone, before a reply's header is in the cache)."""
         import torch
 
         ctx = self.ctx
@@ -484,13 +485,9 @@ class StreamingThinker(ThinkerPrefill):
             if t == tok.im_start and i + 1 < n:
                 role = ids[i + 1]
             user.append(role == tok.user_token_id)
-        start = None
-        for i in range(n - 1, 0, -1):
-            if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id:
-                start = i - 1
-                break
-        if start is None:
-            start = ctx.reply.record.start
+        start = n if not reply else next(
+            (i - 1 for i in range(n - 1, 0, -1) if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id),
+            ctx.reply.record.start)
         idx = torch.tensor([i for i in range(n) if user[i]], dtype=torch.long)
         src = ctx.src.view(0, n)
         user_items = [it for it in ctx.items if it.pos < n and user[it.pos]]

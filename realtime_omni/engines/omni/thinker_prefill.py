@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from ..base import ThinkRequest
-from .context import MessageRecord, MultimodalItem, ReplyState
+from .context import MessageRecord, MultimodalItem, ReplyState, TalkerPrompt
 from .graphs import on_stream
 from .prompt import Rendered, fingerprint
 
@@ -24,24 +24,26 @@ class ThinkerPrefill:
     """Mixed into :class:`~.thinker.StreamingThinker` (its state: ``ctx``, ``renderer``,
     ``settings``, ``rows``, ``loaded`` and the forward / append steps)."""
 
-    def prefill_ahead(self, request: ThinkRequest) -> int:
+    def prefill_ahead(self, request: ThinkRequest) -> tuple[int, TalkerPrompt | None]:
         """Evaluate the conversation of ``request`` now, before a reply is asked for (the user's
         turn as it is committed, or at the pause that may end it). A reply asked for later with
         the same messages then finds them in the cache and evaluates only its header; one asked
         for with other messages crops what differs, as for any turn. Skipped (0) while a reply
         runs or when the context is over its budget (the reply trims it). Returns the tokens
-        evaluated."""
+        evaluated and, when there were any, what the talker's prompt holds of this context (so
+        the talker can run it ahead too)."""
         import torch
 
         with self.lock, torch.inference_mode():
             if self.closed or self.running:
-                return 0
+                return 0, None
             ids, rendered, close_len, budget = self._new_tokens(self._target(request))
             if not rendered or len(self.ctx) + len(ids) > budget:
-                return 0
+                return 0, None
             prefilled = self._prefill_ids(self.turn, ids, rendered, len(ids), close_len, reply=False)[0]
+            prompt = self._snapshot(self.turn, reply=False)
         log.info("omni thinker: %d tokens of the conversation prefilled ahead of the reply", prefilled)
-        return prefilled
+        return prefilled, prompt
 
     def _new_tokens(self, target: list) -> tuple[list[int], list, int, int]:
         """Crop the cache where ``target`` diverges from it; the tokens that close the last reply
