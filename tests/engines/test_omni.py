@@ -776,3 +776,32 @@ def test_short_attention_gives_the_code_predictor_the_same_codes(omni):
         assert codes() == want and want
     finally:
         config._attn_implementation = before
+
+
+def test_audio_encoded_without_device_reads_equals_the_encoders_own(omni):
+    """Qwen3's audio clips are encoded with their chunk layout computed on the host: the
+    embeddings must be those of transformers' ``get_audio_features`` (clips across chunk and
+    window boundaries, padded together)."""
+    from realtime_omni.engines.omni.audio_tower import encode_audio
+
+    model = omni
+    if model.loaded.arch != "qwen3_omni_moe":
+        pytest.skip("Qwen2.5-Omni's encoder runs as transformers has it")
+    session = model.open_session()
+    try:
+        renderer = session.thinker.renderer
+        feats = [renderer.render(TurnMessage(role="user", audio=user_audio(sec, seed=i))).audio_features[0]
+                 for i, sec in enumerate((0.4, 2.7, 1.3))]
+    finally:
+        session.close()
+    frames = max(f.shape[-1] for f in feats)
+    batch = torch.zeros((len(feats), feats[0].shape[0], frames))
+    mask = torch.zeros((len(feats), frames), dtype=torch.long)
+    for i, f in enumerate(feats):
+        batch[i, :, : f.shape[-1]] = f
+        mask[i, : f.shape[-1]] = 1
+    with torch.inference_mode():
+        want = model.loaded.thinker.model.get_audio_features(batch, mask).last_hidden_state
+        got = encode_audio(model.loaded, feats)
+    assert got.shape == want.shape and got.shape[0] > 30
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import ThinkerOutput
+from .audio_tower import to_device
 from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni
@@ -100,12 +101,13 @@ class Qwen3Stream(TalkerStream):
         device = loaded.device
         user = torch.empty((prompt.user_src.shape[0], loaded.config.talker_config.text_config.hidden_size),
                            device=device, dtype=dtype)
-        mm = prompt.user_mm.to(device)
         src = prompt.user_src.to(proj_dtype)
-        if mm.any():
-            user[mm] = talker.hidden_projection(src[mm]).to(dtype)
-        if (~mm).any():
-            user[~mm] = talker.text_projection(src[~mm]).to(dtype)
+        mm = prompt.user_mm.cpu()  # the rows are chosen on the host: no read back from the device
+        for rows, project in ((mm, talker.hidden_projection), (~mm, talker.text_projection)):
+            index = torch.nonzero(rows).reshape(-1)
+            if index.numel():
+                index = to_device(index, device)
+                user.index_copy_(0, index, project(src.index_select(0, index)).to(dtype))
         return user
 
     def _prefill(self) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
+from .audio_tower import merge_audio, to_device
 from .context import (
     MultimodalItem,
     ReplyState,
@@ -378,15 +379,15 @@ class StreamingThinker(ThinkerPrefill):
         if decoder is None:
             decoder = self._decoder()
         device = loaded.device
-        ids = input_ids.to(device)
+        inputs = merge_audio(loaded, input_ids, mm_kwargs)
+        ids = inputs["input_ids"]
         out = loaded.thinker.model(
-            input_ids=ids,
-            position_ids=positions.to(device).view(3, 1, -1),
+            position_ids=to_device(positions, device).view(3, 1, -1),
             use_cache=True,
             output_hidden_states=self._talker_reads.select,
             return_dict=True,
             **{loaded.cache_kwarg: decoder.cache},
-            **mm_kwargs,
+            **inputs,
         )
         last = out.last_hidden_state
         logits = loaded.thinker.lm_head(last[:, -1:, :])[:, -1, :].float()

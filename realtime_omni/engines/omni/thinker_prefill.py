@@ -131,7 +131,9 @@ class ThinkerPrefill:
 
         mm_kwargs: dict[str, Any] = {}
         device = loaded.device
-        if feats:
+        if feats and loaded.arch == "qwen3_omni_moe":
+            mm_kwargs["audio_clips"] = feats  # encoded in the forward, without reading the device back
+        elif feats:
             frames = max(f.shape[-1] for f in feats)
             mel = feats[0].shape[0]
             batch = torch.zeros((len(feats), mel, frames), dtype=torch.float32)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..audio_tower import merge_audio, to_device
 from ..graphs import DeviceSpans, graphs_available, on_stream
 from .batcher import Mailbox
 from .slots import SlotPool
@@ -24,7 +25,7 @@ from .slots import SlotPool
 log = logging.getLogger(__name__)
 
 #: multimodal inputs whose rows can be merged across sessions (by concatenation on dim 0)
-MERGEABLE = {"input_features", "feature_attention_mask", "pixel_values", "image_grid_thw"}
+MERGEABLE = {"input_features", "feature_attention_mask", "pixel_values", "image_grid_thw", "audio_clips"}
 
 
 @dataclass(eq=False)
@@ -203,8 +204,8 @@ class PrefillBatcher(Mailbox):
             visible[b] = torch.arange(req.start, req.start + width)
         columns = torch.arange(pool.length + 1)
         mask = (columns[None, None, :] <= visible[:, :, None]) & (columns[None, None, :] < pool.length)
-        cache = SlotRowsCache(pool, torch.tensor([r.slot for r in take], device=device), write.to(device))
-        return Padded(lengths, positions.to(device), mask[:, None].to(device), cache)
+        cache = SlotRowsCache(pool, to_device(torch.tensor([r.slot for r in take]), device), to_device(write, device))
+        return Padded(lengths, to_device(positions, device), to_device(mask[:, None], device), cache)
 
 
 def thinker_rows(loaded: Any, reads: Any) -> RowsForward:
@@ -218,11 +219,12 @@ def thinker_rows(loaded: Any, reads: Any) -> RowsForward:
         ids = torch.full((len(take), max(lengths)), int(loaded.tokens.im_end), dtype=torch.long)
         for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
             ids[b, :n] = req.inputs.reshape(-1)
-        ids = ids.to(device)
+        inputs = merge_audio(loaded, ids, _merge([r.mm for r in take]))
+        ids = inputs["input_ids"]
         out = loaded.thinker.model(
-            input_ids=ids, position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
+            position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
             output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: padded.cache},
-            **_merge([r.mm for r in take]))
+            **inputs)
         last = out.last_hidden_state
         src = reads.vectors(ids, out.hidden_states, last)
         ends = torch.tensor([n - 1 for n in lengths], device=device)
@@ -276,6 +278,9 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
         merged["feature_attention_mask"] = torch.cat(
             [torch.nn.functional.pad(p["feature_attention_mask"], (0, frames - p["feature_attention_mask"].shape[-1]))
              for p in parts if "input_features" in p], dim=0)
+    clips = [clip for p in parts for clip in p.get("audio_clips", ())]
+    if clips:
+        merged["audio_clips"] = clips
     for key in ("pixel_values", "image_grid_thw"):
         values = [p[key] for p in parts if key in p]
         if values:
