@@ -398,7 +398,7 @@ class StreamingThinker(ThinkerPrefill):
         mm_ids = {self.loaded.tokens.audio, self.loaded.tokens.image}
         ctx.ids += ids
         ctx.mm += [i in mm_ids for i in ids]
-        ctx.positions.append(positions.t().contiguous().to(src.device))
+        ctx.positions.append(to_device(positions.t().contiguous(), src.device))
         ctx.src.append(src.detach())
         ctx.next_pos = int(positions.max()) + 1
 
@@ -495,7 +495,7 @@ class StreamingThinker(ThinkerPrefill):
         return TalkerPrompt(
             turn=turn,
             user_ids=[ids[i] for i in idx.tolist()],
-            user_src=src.index_select(0, idx.to(src.device)).clone() if idx.numel() else src[:0].clone(),
+            user_src=src.index_select(0, to_device(idx, src.device)).clone() if idx.numel() else src[:0].clone(),
             user_mm=torch.tensor([ctx.mm[i] for i in idx.tolist()], dtype=torch.bool),
             user_items=[MultimodalItem(int(sum(user[: it.pos])), it.kind, it.value) for it in user_items],
             header_ids=ids[start:n],
