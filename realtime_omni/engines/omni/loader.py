@@ -153,14 +153,17 @@ class LoadedOmni:
         return {"run_stream": self.stream(stage), "capture_stream": self.stream(f"{stage} capture")}
 
     def stream(self, stage: str) -> Any:
-        """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA."""
+        """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA. The
+        stages whose steps keep live sessions playing (:data:`URGENT_STAGES`) get streams of high
+        priority: the GPU schedules their kernels before those of prefills, which run beside."""
         if self.device_type != "cuda":
             return None
         streams = self.__dict__.setdefault("_streams", {})
         if stage not in streams:
             import torch
 
-            stream = streams[stage] = torch.cuda.Stream(self.device)
+            priority = -1 if stage in URGENT_STAGES else 0  # lower is more urgent
+            stream = streams[stage] = torch.cuda.Stream(self.device, priority=priority)
             if stage.endswith(" capture"):
                 _prime_cublas(stream, self.device)
         return streams[stage]
@@ -334,6 +337,10 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
         feature_extractor=fe, image_processor=ip, device=torch.device(device), dtype=torch_dtype,
         tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg,
     )
+
+
+#: stages whose steps a listener is waiting for (the decode steps and the codec)
+URGENT_STAGES = frozenset({"thinker", "talker", "codec"})
 
 
 def _prime_cublas(stream: Any, device: Any) -> None:

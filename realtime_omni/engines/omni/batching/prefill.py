@@ -162,7 +162,9 @@ class PrefillBatcher(Mailbox):
         started = time.perf_counter()
         finished: list[PrefillRequest] = []
         try:
-            stream = self.loaded.stream(self.stage)
+            # a stream of its own, of lower priority than the stage's decode steps: a prefill of
+            # hundreds of milliseconds would otherwise hold every live session's next step
+            stream = self.loaded.stream(self.name)
             with torch.inference_mode(), on_stream(stream):
                 span = self.spans.begin(stream)
                 results = self.forward(take, self._pad(take))
