@@ -228,7 +228,10 @@ def main(argv=None) -> int:
            "# on the GPU machine (carry .whl, .whl_min and .omni_cfg):",
            "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .whl_min/*.whl && export PYTHONPATH=/tmp/site:$PWD",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--sessions 1 8 16 32 64 --sweep speech:frames=192 --sweep-sessions 32 64 --timeouts 300 --out q3.json",
+           "--sessions 1 2 4 8 16 32 48 64 --sweep speech:frames=192 ahead:ahead_ms=436 --sweep-sessions 32 64 "
+           "--timeouts 240 --out q3.json",
+           "python3 benchmarks/omni_prefill_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 1 8 16 32 --profile 16 --out prefill.json   # prefills alone: time, launches, host waits by line",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json "
            "--sessions 1 8 16 32 --timeouts 250 --out q25.json",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
