@@ -411,10 +411,12 @@ def test_a_turn_prefilled_ahead_leaves_the_reply_only_its_header(omni):
     second = TurnMessage(role="user", audio=user_audio(0.4, seed=5))
     other = TurnMessage(role="user", audio=user_audio(0.3, seed=6))
 
-    def conversation(ahead: list[TurnMessage] | None) -> tuple[list, list, list]:
+    def conversation(ahead: list[TurnMessage] | None, fresh_talker: bool = False) -> tuple[list, list, list]:
         session = omni.open_session()
         try:
             outs1, _, _, _ = run_turn(session, request([first], max_tokens=6))
+            if fresh_talker:  # the second reply's talker prompt is run whole, as before it was kept
+                session.talker.prefix.forget()
             assistant = TurnMessage(role="assistant", text="".join(o.text for o in outs1))
             messages = [first, assistant, second]
             renderer = session.thinker.renderer
@@ -428,7 +430,7 @@ def test_a_turn_prefilled_ahead_leaves_the_reply_only_its_header(omni):
             if ahead and ahead[-1] is second:
                 assert outs[0].prefilled_tokens == len(renderer.header("assistant"))
                 assert session.talker.stream.rows_run == talker_own
-            else:
+            elif not fresh_talker:
                 assert outs[0].prefilled_tokens > len(renderer.render(second).ids)
                 # the first turn's rows stay in the talker's cache: only what is new runs
                 assert talker_own < session.talker.stream.rows_run < outs[0].prompt_tokens
@@ -438,6 +440,7 @@ def test_a_turn_prefilled_ahead_leaves_the_reply_only_its_header(omni):
             session.close()
 
     plain = conversation(None)
+    assert conversation(None, fresh_talker=True) == plain  # the kept rows are what a whole run computes
     assert conversation([second]) == plain
     assert conversation([other]) == plain  # prefilled with what the user did not end on
     assert conversation([other, second]) == plain
