@@ -400,7 +400,13 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
         with pytest.raises(ModelAtCapacity, match="1 session slots"):
             model.open_session()
         first.close()
-        model.open_session().close()  # the slot came back
+        session = model.open_session()  # the slot came back
+        # a turn evaluated ahead of its reply, across the process boundary
+        messages = [TurnMessage(role="user", audio=user_audio(0.3, seed=2))]
+        assert session.prefill(request(messages, max_tokens=2)) > 10
+        outputs = list(session.think(request(messages, max_tokens=2)))
+        assert outputs[0].prefilled_tokens == 3  # only <|im_start|>assistant\n was left
+        session.close()
     finally:
         model.close()
 
