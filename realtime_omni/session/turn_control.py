@@ -122,9 +122,14 @@ class TurnControl:
     def preview_request(self, transcript: str) -> ThinkRequest:
         """The request the next response would make if the pending user turn says ``transcript``
         (for speculation; the driver compares it with the real one before adopting)."""
+        return self._next_request(TurnMessage(role="user", text=transcript))
+
+    def _next_request(self, pending: TurnMessage | None) -> ThinkRequest:
+        """The request a response with the session's settings would make now, with the
+        conversation plus ``pending`` (a user turn not committed yet)."""
         request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
                                       self.config.tools, self.config.tool_choice)
-        request.messages = self.conversation.to_messages() + [TurnMessage(role="user", text=transcript)]
+        request.messages = self.conversation.to_messages() + ([pending] if pending is not None else [])
         return request
 
     def _prefill_ahead(self, pending: TurnMessage | None = None) -> None:
@@ -133,10 +138,7 @@ class TurnControl:
         text stays empty (no transcription configured), no response running."""
         if not self.prefills_ahead or self.config.transcription is not None or self.response is not None:
             return
-        request = self._think_request(None, self.config.max_output_tokens, self.config.wants_audio,
-                                      self.config.tools, self.config.tool_choice)
-        request.messages = self.conversation.to_messages() + ([pending] if pending is not None else [])
-        self._actions.append(act.Prefill(request))
+        self._actions.append(act.Prefill(self._next_request(pending)))
 
     def _user_audio_message(self, audio: np.ndarray) -> TurnMessage:
         """A committed audio turn as the thinker will read it (see :meth:`_commit`)."""

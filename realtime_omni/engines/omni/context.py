@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .audio_tower import to_device
 from .graphs import StaticDecoder
 
 
@@ -156,3 +157,35 @@ class TokenHidden:
     eos: bool = False  # the token is the thinker's EOS (never forwarded)
 
 
+def talker_prompt(ctx: ThinkerContext, loaded: Any, turn: int, reply: bool = True) -> TalkerPrompt:
+    """What the talker is prefilled with for the reply that starts now, from the thinker's
+    context (``reply`` False: the context alone, before a reply's header is in the cache)."""
+    import torch
+
+    n = len(ctx)
+    if loaded.arch == "qwen2_5_omni":
+        return TalkerPrompt(turn=turn, src=ctx.src.view(0, n).clone(),
+                            positions=ctx.positions.view(0, n).clone(), next_pos=ctx.next_pos)
+    tok = loaded.tokens
+    ids = ctx.ids
+    # role of every token = the token after the last <|im_start|> at or before it
+    user, role = [], None
+    for i, t in enumerate(ids):
+        if t == tok.im_start and i + 1 < n:
+            role = ids[i + 1]
+        user.append(role == tok.user_token_id)
+    start = n if not reply else next(
+        (i - 1 for i in range(n - 1, 0, -1) if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id),
+        ctx.reply.record.start)
+    idx = torch.tensor([i for i in range(n) if user[i]], dtype=torch.long)
+    src = ctx.src.view(0, n)
+    user_items = [it for it in ctx.items if it.pos < n and user[it.pos]]
+    return TalkerPrompt(
+        turn=turn,
+        user_ids=[ids[i] for i in idx.tolist()],
+        user_src=src.index_select(0, to_device(idx, src.device)).clone() if idx.numel() else src[:0].clone(),
+        user_mm=torch.tensor([ctx.mm[i] for i in idx.tolist()], dtype=torch.bool),
+        user_items=[MultimodalItem(int(sum(user[: it.pos])), it.kind, it.value) for it in user_items],
+        header_ids=ids[start:n],
+        header_src=src[start:n].clone(),
+    )

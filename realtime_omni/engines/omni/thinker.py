@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
 from .audio_tower import merge_audio, to_device
 from .context import (
-    MultimodalItem,
     ReplyState,
-    TalkerPrompt,
     ThinkerContext,
     TokenHidden,
+    talker_prompt,
 )
 from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni
@@ -272,7 +271,7 @@ class StreamingThinker(ThinkerPrefill):
             prefilled, prompt, reply, logits = self._prefill(request, turn)
             self.last_prefill_tokens = prefilled
             self.last_prompt_tokens = prompt
-            snapshot = self._snapshot(turn)
+            snapshot = talker_prompt(self.ctx, self.loaded, turn)
         log.info("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
 
         def out(text: str, hidden: TokenHidden) -> ThinkerOutput:
@@ -467,37 +466,3 @@ class StreamingThinker(ThinkerPrefill):
         """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""
         if self._ahead is not None:
             self._ahead.drain()
-
-    def _snapshot(self, turn: int, reply: bool = True) -> TalkerPrompt:
-        """What the talker is prefilled with for the reply that starts now (``reply`` False:
-        the context alone, before a reply's header is in the cache)."""
-        import torch
-
-        ctx = self.ctx
-        n = len(ctx)
-        if self.loaded.arch == "qwen2_5_omni":
-            return TalkerPrompt(turn=turn, src=ctx.src.view(0, n).clone(),
-                                positions=ctx.positions.view(0, n).clone(), next_pos=ctx.next_pos)
-        tok = self.loaded.tokens
-        ids = ctx.ids
-        # role of every token = the token after the last <|im_start|> at or before it
-        user, role = [], None
-        for i, t in enumerate(ids):
-            if t == tok.im_start and i + 1 < n:
-                role = ids[i + 1]
-            user.append(role == tok.user_token_id)
-        start = n if not reply else next(
-            (i - 1 for i in range(n - 1, 0, -1) if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id),
-            ctx.reply.record.start)
-        idx = torch.tensor([i for i in range(n) if user[i]], dtype=torch.long)
-        src = ctx.src.view(0, n)
-        user_items = [it for it in ctx.items if it.pos < n and user[it.pos]]
-        return TalkerPrompt(
-            turn=turn,
-            user_ids=[ids[i] for i in idx.tolist()],
-            user_src=src.index_select(0, to_device(idx, src.device)).clone() if idx.numel() else src[:0].clone(),
-            user_mm=torch.tensor([ctx.mm[i] for i in idx.tolist()], dtype=torch.bool),
-            user_items=[MultimodalItem(int(sum(user[: it.pos])), it.kind, it.value) for it in user_items],
-            header_ids=ids[start:n],
-            header_src=src[start:n].clone(),
-        )

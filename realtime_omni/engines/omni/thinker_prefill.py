@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from ..base import ThinkRequest
-from .context import MessageRecord, MultimodalItem, ReplyState, TalkerPrompt
+from .context import MessageRecord, MultimodalItem, ReplyState, TalkerPrompt, talker_prompt
 from .graphs import on_stream
 from .prompt import Rendered, fingerprint
 
@@ -41,7 +41,7 @@ class ThinkerPrefill:
             if not rendered or len(self.ctx) + len(ids) > budget:
                 return 0, None
             prefilled = self._prefill_ids(self.turn, ids, rendered, len(ids), close_len, reply=False)[0]
-            prompt = self._snapshot(self.turn, reply=False)
+            prompt = talker_prompt(self.ctx, self.loaded, self.turn, reply=False)
         log.info("omni thinker: %d tokens of the conversation prefilled ahead of the reply", prefilled)
         return prefilled, prompt
 
