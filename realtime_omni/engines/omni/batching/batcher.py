@@ -209,6 +209,7 @@ class StepBatcher(Mailbox):
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         activity: Activity | None = None,
         step_timeout_s: float = 60.0,
+        state_lock: Any = None,
     ) -> None:
         self.name = name
         self.make = make
@@ -223,6 +224,11 @@ class StepBatcher(Mailbox):
         self.sizes = sorted({b for b in buckets if b < self.capacity} | {self.capacity})
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
+        #: held while a step runs: a step rewrites the per-slot state of every row it spans (rows
+        #: without work get their own values back), so a session loading its slot's state must not
+        #: land between that read and that write (on CUDA both are ordered on the stage's stream
+        #: anyway; on the CPU they race)
+        self.state_lock = state_lock if state_lock is not None else threading.Lock()
         #: hand each step's results over with a CUDA event instead of waiting for the step, so
         #: the loop prepares the next step while the device runs this one (off: measured slower
         #: on the H200 with spinning events, see docs/benchmarks/omni-capacity.md)
@@ -334,8 +340,9 @@ class StepBatcher(Mailbox):
                     values = torch.stack([torch.as_tensor(req.inputs[k]).reshape(buf.shape[1:]) for req in take])
                     values = _staged(values, overlap).to(device=buf.device, dtype=buf.dtype, non_blocking=overlap)
                     buf.index_copy_(0, device_index, values)
-                outputs = bucket.graph()
-                outputs = tuple(o.clone() for o in outputs)
+                with self.state_lock:
+                    outputs = bucket.graph()
+                    outputs = tuple(o.clone() for o in outputs)
                 self.spans.end(span, self.stream)
                 ready = ready_event(self.stream) if overlap else None
             for req, row in zip(take, rows, strict=True):

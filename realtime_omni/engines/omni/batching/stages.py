@@ -13,6 +13,7 @@ tokens (the tests compare them).
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from ..loader import LoadedOmni
@@ -53,6 +54,8 @@ class ThinkerTokens:
         vocab = int(loaded.thinker.lm_head.weight.shape[0])
         device = loaded.device
         self.k = int(rule.top_k or vocab) if rule.do_sample else 1
+        #: the thinker batcher's (see ``StepBatcher.state_lock``)
+        self.lock = threading.Lock()
         self.last = torch.zeros((pool.slots,), dtype=torch.long, device=device)
         self.seen = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
         self.suppress = torch.zeros((vocab,), dtype=torch.bool, device=device)
@@ -63,7 +66,7 @@ class ThinkerTokens:
 
         from ..graphs import on_stream
 
-        with on_stream(self.loaded.stream("thinker")):
+        with self.lock, on_stream(self.loaded.stream("thinker")):
             self.seen[slot].zero_()
             ids = [i for i in set(history) if 0 <= i < self.seen.shape[1]]
             if ids:
@@ -133,7 +136,7 @@ class OmniBatching:
         self.thinker = StepBatcher(
             "thinker", self.thinker_tokens.make, self.thinker_tokens.row_inputs(),
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
-            graph_streams=loaded.graph_streams("thinker"), **common)
+            graph_streams=loaded.graph_streams("thinker"), state_lock=self.thinker_tokens.lock, **common)
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, TalkerReads.of(loaded)),
                                       stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s)
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",

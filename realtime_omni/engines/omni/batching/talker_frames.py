@@ -92,7 +92,7 @@ class FusedTalker:
 
         from ..graphs import on_stream
 
-        with on_stream(self.loaded.stream("talker")):
+        with self.batcher.state_lock, on_stream(self.loaded.stream("talker")):
             self.logits[slot].copy_(logits.reshape(-1))
             if hidden is not None:
                 self.hidden[slot].copy_(hidden.reshape(-1))
