@@ -76,7 +76,9 @@ def stats_delta(before: dict, after: dict) -> dict:
                      "ms_per_step": 1000 * busy / steps if steps else None, "busy_s": busy,
                      # the device's span of a step (CUDA events), beside the loop's wall time
                      "device_ms_per_step": 1000 * dev / dev_steps if dev_steps else None, "device_s": dev,
-                     "step_ms_by_bucket": a.get("step_ms", {})}
+                     "step_ms_by_bucket": a.get("step_ms", {}),
+                     "steps_by_columns": {c: n - b.get("columns_steps", {}).get(c, 0)
+                                          for c, n in a.get("columns_steps", {}).items()}}
     return out
 
 
@@ -187,7 +189,9 @@ def profile_level(model, req, n: int) -> dict:
 
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
-SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms"}
+SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns"}
+#: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
+_COLUMN_BUCKETS: dict[str, list[int]] = {}
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
@@ -207,6 +211,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
     sys.setswitchinterval(values["switch_ms"] / 1000.0)
     for batcher in model.batching.batchers:
         batcher.overlap = bool(values["overlap"])
+        built = _COLUMN_BUCKETS.setdefault(batcher.name, list(batcher.column_buckets))
+        batcher.column_buckets = built[-1:] if values["all_columns"] else list(built)
     model.batching.prefill.token_budget = int(values["prefill_tokens"])
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
@@ -266,7 +272,7 @@ def run_config(path: Path, args) -> dict:
     stream_once(model, warm)
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 0.0,
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
-                "lookahead": model.batching.lookahead, "ahead_ms": 0.0}
+                "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

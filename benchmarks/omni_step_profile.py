@@ -2,8 +2,8 @@
 """What one batched decode step of each omni stage runs on the GPU, kernel by kernel.
 
 A captured step costs about the number of its kernels (each is tiny at decode sizes), so this
-replays each stage's CUDA graph (thinker step, talker frame) at a few batch buckets, times the
-replays with CUDA events, and lists the kernels of one replay under the torch profiler, grouped
+replays each stage's CUDA graph (thinker step, talker frame) at a few batch buckets and every
+column bucket (how much of the KV slots a step attends over), times the replays with CUDA events, and lists the kernels of one replay under the torch profiler, grouped
 by name: where the next fusion pays.
 
     python benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \\
@@ -13,6 +13,7 @@ by name: where the next fusion pays.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -61,6 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--buckets", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--show", type=int, default=12, help="kernels printed per step")
+    ap.add_argument("--cache-tokens", type=int, default=1024,
+                    help="KV tokens per session (the server's default is 8192); every column bucket is timed")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -70,24 +74,25 @@ def main(argv=None) -> int:
     from realtime_omni.engines.settings import OmniSettings
 
     settings = OmniSettings(device="cuda", dtype="bfloat16", ignore_eos=True, system_prompt="",
-                            max_sessions=max(args.buckets), cache_tokens=1024, seed=0)
+                            max_sessions=max(args.buckets), cache_tokens=args.cache_tokens, seed=0)
     model = OmniModel.random(args.config, settings)
     result: dict = {"config": str(args.config), "gpu": torch.cuda.get_device_name(0),
                     "torch": torch.__version__, "stages": {}}
     with torch.inference_mode():
         for batcher in model.batching.batchers:
             stage = result["stages"][batcher.name] = {}
-            for size in args.buckets:
-                bucket = batcher._bucket(next(s for s in batcher.sizes if s >= size))
+            for size, columns in itertools.product(args.buckets, batcher.column_buckets):
+                bucket = batcher._bucket(next(s for s in batcher.sizes if s >= size), columns)
                 stream = batcher.stream or torch.cuda.current_stream()
-                bucket.graph.ensure_captured()
+                with torch.cuda.stream(stream):
+                    bucket.graph.ensure_captured()
                 entry = {"ms_per_replay": replay_ms(bucket.graph, stream, args.replays)}
                 entry.update(kernels(bucket.graph, stream, 3, args.top))
-                stage[str(bucket.size)] = entry
-                print(f"{batcher.name} B={bucket.size}: {entry['ms_per_replay']:.2f} ms per replay, "
-                      f"{entry['kernels_per_replay']:.0f} kernels ({entry['kernel_ms_per_replay']:.2f} ms of kernels)",
-                      flush=True)
-                for row in entry["top"][:12]:
+                stage[f"{bucket.size}x{columns}"] = entry
+                print(f"{batcher.name} B={bucket.size} columns={columns}: {entry['ms_per_replay']:.2f} ms per "
+                      f"replay, {entry['kernels_per_replay']:.0f} kernels ({entry['kernel_ms_per_replay']:.2f} ms "
+                      "of kernels)", flush=True)
+                for row in entry["top"][:args.show]:
                     print(f"    {row['per_replay']:6.0f} x {row['ms_per_replay']:7.3f} ms  {row['name'][:90]}", flush=True)
     model.close()
     args.out.write_text(json.dumps(result, indent=1))

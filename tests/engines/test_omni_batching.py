@@ -189,7 +189,7 @@ def test_settings_reach_the_batching(tmp_path):
 def _adder(capacity: int, fail_on: int | None = None) -> StepBatcher:
     """A toy stage: each row's output is its input plus its write position."""
 
-    def make(bucket, write_pos, inputs):
+    def make(bucket, columns, write_pos, inputs):
         (x,) = inputs
 
         def step():
@@ -241,7 +241,7 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
 def test_steps_queued_ahead_run_in_order_one_per_batch_and_withdrawn_ones_never_run():
     ran: list[list[float]] = []
 
-    def make(bucket, write_pos, inputs):
+    def make(bucket, columns, write_pos, inputs):
         (x,) = inputs
 
         def step():
@@ -433,3 +433,65 @@ def test_long_prefills_run_in_chunks_and_give_the_same_reply(pair):
     # two turns, each prefill in several chunks (the first thinker prefill carries audio: whole)
     assert prefills[0].stats()["steps"] - before[0] >= 3
     assert prefills[1].stats()["steps"] - before[1] >= 4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_steps_attend_over_as_many_columns_as_their_longest_row_needs(arch, tmp_path):
+    """A step reads the first 256 columns of its rows while every context fits there, more once
+    one row's context passes them (a long conversation batched with a short one), and each
+    session still gets exactly what it gets alone."""
+    save_checkpoint(arch, tmp_path)
+    common = dict(talker_do_sample=False, seed=0, talker_max_frames=40, cache_tokens=700, **CHUNKS[arch])
+    batched = OmniModel(tmp_path, OmniSettings(max_sessions=2, **common))
+    alone = OmniModel(tmp_path, OmniSettings(max_sessions=0, **common))
+    batched.load()
+    alone.load()
+    try:
+        assert batched.batching.thinker_pool.column_buckets() == [256, 701]
+        long_text = " ".join(f"item {k} of the list is number {k * 7}" for k in range(10))
+        turns = {0: [TurnMessage(role="user", text=long_text)], 1: [TurnMessage(role="user", text="hi there")]}
+
+        def reply(model: OmniModel, i: int) -> dict:
+            session = model.open_session()
+            try:
+                outputs, chunks, audio, _ = run_turn(session, request(turns[i], max_tokens=8))
+            finally:
+                session.close()
+            return {"tokens": [o.hidden.token_id for o in outputs], "prefilled": outputs[0].prefilled_tokens,
+                    "codes": [c.codes.codes.tolist() for c in chunks if c.codes is not None],
+                    "audio": np.concatenate(audio) if audio else np.zeros(0, np.int16)}
+
+        expected = {i: reply(alone, i) for i in turns}
+        assert 256 < expected[0]["prefilled"] < 600 and expected[1]["prefilled"] < 200
+        got: dict[int, dict] = {}
+        short_only = reply(batched, 1)  # alone on the batched stages: every step within 256 columns
+        assert set(batched.batching.thinker.stats()["columns_steps"]) == {256}
+        threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, reply(batched, i))) for i in turns]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(300)
+        for i in turns:
+            assert got[i]["tokens"] == expected[i]["tokens"] and got[i]["codes"] == expected[i]["codes"]
+            assert np.array_equal(got[i]["audio"], expected[i]["audio"])
+        assert short_only["tokens"] == expected[1]["tokens"]
+        for stage, pool in ((batched.batching.thinker, batched.batching.thinker_pool),
+                            (batched.batching.talker, batched.batching.talker_pool)):
+            assert set(stage.stats()["columns_steps"]) == {256, pool.length + 1}, stage.name
+    finally:
+        batched.close()
+        alone.close()
+
+
+def test_column_buckets_of_a_slot_pool():
+    from realtime_omni.engines.omni.batching.slots import RowsCache, SlotPool
+
+    config = type("Cfg", (), {"num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                              "head_dim": 4, "hidden_size": 8})()
+    assert SlotPool(config, 2, 8192, "cpu", torch.float32, "t").column_buckets() == [256, 1024, 4096, 8193]
+    pool = SlotPool(config, 2, 100, "cpu", torch.float32, "t")
+    assert pool.column_buckets() == [101]  # shorter than the first bucket: the whole slot
+    assert pool.columns_for(3) == 101
+    for bad in (0, 102):
+        with pytest.raises(ValueError, match="columns"):
+            RowsCache(pool, 2, torch.zeros(2, dtype=torch.long), bad)

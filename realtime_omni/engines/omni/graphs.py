@@ -166,7 +166,7 @@ class StepGraph:
     def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
                  kind: str | None = None, save: Callable[[], Any] | None = None,
                  restore: Callable[[Any], None] | None = None, warmup: int = 2,
-                 run_stream: Any = None, capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None, pool: Any = None) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and graphs_available(device)
@@ -182,6 +182,8 @@ class StepGraph:
         self.save = save
         self.restore = restore
         self.warmup = warmup
+        # graphs that never replay at the same time (one stage's buckets) may share their memory
+        self.pool = pool
         self.graph: Any = None
         self.outputs: Any = None
         self.failed = False
@@ -235,7 +237,8 @@ class StepGraph:
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the other stage threads keep launching their own work meanwhile
-            with torch.cuda.graph(graph, stream=self.capture_stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
+                                  capture_error_mode="thread_local"):
                 outputs = self.step()
             self.graph, self.outputs = graph, outputs
             return True

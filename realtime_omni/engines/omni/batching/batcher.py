@@ -46,10 +46,10 @@ class RowInput:
     dtype: str
 
 
-#: ``make(bucket, write_pos, inputs)`` returns the bucket's step: a zero-argument function that
-#: reads the static ``write_pos`` / ``inputs`` tensors and returns a tuple of outputs whose first
-#: axis is the row
-StepFactory = Callable[[int, Any, tuple[Any, ...]], Callable[[], tuple[Any, ...]]]
+#: ``make(bucket, columns, write_pos, inputs)`` returns the step of ``bucket`` rows attending over
+#: the first ``columns`` cache columns: a zero-argument function that reads the static
+#: ``write_pos`` / ``inputs`` tensors and returns a tuple of outputs whose first axis is the row
+StepFactory = Callable[[int, int, Any, tuple[Any, ...]], Callable[[], tuple[Any, ...]]]
 
 
 @dataclass(eq=False)
@@ -66,6 +66,7 @@ class _Request:
 @dataclass
 class _Bucket:
     size: int
+    columns: int
     write_pos: Any
     inputs: tuple[Any, ...]
     graph: StepGraph
@@ -191,7 +192,11 @@ class Activity:
 
 class StepBatcher(Mailbox):
     """One stage's step loop: ``make`` builds the step of each batch bucket (``capacity`` rows at
-    most, one per session slot); ``scratch`` is the cache column rows without work write to."""
+    most, one per session slot); ``scratch`` is the cache column rows without work write to.
+    ``column_buckets``: how many cache columns a step may attend over (the stage's
+    :meth:`~.slots.SlotPool.column_buckets`); a step takes the smallest that holds its rows'
+    writes, and each (rows, columns) pair is its own captured graph. Default: everything up to
+    the scratch column."""
 
     def __init__(
         self,
@@ -210,6 +215,7 @@ class StepBatcher(Mailbox):
         activity: Activity | None = None,
         step_timeout_s: float = 60.0,
         state_lock: Any = None,
+        column_buckets: Sequence[int] = (),
     ) -> None:
         self.name = name
         self.make = make
@@ -222,6 +228,8 @@ class StepBatcher(Mailbox):
         self.graphs = graphs
         self.gather_s = float(gather_s)
         self.sizes = sorted({b for b in buckets if b < self.capacity} | {self.capacity})
+        self.column_buckets = sorted({int(c) for c in column_buckets if 0 < c <= self.scratch}
+                                     | {self.scratch + 1})
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
         #: held while a step runs: a step rewrites the per-slot state of every row it spans (rows
@@ -235,9 +243,11 @@ class StepBatcher(Mailbox):
         self.overlap = False
         super().__init__()
         self.spans = DeviceSpans(graphs_available(device))
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._graph_pool: Any = None  # one memory pool for the stage's graphs, which never overlap
         self._bucket_lock = threading.Lock()
         self.step_ms: dict[int, float] = {}  # bucket -> moving average of a step's wall time
+        self.columns_steps: collections.Counter[int] = collections.Counter()  # steps per column bucket
         self._start()
 
     # -- what sessions call -------------------------------------------------------------------
@@ -262,9 +272,10 @@ class StepBatcher(Mailbox):
         import torch
 
         for size in self.sizes:
-            bucket = self._bucket(size)
-            with torch.inference_mode(), on_stream(self.stream):
-                bucket.graph.ensure_captured()
+            for columns in self.column_buckets:
+                bucket = self._bucket(size, columns)
+                with torch.inference_mode(), on_stream(self.stream):
+                    bucket.graph.ensure_captured()
 
     def close(self) -> None:
         super().close()
@@ -274,6 +285,7 @@ class StepBatcher(Mailbox):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "step_ms": dict(sorted(self.step_ms.items())),
+                "columns_steps": dict(sorted(self.columns_steps.items())),
                 "graphs": sum(1 for b in self._buckets.values() if b.graph.captured)}
 
     # -- the loop -------------------------------------------------------------------------------
@@ -301,21 +313,29 @@ class StepBatcher(Mailbox):
             seen.add(req.slot)
         return take, rest
 
-    def _bucket(self, size: int) -> _Bucket:
+    def columns_for(self, take: Sequence[_Request]) -> int:
+        """The smallest column bucket holding every write of ``take`` (rows without work write
+        to the scratch column, outside every bucket but the last, and read nothing they keep)."""
+        last = max(req.write_pos for req in take)
+        return next((c for c in self.column_buckets if c > last), self.column_buckets[-1])
+
+    def _bucket(self, size: int, columns: int) -> _Bucket:
         with self._bucket_lock:
-            bucket = self._buckets.get(size)
+            bucket = self._buckets.get((size, columns))
             if bucket is not None:
                 return bucket
             import torch
 
+            if self._graph_pool is None and self.graphs and graphs_available(self.device):
+                self._graph_pool = torch.cuda.graph_pool_handle()
             with torch.inference_mode():
                 write_pos = torch.full((size,), self.scratch, dtype=torch.long, device=self.device)
                 inputs = tuple(torch.zeros((size, *spec.shape), dtype=getattr(torch, spec.dtype), device=self.device)
                                for spec in self.row_inputs)
-                fn = self.make(size, write_pos, inputs)
-            graph = StepGraph(fn, device=self.device, enabled=self.graphs, name=f"{self.name} batch {size}",
-                              kind=f"{self.name} batch", **self.graph_streams)
-            bucket = self._buckets[size] = _Bucket(size, write_pos, inputs, graph)
+                fn = self.make(size, columns, write_pos, inputs)
+            graph = StepGraph(fn, device=self.device, enabled=self.graphs, name=f"{self.name} batch {size} × {columns}",
+                              kind=f"{self.name} batch", pool=self._graph_pool, **self.graph_streams)
+            bucket = self._buckets[size, columns] = _Bucket(size, columns, write_pos, inputs, graph)
             return bucket
 
     def _run(self, take: list[_Request]) -> None:
@@ -327,7 +347,8 @@ class StepBatcher(Mailbox):
             rows = [req.slot for req in take]
             need = max(rows) + 1
             size = next(s for s in self.sizes if s >= need)
-            bucket = self._bucket(size)
+            bucket = self._bucket(size, self.columns_for(take))
+            self.columns_steps[bucket.columns] += 1
             overlap = self.overlap and self.spans.enabled
             with torch.inference_mode(), on_stream(self.stream, wait=not overlap):
                 span = self.spans.begin(self.stream)

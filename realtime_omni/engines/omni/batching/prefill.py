@@ -60,21 +60,24 @@ class _Piece:
 
 class SlotRowsCache:
     """Duck-typed cache for a batch of multi-token rows, each in its own slot: writes go to
-    ``(slot_b, position_bt)``; attention reads each row's slot (a gathered copy)."""
+    ``(slot_b, position_bt)``; attention reads the first ``columns`` columns of each row's slot
+    (a gathered copy: as far as the furthest row reaches, not the whole slot)."""
 
     is_compileable = False
 
-    def __init__(self, pool: SlotPool, slots: Any, write_pos: Any) -> None:
+    def __init__(self, pool: SlotPool, slots: Any, write_pos: Any, columns: int) -> None:
         self.pool = pool
         self.slots = slots  # (B,)
         self.write_pos = write_pos  # (B, T)
+        self.columns = int(columns)
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
         keys, values = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         rows = self.slots[:, None]
         keys[rows, :, self.write_pos] = key_states.transpose(1, 2)  # (B, T, kv_heads, dim)
         values[rows, :, self.write_pos] = value_states.transpose(1, 2)
-        return keys.index_select(0, self.slots), values.index_select(0, self.slots)
+        span = self.columns
+        return keys[:, :, :span].index_select(0, self.slots), values[:, :, :span].index_select(0, self.slots)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
@@ -89,7 +92,7 @@ class Padded:
 
     lengths: list[int]
     positions: Any  # (3, B, T) on the device
-    mask: Any  # (B, 1, T, slot length + 1) bool on the device
+    mask: Any  # (B, 1, T, columns) bool on the device: the columns the furthest row reaches
     cache: SlotRowsCache
 
 
@@ -204,9 +207,11 @@ class PrefillBatcher(Mailbox):
             positions[:, b, n:] = rope[:, -1:] + 1
             write[b, :n] = torch.arange(req.start, req.start + n)
             visible[b] = torch.arange(req.start, req.start + width)
-        columns = torch.arange(pool.length + 1)
-        mask = (columns[None, None, :] <= visible[:, :, None]) & (columns[None, None, :] < pool.length)
-        cache = SlotRowsCache(pool, to_device(torch.tensor([r.slot for r in take]), device), to_device(write, device))
+        reach = min(pool.length, max(r.start for r in take) + width)  # padding may not see scratch
+        columns = torch.arange(reach)
+        mask = columns[None, None, :] <= visible[:, :, None]
+        cache = SlotRowsCache(pool, to_device(torch.tensor([r.slot for r in take]), device), to_device(write, device),
+                              reach)
         return Padded(lengths, to_device(positions, device), to_device(mask[:, None], device), cache)
 
 

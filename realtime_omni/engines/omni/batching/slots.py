@@ -8,6 +8,10 @@ rows in place, without copying a session's cache anywhere.
 
 The extra last column is scratch: a batch row without work in a step writes there, and no
 session's context ever reaches it.
+
+A step attends over the first ``columns`` of the rows only (:meth:`SlotPool.column_buckets`):
+the longest context among the step's rows decides how many, rounded up to a bucket, so a batch
+of short conversations does not read an 8192-token slot to the end at every token.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ import threading
 from typing import Any
 
 from ...base import ModelAtCapacity
+
+
+#: the shortest attended span of a batched step, and the factor between one span and the next
+FIRST_COLUMNS = 256
+COLUMNS_FACTOR = 4
 
 
 class SlotsFull(ModelAtCapacity):
@@ -51,6 +60,20 @@ class SlotPool:
         self._lock = threading.Lock()
 
     # -- accounting ------------------------------------------------------------------------
+
+    def column_buckets(self) -> list[int]:
+        """How many leading columns a batched step may attend over: 256, 1024, 4096, … below the
+        slot's length, then every column (the context and the scratch column)."""
+        buckets, span = [], FIRST_COLUMNS
+        while span < self.length + 1:
+            buckets.append(span)
+            span *= COLUMNS_FACTOR
+        return [*buckets, self.length + 1]
+
+    def columns_for(self, last_write: int) -> int:
+        """The smallest column bucket that holds a step whose rows write at most at ``last_write``."""
+        need = int(last_write) + 1
+        return next((c for c in self.column_buckets() if c >= need), self.length + 1)
 
     @property
     def bytes_per_slot(self) -> int:
@@ -92,8 +115,8 @@ class SlotPool:
             layer.cumulative_length = torch.zeros((), dtype=torch.long, device=self.device)
             layer.is_initialized = True
 
-    def rows(self, bucket: int, write_pos: Any) -> RowsCache:
-        return RowsCache(self, bucket, write_pos)
+    def rows(self, bucket: int, write_pos: Any, columns: int | None = None) -> RowsCache:
+        return RowsCache(self, bucket, write_pos, self.length + 1 if columns is None else columns)
 
 
 class RowsCache:
@@ -102,21 +125,25 @@ class RowsCache:
     ``write_pos`` (``bucket`` longs, on the device) is where each row's new token goes; the
     attention mask lets a row see its columns ``0..write_pos``. Both are static tensors, so the
     step can be captured once per bucket and replayed for any mix of sessions and lengths.
+    Attention reads the first ``columns`` columns of each row: every working row writes below
+    that; a row without work writes to the scratch column, outside it, and its output is unused.
     """
 
     is_compileable = True
 
-    def __init__(self, pool: SlotPool, bucket: int, write_pos: Any) -> None:
+    def __init__(self, pool: SlotPool, bucket: int, write_pos: Any, columns: int) -> None:
         import torch
 
+        if not 1 <= columns <= pool.length + 1:
+            raise ValueError(f"a step attends over 1..{pool.length + 1} columns, not {columns}")
         self.pool = pool
         self.bucket = bucket
         self.write_pos = write_pos
         self.rows = torch.arange(bucket, device=pool.device)
-        self.columns = torch.arange(pool.length + 1, device=pool.device)
+        self.columns = torch.arange(columns, device=pool.device)
 
     def mask(self) -> Any:
-        """``(bucket, 1, 1, length + 1)`` boolean: True where a row may attend."""
+        """``(bucket, 1, 1, columns)`` boolean: True where a row may attend."""
         return (self.columns[None, :] <= self.write_pos[:, None])[:, None, None, :]
 
     def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any):
@@ -125,7 +152,8 @@ class RowsCache:
         # (bucket, kv_heads, 1, dim) -> each row's own column; index_put_ stays on the device
         keys[self.rows, :, self.write_pos] = key_states[:, :, 0, :]
         values[self.rows, :, self.write_pos] = value_states[:, :, 0, :]
-        return keys, values
+        span = len(self.columns)
+        return keys[:, :, :span], values[:, :, :span]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always given explicitly

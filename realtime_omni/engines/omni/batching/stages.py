@@ -84,7 +84,7 @@ class ThinkerTokens:
         # token id, rotary position (3), chain (1: forward the slot's last picked token), draws
         return [RowInput((1,), "long"), RowInput((3,), "long"), RowInput((1,), "bool"), RowInput((self.k,), "float32")]
 
-    def make(self, bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+    def make(self, bucket: int, columns: int, write_pos: Any, inputs: tuple[Any, ...]):
         import torch
 
         loaded = self.loaded
@@ -92,7 +92,7 @@ class ThinkerTokens:
         head = loaded.thinker.lm_head
         qwen25 = loaded.arch == "qwen2_5_omni"
         ids, pos, chain, noise = inputs
-        cache = self.pool.rows(bucket, write_pos)
+        cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
         last_s, seen_s = self.last[:bucket], self.seen[:bucket]
 
@@ -136,7 +136,8 @@ class OmniBatching:
         self.thinker = StepBatcher(
             "thinker", self.thinker_tokens.make, self.thinker_tokens.row_inputs(),
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
-            graph_streams=loaded.graph_streams("thinker"), state_lock=self.thinker_tokens.lock, **common)
+            graph_streams=loaded.graph_streams("thinker"), state_lock=self.thinker_tokens.lock,
+            column_buckets=self.thinker_pool.column_buckets(), **common)
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, TalkerReads.of(loaded)),
                                       stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s)
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",

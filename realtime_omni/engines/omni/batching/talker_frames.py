@@ -81,7 +81,7 @@ class FusedTalker:
         self.batcher = StepBatcher(
             "talker", self._make, inputs, capacity=slots, device=device, scratch=pool.length,
             stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"), graphs=graphs,
-            gather_s=gather_s, activity=activity)
+            gather_s=gather_s, activity=activity, column_buckets=pool.column_buckets())
 
     # -- what a session calls ----------------------------------------------------------------------
 
@@ -120,11 +120,11 @@ class FusedTalker:
 
     # -- the step -----------------------------------------------------------------------------------
 
-    def _make(self, bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
+    def _make(self, bucket: int, columns: int, write_pos: Any, inputs: tuple[Any, ...]):
         import torch
 
         loaded, talker = self.loaded, self.loaded.talker
-        cache = self.pool.rows(bucket, write_pos)
+        cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
         logits_s, hidden_s, seen_s = self.logits[:bucket], self.hidden[:bucket], self.seen[:bucket]
         part, pos, noise = inputs[0], inputs[1], inputs[2]
