@@ -253,13 +253,15 @@ def run_config(path: Path, args) -> dict:
     most_frames = max([frames] + [int(v.get("frames", frames)) for _, v in variants])
     slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
+                    "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames,
                     "lookahead": args.lookahead,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
     settings = OmniSettings(device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
                             max_new_tokens=args.reply_tokens, talker_max_frames=most_frames + 1, seed=0,
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
-                            lookahead_steps=args.lookahead)
+                            lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
+                            ramp_frames=args.ramp_frames)
     model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0
@@ -311,6 +313,10 @@ def main(argv=None) -> int:
     ap.add_argument("--audio-seconds", type=float, default=2.0)
     ap.add_argument("--reply-tokens", type=int, default=64)
     ap.add_argument("--frames", type=int, default=None)
+    ap.add_argument("--chunk-frames", type=int, default=None,
+                    help="codec frames of a reply's steady audio chunks (default: the model's)")
+    ap.add_argument("--ramp-frames", type=int, nargs="*", default=None,
+                    help="frames of the chunks between the first and the steady ones (with --chunk-frames)")
     ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
     ap.add_argument("--gather-ms", type=float, default=2.0)
     ap.add_argument("--check-alone", action="store_true")
@@ -347,6 +353,10 @@ def main(argv=None) -> int:
             cmd += ["--sweep-sessions", *map(str, args.sweep_sessions)]
         if args.frames:
             cmd += ["--frames", str(args.frames)]
+        if args.chunk_frames:
+            cmd += ["--chunk-frames", str(args.chunk_frames)]
+        if args.ramp_frames:
+            cmd += ["--ramp-frames", *map(str, args.ramp_frames)]
         if args.check_alone:
             cmd.append("--check-alone")
         budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
