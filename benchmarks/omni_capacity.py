@@ -189,7 +189,8 @@ def profile_level(model, req, n: int) -> dict:
 
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
-SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns"}
+SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
+              "eager_prefill"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -214,6 +215,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
         built = _COLUMN_BUCKETS.setdefault(batcher.name, list(batcher.column_buckets))
         batcher.column_buckets = built[-1:] if values["all_columns"] else list(built)
     model.batching.prefill.token_budget = int(values["prefill_tokens"])
+    for prefill in (model.batching.prefill, model.batching.talker_prefill):  # 1: no prefill graphs
+        prefill.graphs.enabled = not values["eager_prefill"]
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     return values
@@ -274,7 +277,8 @@ def run_config(path: Path, args) -> dict:
     stream_once(model, warm)
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 0.0,
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
-                "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0}
+                "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
+                "eager_prefill": 0.0}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

@@ -96,9 +96,8 @@ def _same(a: dict, b: dict) -> None:
         assert np.array_equal(x, y)
 
 
-def test_a_batch_of_sessions_gives_each_what_it_gets_alone(pair):
-    batched, alone = pair["batched"], pair["alone"]
-    expected = {i: _alone(alone, i, cut=(i == 1)) for i in range(4)}
+def _together(batched: OmniModel) -> dict[int, dict]:
+    """Conversations 0-2 at once, 3 joining once the others stream; each leaves when done."""
     results: dict[int, dict] = {}
     errors: list[BaseException] = []
     first_done = threading.Event()
@@ -116,18 +115,44 @@ def test_a_batch_of_sessions_gives_each_what_it_gets_alone(pair):
     threads = [threading.Thread(target=converse, args=(i, first_done if i == 0 else None)) for i in range(3)]
     for th in threads:
         th.start()
-    # a fourth session joins once the others are streaming
     assert first_done.wait(120)
     late = threading.Thread(target=converse, args=(3,))
     late.start()
     for th in [*threads, late]:
         th.join(300)
     assert not errors, errors
+    return results
+
+
+def test_a_batch_of_sessions_gives_each_what_it_gets_alone(pair):
+    batched, alone = pair["batched"], pair["alone"]
+    expected = {i: _alone(alone, i, cut=(i == 1)) for i in range(4)}
+    results = _together(batched)
     for i in range(4):
         _same(results[i], expected[i])
     stats = batched.batching.stats()
     assert stats["in_use"] == 0  # every slot came back
     assert stats["thinker"]["steps"] > 0 and stats["talker"]["steps"] > 0
+
+
+def test_prefills_padded_to_their_graph_buckets_give_the_same_replies(pair):
+    """On the GPU a batched prefill is padded to a captured (rows, tokens, columns) bucket: extra
+    rows that write only to the scratch column, extra tokens per row, more attended columns. Here
+    the same padding runs eagerly and every session must still get what it gets alone."""
+    batched, alone = pair["batched"], pair["alone"]
+    prefills = [batched.batching.prefill, batched.batching.talker_prefill]
+    before = [p.stats()["bucketed"] for p in prefills]
+    for p in prefills:
+        p.graphs.pad = True
+    try:
+        results = _together(batched)
+    finally:
+        for p in prefills:
+            p.graphs.pad = False
+    for i in range(4):
+        _same(results[i], _alone(alone, i, cut=(i == 1)))
+    for p, was in zip(prefills, before, strict=True):
+        assert p.stats()["bucketed"] > was, p.name  # the padding did run
 
 
 def test_steps_of_several_sessions_share_one_forward(pair):

@@ -20,6 +20,7 @@ from typing import Any
 from ..audio_tower import merge_audio, to_device
 from ..graphs import DeviceSpans, graphs_available, on_stream
 from .batcher import Mailbox
+from .prefill_graphs import Body, BucketKey, PrefillGraphs, PrefillInputs
 from .slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,27 @@ class SlotRowsCache:
 
 @dataclass
 class Padded:
-    """The rows of one batched prefill, padded to the longest (``lengths`` are the real ones)."""
+    """The rows of one batched prefill, padded to the longest (``lengths`` are the real ones) or
+    to a captured bucket (``key``; its extra rows write to the scratch column only)."""
 
     lengths: list[int]
     positions: Any  # (3, B, T) on the device
     mask: Any  # (B, 1, T, columns) bool on the device: the columns the furthest row reaches
-    cache: SlotRowsCache
+    slots: Any  # (B,) on the device
+    write: Any  # (B, T) on the device
+    ends: Any  # (B,) on the device: each row's last real token
+    key: BucketKey | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.write.shape[0]), int(self.write.shape[1])
+
+    def inputs(self, x: Any, ids: Any = None) -> PrefillInputs:
+        import torch
+
+        if ids is None:  # (the talker's rows: no token ids)
+            ids = torch.zeros(self.shape, dtype=torch.long, device=self.write.device)
+        return PrefillInputs(x, ids, self.positions, self.mask, self.slots, self.write, self.ends)
 
 
 #: ``forward(pieces, padded)`` → one result tuple per piece
@@ -111,8 +127,10 @@ class PrefillBatcher(Mailbox):
 
     def __init__(self, loaded: Any, pool: SlotPool, forward: RowsForward, *, stage: str,
                  merge: Merge = lambda parts: parts[-1], gather_s: float = 0.01, token_budget: int = 8192,
-                 chunk_tokens: int = 512, step_timeout_s: float = 120.0) -> None:
+                 chunk_tokens: int = 512, step_timeout_s: float = 120.0,
+                 graphs: PrefillGraphs | None = None) -> None:
         self.loaded = loaded
+        self.graphs = graphs
         self.pool = pool
         self.forward = forward
         self.merge = merge
@@ -124,6 +142,8 @@ class PrefillBatcher(Mailbox):
         self.step_timeout_s = step_timeout_s
         super().__init__()
         self.spans = DeviceSpans(graphs_available(loaded.device))
+        self.bucketed = 0  # batches padded to a graph bucket
+        self.replayed = 0  # of those, batches that replayed the bucket's graph
         self._start()
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
@@ -170,7 +190,11 @@ class PrefillBatcher(Mailbox):
             stream = self.loaded.stream(self.name)
             with torch.inference_mode(), on_stream(stream):
                 span = self.spans.begin(stream)
-                results = self.forward(take, self._pad(take))
+                padded = self._pad(take)
+                if padded.key is not None:
+                    self.bucketed += 1
+                    self.replayed += int(self.graphs is not None and self.graphs.has(padded.key))
+                results = self.forward(take, padded)
                 self.spans.end(span, stream)
             for piece, res in zip(take, results, strict=True):
                 req = piece.request
@@ -192,53 +216,103 @@ class PrefillBatcher(Mailbox):
             for req in finished:
                 req.done.set()
 
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "bucketed": self.bucketed, "graph_batches": self.replayed,
+                "graphs": self.graphs.captured if self.graphs is not None else 0}
+
     def _pad(self, take: list[_Piece]) -> Padded:
         import torch
 
         pool, device = self.pool, self.loaded.device
         lengths = [int(r.positions.shape[-1]) for r in take]  # (pieces)
-        batch, width = len(take), max(lengths)
+        width = max(lengths)
+        reach = min(pool.length, max(r.start for r in take) + width)  # padding may not see scratch
+        images = any("pixel_values" in r.mm for r in take)  # Qwen3's deepstack: the whole thinker, eagerly
+        key = None if self.graphs is None or images else self.graphs.bucket(len(take), width, reach)
+        batch, width, columns = (key.rows, key.tokens, key.columns) if key is not None else (len(take), width, reach)
         positions = torch.zeros((3, batch, width), dtype=torch.long)
         write = torch.full((batch, width), pool.length, dtype=torch.long)  # padding → scratch
         visible = torch.zeros((batch, width), dtype=torch.long)  # last column each query may see
+        slots = torch.full((batch,), take[0].slot, dtype=torch.long)  # extra rows: scratch writes only
+        ends = torch.zeros((batch,), dtype=torch.long)
         for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
             rope = req.positions.to("cpu")  # (the talker's come from the device)
             positions[:, b, :n] = rope
             positions[:, b, n:] = rope[:, -1:] + 1
             write[b, :n] = torch.arange(req.start, req.start + n)
-            visible[b] = torch.arange(req.start, req.start + width)
-        reach = min(pool.length, max(r.start for r in take) + width)  # padding may not see scratch
-        columns = torch.arange(reach)
-        mask = columns[None, None, :] <= visible[:, :, None]
-        cache = SlotRowsCache(pool, to_device(torch.tensor([r.slot for r in take]), device), to_device(write, device),
-                              reach)
-        return Padded(lengths, to_device(positions, device), to_device(mask[:, None], device), cache)
+            visible[b] = torch.arange(req.start, req.start + width).clamp(max=pool.length - 1)
+            slots[b], ends[b] = req.slot, n - 1
+        mask = torch.arange(columns)[None, None, :] <= visible[:, :, None]
+        return Padded(lengths, to_device(positions, device), to_device(mask[:, None], device),
+                      to_device(slots, device), to_device(write, device), to_device(ends, device), key)
 
 
-def thinker_rows(loaded: Any, reads: Any) -> RowsForward:
-    """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row;
-    ``reads``: the :class:`~..talker_reads.TalkerReads` of the model."""
+def thinker_body(loaded: Any, pool: SlotPool, reads: Any) -> Body:
+    """The thinker's language model over padded input embeddings → (last-token logits (B, V),
+    talker vectors (B, T, H)): what a prefill graph captures (``reads``: the model's
+    :class:`~..talker_reads.TalkerReads`)."""
+    lm, head = loaded.thinker.model.language_model, loaded.thinker.lm_head
+
+    def body(x: PrefillInputs, columns: int) -> tuple[Any, ...]:
+        import torch
+
+        cache = SlotRowsCache(pool, x.slots, x.write, columns)
+        out = lm(inputs_embeds=x.x, position_ids=x.positions, attention_mask=x.mask, use_cache=True,
+                 output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: cache})
+        last = out.last_hidden_state
+        rows = torch.arange(last.shape[0], device=last.device)
+        return head(last[rows, x.ends]).float(), reads.vectors(x.ids, out.hidden_states, last)
+
+    return body
+
+
+def thinker_rows(loaded: Any, reads: Any, graphs: PrefillGraphs) -> RowsForward:
+    """Thinker prefill rows → (last-token logits (1, V), talker vectors (n, H)) per row: the
+    audio tower eagerly, then ``graphs`` (the :func:`thinker_body`, captured per bucket)."""
 
     def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch
 
-        device, lengths = loaded.device, padded.lengths
-        ids = torch.full((len(take), max(lengths)), int(loaded.tokens.im_end), dtype=torch.long)
+        lengths = padded.lengths
+        ids = torch.full(padded.shape, int(loaded.tokens.im_end), dtype=torch.long)
         for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
             ids[b, :n] = req.inputs.reshape(-1)
         inputs = merge_audio(loaded, ids, _merge([r.mm for r in take]))
-        ids = inputs["input_ids"]
-        out = loaded.thinker.model(
-            position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
-            output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: padded.cache},
-            **inputs)
-        last = out.last_hidden_state
-        src = reads.vectors(ids, out.hidden_states, last)
-        ends = torch.tensor([n - 1 for n in lengths], device=device)
-        logits = loaded.thinker.lm_head(last[torch.arange(len(take), device=device), ends]).float()
+        if "pixel_values" in inputs:  # images: the thinker's own forward (deepstack features)
+            logits, src = _with_images(loaded, graphs.pool, reads, padded, inputs)
+        else:
+            logits, src = graphs.run(padded.key, padded.inputs(_embeddings(loaded, inputs), inputs["input_ids"]))
         return [(logits[b : b + 1].clone(), src[b, :n].clone()) for b, n in enumerate(lengths)]
 
     return forward
+
+
+def _embeddings(loaded: Any, inputs: dict[str, Any]) -> Any:
+    """The language model's input embeddings, audio merged: Qwen3's clips are encoded already
+    (:func:`merge_audio`); Qwen2.5's features go through its own audio tower here, as its
+    thinker's forward would run them."""
+    model, ids = loaded.thinker.model, inputs["input_ids"]
+    embeds = inputs.get("inputs_embeds")
+    if embeds is None:
+        embeds = model.get_input_embeddings()(ids)
+    if "input_features" in inputs:
+        audio = model.get_audio_features(inputs["input_features"], inputs.get("feature_attention_mask"),
+                                         return_dict=True).last_hidden_state
+        where = (ids == int(loaded.tokens.audio))[..., None].expand_as(embeds)
+        embeds = embeds.masked_scatter(where, audio.to(embeds.dtype))
+    return embeds
+
+
+def _with_images(loaded: Any, pool: SlotPool, reads: Any, padded: Padded, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    import torch
+
+    cache = SlotRowsCache(pool, padded.slots, padded.write, int(padded.mask.shape[-1]))
+    out = loaded.thinker.model(
+        position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
+        output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: cache}, **inputs)
+    last = out.last_hidden_state
+    rows = torch.arange(last.shape[0], device=last.device)
+    return loaded.thinker.lm_head(last[rows, padded.ends]).float(), reads.vectors(inputs["input_ids"], out.hidden_states, last)
 
 
 def thinker_merge(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
@@ -248,24 +322,36 @@ def thinker_merge(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
     return parts[-1][0], torch.cat([p[1] for p in parts], dim=0)
 
 
-def talker_rows(loaded: Any) -> RowsForward:
+def talker_body(loaded: Any, pool: SlotPool) -> Body:
+    """The talker's model over padded prompt rows → (last hidden states (B, H), logits (B, V))."""
+    talker = loaded.talker
+
+    def body(x: PrefillInputs, columns: int) -> tuple[Any, ...]:
+        import torch
+
+        rows_in = x.x
+        if loaded.arch == "qwen2_5_omni":
+            rows_in = talker.thinker_to_talker_proj(rows_in.to(talker.thinker_to_talker_proj.weight.dtype))
+        cache = SlotRowsCache(pool, x.slots, x.write, columns)
+        out = talker.model(inputs_embeds=rows_in, position_ids=x.positions, attention_mask=x.mask,
+                           use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
+        hidden = out.last_hidden_state[torch.arange(rows_in.shape[0], device=rows_in.device), x.ends]
+        return hidden, talker.codec_head(hidden).float()
+
+    return body
+
+
+def talker_rows(loaded: Any, graphs: PrefillGraphs) -> RowsForward:
     """Talker prefill rows (input embeddings) → (last hidden state (1, 1, H), logits (1, V))."""
 
     def forward(take: list[_Piece], padded: Padded) -> list[tuple[Any, ...]]:
         import torch
 
-        talker, device, lengths = loaded.talker, loaded.device, padded.lengths
         first = take[0].inputs
-        x = torch.zeros((len(take), max(lengths), first.shape[-1]), dtype=first.dtype, device=device)
-        for b, (req, n) in enumerate(zip(take, lengths, strict=True)):
+        x = torch.zeros((*padded.shape, first.shape[-1]), dtype=first.dtype, device=loaded.device)
+        for b, (req, n) in enumerate(zip(take, padded.lengths, strict=True)):
             x[b, :n] = req.inputs.reshape(n, -1)
-        if loaded.arch == "qwen2_5_omni":
-            x = talker.thinker_to_talker_proj(x.to(talker.thinker_to_talker_proj.weight.dtype))
-        out = talker.model(inputs_embeds=x, position_ids=padded.positions, attention_mask=padded.mask,
-                           use_cache=True, return_dict=True, **{loaded.cache_kwarg: padded.cache})
-        ends = torch.tensor([n - 1 for n in lengths], device=device)
-        hidden = out.last_hidden_state[torch.arange(len(take), device=device), ends]  # (B, H)
-        logits = talker.codec_head(hidden).float()
+        hidden, logits = graphs.run(padded.key, padded.inputs(x))
         return [(hidden[b].view(1, 1, -1).clone(), logits[b : b + 1].clone()) for b in range(len(take))]
 
     return forward

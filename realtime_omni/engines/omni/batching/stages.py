@@ -23,12 +23,24 @@ from ..talker_reads import TalkerReads
 from ..talker_stream import CodeSampling, TalkerSettings
 from ..thinker import ThinkerSettings, thinker_sampling
 from .batcher import RowInput, StepBatcher
-from .prefill import PrefillBatcher, talker_rows, thinker_merge, thinker_rows
+from .prefill import PrefillBatcher, talker_body, talker_rows, thinker_body, thinker_merge, thinker_rows
+from .prefill_graphs import PrefillGraphs
 from .rows import Rows, SessionRows
 from .slots import SlotPool, SlotsFull
 from .talker_frames import FusedTalker, pick_codes
 
 log = logging.getLogger(__name__)
+
+
+#: tokens one batched prefill may hold (the largest prefill graph: rows x tokens within it)
+PREFILL_TOKENS = 8192
+
+
+def _talker_input_dim(loaded: LoadedOmni) -> int:
+    """Width of the talker's prompt rows: Qwen2.5's are thinker vectors, projected in the forward."""
+    if loaded.arch == "qwen2_5_omni":
+        return int(loaded.talker.thinker_to_talker_proj.in_features)
+    return int(loaded.talker.model.config.hidden_size)
 
 
 def _positions(pos: Any) -> Any:
@@ -138,10 +150,21 @@ class OmniBatching:
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), state_lock=self.thinker_tokens.lock,
             column_buckets=self.thinker_pool.column_buckets(), **common)
-        self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, TalkerReads.of(loaded)),
-                                      stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s)
-        self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded), stage="talker",
-                                             gather_s=prefill_gather_s)
+        reads = TalkerReads.of(loaded)
+        thinker_graphs = PrefillGraphs(
+            loaded, self.thinker_pool, thinker_body(loaded, self.thinker_pool, reads), name="thinker prefill",
+            dim=int(text_cfg.hidden_size), enabled=graphs, max_rows=self.slots, max_tokens=PREFILL_TOKENS,
+            capture_streams=loaded.graph_streams("thinker prefill"))
+        self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, reads, thinker_graphs),
+                                      stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s,
+                                      token_budget=PREFILL_TOKENS, graphs=thinker_graphs)
+        talker_graphs = PrefillGraphs(
+            loaded, self.talker_pool, talker_body(loaded, self.talker_pool), name="talker prefill",
+            dim=_talker_input_dim(loaded), enabled=graphs, max_rows=self.slots, max_tokens=PREFILL_TOKENS,
+            capture_streams=loaded.graph_streams("talker prefill"))
+        self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded, talker_graphs),
+                                             stage="talker", gather_s=prefill_gather_s, token_budget=PREFILL_TOKENS,
+                                             graphs=talker_graphs)
         kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
@@ -180,6 +203,9 @@ class OmniBatching:
     def warm(self) -> None:
         for batcher in self.batchers:
             batcher.warm()
+        for prefill in (self.prefill, self.talker_prefill):
+            if prefill.graphs is not None:
+                prefill.graphs.warm()
 
     def stats(self) -> dict[str, Any]:
         return {
