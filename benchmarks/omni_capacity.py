@@ -79,6 +79,8 @@ def stats_delta(before: dict, after: dict) -> dict:
                      "step_ms_by_bucket": a.get("step_ms", {}),
                      "steps_by_columns": {c: n - b.get("columns_steps", {}).get(c, 0)
                                           for c, n in a.get("columns_steps", {}).items()}}
+        if "graph_batches" in a:  # prefills: batches that replayed a captured bucket
+            out[name]["graph_batches"] = a["graph_batches"] - b.get("graph_batches", 0)
     return out
 
 
@@ -115,13 +117,14 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     before = batch_stats(model)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0  # every thread's CPU time: near 1 per wall second when the GIL binds
     after = batch_stats(model)
     for s in sessions:
         s.close()
@@ -134,7 +137,7 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
     decode = [1000 * c["decode_s"] for r in runs for c in r["chunks"]]
     audio = sum(r["audio_s"] for r in runs)
     return {
-        "sessions": n, "errors": errors, "completed": len(runs), "wall_s": wall,
+        "sessions": n, "errors": errors, "completed": len(runs), "wall_s": wall, "cpu_s": cpu,
         "ttfa_ms": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "first_token_ms_p50": _pct([r["first_token_ms"] for r in runs], 50),
         # per session: its median / p95 / worst chunk; then over sessions
@@ -271,6 +274,8 @@ def run_config(path: Path, args) -> dict:
     result["gpu_mem_after_load_gb"] = torch.cuda.memory_allocated() / 1e9 if torch.cuda.is_available() else None
     result["batching"] = {k: v for k, v in model.batching.stats().items() if k in ("slots", "kv_bytes_per_session")}
     result["graphs"] = {b.name: b.stats()["graphs"] for b in model.batching.batchers}
+    for prefill in (model.batching.prefill, model.batching.talker_prefill):
+        result["graphs"][prefill.name] = prefill.stats()["graphs"]
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, args.reply_tokens)
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
