@@ -253,6 +253,10 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
         for bad in (None, -1, 4, 10_000):
             with pytest.raises(ValueError, match="slot"):
                 batcher.step((torch.zeros(2),), slot=bad)
+        with pytest.raises(ValueError, match="takes 1 inputs"):  # a row is checked in the session's thread
+            batcher.step((torch.zeros(2), torch.zeros(2)), slot=0)
+        with pytest.raises(RuntimeError):  # a row of the wrong shape never reaches the loop
+            batcher.step((torch.zeros(3),), slot=0)
         with pytest.raises(RuntimeError, match="forward failed"):
             batcher.step((torch.full((2,), 7.0),), slot=1)
         (y,) = batcher.step((torch.ones(2),), slot=1, write_pos=2)  # the loop goes on

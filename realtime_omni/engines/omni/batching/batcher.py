@@ -58,9 +58,10 @@ class _Request:
     slot: int | None
     write_pos: int
     done: threading.Event = field(default_factory=threading.Event)
-    result: tuple[Any, ...] | None = None
+    result: tuple[Any, ...] | None = None  # the whole batch's outputs (this request's: ``row``)
     error: BaseException | None = None
     ready: Any = None  # CUDA event: the step's outputs are complete once it has passed
+    row: int = -1
 
 
 @dataclass
@@ -248,6 +249,9 @@ class StepBatcher(Mailbox):
         self._bucket_lock = threading.Lock()
         self.step_ms: dict[int, float] = {}  # bucket -> moving average of a step's wall time
         self.columns_steps: collections.Counter[int] = collections.Counter()  # steps per column bucket
+        # where the loop's time goes: waiting for sessions' rows, staging and launching a step on
+        # the host, waiting for the device to finish it
+        self.phase_s = {"idle": 0.0, "host": 0.0, "device_wait": 0.0}
         self._start()
 
     # -- what sessions call -------------------------------------------------------------------
@@ -255,17 +259,29 @@ class StepBatcher(Mailbox):
     def step(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> tuple[Any, ...]:
         """Run one step for one row; blocks until the batch that carries it has run. Returns
         this row's outputs (views into a copy the batcher made for this step)."""
-        return self._await(self.submit(inputs, slot, write_pos))
+        return self.result(self.submit(inputs, slot, write_pos))
 
     def submit(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> _Request:
         """Queue one step without waiting (see :class:`Lookahead`). A slot's steps run in the
         order they were queued, one per batch; :meth:`result` waits for one."""
         if slot is None or not 0 <= slot < self.capacity:
             raise ValueError(f"{self.name}: a step needs a slot in 0..{self.capacity - 1}")
-        return self._enqueue(_Request(tuple(inputs), slot, int(write_pos)))
+        return self._enqueue(_Request(self._row(inputs), slot, int(write_pos)))
+
+    def _row(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """One row's inputs as tensors of the step's shapes and dtypes, where they are (host or
+        device): shaped here, in the session's thread, so the loop stacks each input in one call
+        (its per-row calls competed with every session thread for the interpreter)."""
+        import torch
+
+        if len(inputs) != len(self.row_inputs):
+            raise ValueError(f"{self.name}: a step takes {len(self.row_inputs)} inputs, not {len(inputs)}")
+        return tuple(torch.as_tensor(x).reshape(spec.shape).to(dtype=getattr(torch, spec.dtype))
+                     for x, spec in zip(inputs, self.row_inputs, strict=True))
 
     def result(self, req: _Request) -> tuple[Any, ...]:
-        return self._await(req)
+        """This request's row of its step's outputs (picked here, in the session's thread)."""
+        return tuple(o[req.row] for o in self._await(req))
 
     def warm(self) -> None:
         """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
@@ -285,18 +301,20 @@ class StepBatcher(Mailbox):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "step_ms": dict(sorted(self.step_ms.items())),
-                "columns_steps": dict(sorted(self.columns_steps.items())),
+                "columns_steps": dict(sorted(self.columns_steps.items())), "phase_s": dict(self.phase_s),
                 "graphs": sum(1 for b in self._buckets.values() if b.graph.captured)}
 
     # -- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
+            waited = time.perf_counter()
             with self._cond:
                 # the sessions mid-reply will submit soon: give them a moment to join this step
                 if not self._gathered(self.gather_s, lambda _n: self._queued_slots() >= self.activity.count):
                     return
                 take, self._queue = self._take(self._queue)
+            self.phase_s["idle"] += time.perf_counter() - waited
             if take:
                 self._run(take)
 
@@ -352,13 +370,14 @@ class StepBatcher(Mailbox):
             overlap = self.overlap and self.spans.enabled
             with torch.inference_mode(), on_stream(self.stream, wait=not overlap):
                 span = self.spans.begin(self.stream)
-                index = torch.tensor(rows, dtype=torch.long)
-                pos = torch.full((size,), self.scratch, dtype=torch.long)
-                pos[index] = torch.tensor([req.write_pos for req in take], dtype=torch.long)
-                bucket.write_pos.copy_(_staged(pos, overlap), non_blocking=overlap)
-                device_index = _staged(index, overlap).to(self.device, non_blocking=overlap)
+                write = [self.scratch] * size  # rows without work write to the scratch column
+                for req, row in zip(take, rows, strict=True):
+                    write[row] = req.write_pos
+                bucket.write_pos.copy_(_staged(torch.tensor(write, dtype=torch.long), overlap), non_blocking=overlap)
+                device_index = _staged(torch.tensor(rows, dtype=torch.long), overlap).to(self.device,
+                                                                                        non_blocking=overlap)
                 for k, buf in enumerate(bucket.inputs):
-                    values = torch.stack([torch.as_tensor(req.inputs[k]).reshape(buf.shape[1:]) for req in take])
+                    values = torch.stack([req.inputs[k] for req in take])
                     values = _staged(values, overlap).to(device=buf.device, dtype=buf.dtype, non_blocking=overlap)
                     buf.index_copy_(0, device_index, values)
                 with self.state_lock:
@@ -366,8 +385,11 @@ class StepBatcher(Mailbox):
                     outputs = tuple(o.clone() for o in outputs)
                 self.spans.end(span, self.stream)
                 ready = ready_event(self.stream) if overlap else None
+                launched = time.perf_counter()
+            self.phase_s["host"] += launched - started
+            self.phase_s["device_wait"] += time.perf_counter() - launched
             for req, row in zip(take, rows, strict=True):
-                req.result = tuple(o[row] for o in outputs)
+                req.result, req.row = outputs, row
                 req.ready = ready
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni %s: batched step failed", self.name)
