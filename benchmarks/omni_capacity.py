@@ -79,6 +79,8 @@ def stats_delta(before: dict, after: dict) -> dict:
                      "step_ms_by_bucket": a.get("step_ms", {}),
                      "steps_by_columns": {c: n - b.get("columns_steps", {}).get(c, 0)
                                           for c, n in a.get("columns_steps", {}).items()}}
+        if "phase_s" in a:  # the loop's idle / host / device-wait seconds over the level
+            out[name]["phase_s"] = {k: v - b.get("phase_s", {}).get(k, 0.0) for k, v in a["phase_s"].items()}
         if "graph_batches" in a:  # prefills: batches that replayed a captured bucket
             out[name]["graph_batches"] = a["graph_batches"] - b.get("graph_batches", 0)
     return out

@@ -106,6 +106,31 @@ def sweep_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
     return lines + [""]
 
 
+def phase_table(models: list[dict]) -> list[str]:
+    """Where each decode loop's wall time went, per step: waiting for sessions' rows (idle),
+    staging and launching the step on the host, waiting for the device to finish it."""
+    lines = ["## Where the decode loops' time goes", "",
+             "Per step of each loop, over the whole level (the first audio's prefill phase included, when the "
+             "decode loops have nothing to do): idle (no session had a row queued, or the loop waited up to "
+             "2 ms for the sessions mid-reply), host (staging the rows and launching the graph), device wait "
+             "(until the step's kernels finished, sharing the GPU with the other stages).", "",
+             "| model | sessions | level wall (s) | process CPU s per wall s | thinker idle / host / device wait (ms per step) | "
+             "talker idle / host / device wait (ms per step) |", "|---|---|---|---|---|---|"]
+    for m in models:
+        for r in m.get("runs", []):
+            b = r["batches"]
+            if "phase_s" not in b.get("thinker", {}):
+                continue
+            cells = []
+            for stage in ("thinker", "talker"):
+                ph, steps = b[stage]["phase_s"], max(1, b[stage]["steps"])
+                cells.append(" / ".join(_f(1000 * ph[k] / steps, 1) for k in ("idle", "host", "device_wait")))
+            cpu = r.get("cpu_s")
+            lines.append(f"| {m['name']} | {r['sessions']} | {_f(r['wall_s'], 2)} | "
+                         f"{_f(cpu / r['wall_s'] if cpu else None, 1)} | {cells[0]} | {cells[1]} |")
+    return lines + [""]
+
+
 def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
     """``omni_server.py``: N WebSocket clients with a spoken turn each, through the real server."""
     lines = [f"## Through the real server (WebSocket clients), lookahead {lookahead}{note}", "",
@@ -188,6 +213,8 @@ def main(argv=None) -> int:
             md += [f"No result (exit {m.get('exit')}).", ""]
             continue
         kv = m.get("batching", {}).get("kv_bytes_per_session")
+        if m.get("commit"):  # a model not re-run at this report's commit keeps its own
+            md += [f"Measured at commit `{m['commit']}` (not re-run for this report).", ""]
         md += [f"{m['slots']} session slots; KV per session {_f(kv / 2**20 if kv else None, 0)} MiB "
                f"(thinker context {m.get('cache_tokens', 1024)} tokens); model built and every bucket graph "
                f"captured in {_f(m.get('build_s'), 0)} s; GPU memory after load {_f(m.get('gpu_mem_after_load_gb'), 1)} GB; "
@@ -195,6 +222,11 @@ def main(argv=None) -> int:
                f"stage: {m.get('lookahead', 4)}. Ms per step: the loop's wall time; device ms: the span of its "
                "CUDA events (both include waiting for the other stages' kernels on the shared GPU).", ""]
         md += table(m) + [""]
+        graphs = m.get("graphs", {})
+        if "thinker prefill" in graphs:
+            md += [f"Prefill graphs captured at load: thinker {graphs['thinker prefill']}, talker "
+                   f"{graphs['talker prefill']} (rows × tokens × columns buckets); decode graphs: thinker "
+                   f"{graphs.get('thinker')}, talker {graphs.get('talker')}.", ""]
         check = m.get("check_alone")
         if check:
             md += [f"12-token reply, batched vs a session stepping alone: greedy thinker tokens equal: "
@@ -205,6 +237,7 @@ def main(argv=None) -> int:
             md += ["Before (each session alone): " + ", ".join(
                 f"N={n}: TTFA {t} ms, RTF {r}" for n, (t, r) in base.items())
                 + f"; about {BASELINE_AUDIO_PER_S[m['name']]} audio s per wall s at any N.", ""]
+    md += phase_table(models)
     la_runs = [(int(k), json.loads(Path(v).read_text())["models"]) for k, v in (a.split(":", 1) for a in args.lookahead_run)]
     if la_runs:
         md += lookahead_table(la_runs)
@@ -228,8 +261,11 @@ def main(argv=None) -> int:
            "# on the GPU machine (carry .whl, .whl_min and .omni_cfg):",
            "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .whl_min/*.whl && export PYTHONPATH=/tmp/site:$PWD",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--sessions 1 2 4 8 16 32 48 64 --sweep speech:frames=192 ahead:ahead_ms=436 --sweep-sessions 32 64 "
-           "--timeouts 240 --out q3.json",
+           "--sessions 1 8 16 32 48 64 --sweep speech:frames=192 --sweep-sessions 32 64 "
+           "--timeouts 270 --out q3.json",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 1 2 4 8 16 32 48 64 --sweep speech:frames=192 eager:eager_prefill=1 --sweep-sessions 32 64 "
+           "--timeouts 320 --out q3-prefill-graphs.json   # the prefill graphs against eager prefills, one process",
            "python3 benchmarks/omni_prefill_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--sessions 1 8 16 32 --profile 16 --out prefill.json   # prefills alone: time, launches, host waits by line",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json "
@@ -241,7 +277,8 @@ def main(argv=None) -> int:
            "--sessions 1 8 16 32 64 --sweep overlap:overlap=1 switch:switch_ms=0.5 speech:frames=192 "
            "--sweep-sessions 32 64 --profile 8 --out q3-sweep.json",
            "python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--buckets 1 32 --out step.json   # one step of each stage alone, kernel by kernel",
+           "--buckets 1 8 16 32 64 --together --show 0 --out step.json   # each stage's step alone, and the stages' "
+           "steps replayed together (own streams / one stream)",
            "# through the server: carry .whl_tf (transformers as a tar.xz: the wheels no longer fit beside the "
            "server's) and .whl_server (docs/gpu-machine.md), and a spoken question made here:",
            "# python -c \"import numpy as n, sys; sys.path[:0]=['benchmarks']; "
@@ -254,8 +291,8 @@ def main(argv=None) -> int:
            "# here again (la*.json, server-before.json: the earlier runs kept in docs/benchmarks/omni-capacity.json):",
            "python benchmarks/omni_capacity_report.py q3.json q25.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
            "--lookahead-run 1:la1.json --lookahead-run 4:la4.json --lookahead-run 12:la12.json "
-           "--sweep-run 'before the fused norms:q3-sweep.json' --sweep-run 'this commit:q3.json' "
-           "--sweep-run 'prefill budget:q3b.json' "
+           "--sweep-run 'before the fused norms:q3-sweep.json' --sweep-run 'prefill budget:q3b.json' "
+           "--sweep-run 'prefill graphs:q3-prefill-graphs.json' --sweep-run 'this commit:q3.json' "
            "--server '12:server-before.json:before the codec group graphs and fused norms' --server 12:server.json",
            "```", ""]
     args.out.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,28 @@ def kernels(graph, stream, replays: int, top: int) -> dict:
                      "ms_per_replay": e.self_device_time_total / 1000 / replays} for e in rows[:top]]}
 
 
+def together_ms(graphs: list, streams: list, replays: int, one_stream: bool) -> float:
+    """Ms per round when every stage replays one step per round: each on its own stream (as the
+    engine runs them, so the GPU interleaves their kernels) or all on the first stage's stream."""
+    import time
+
+    import torch
+
+    used = [streams[0]] * len(streams) if one_stream else streams
+    for _ in range(2):
+        for graph, stream in zip(graphs, used, strict=True):
+            with torch.cuda.stream(stream):
+                graph()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(replays):
+        for graph, stream in zip(graphs, used, strict=True):
+            with torch.cuda.stream(stream):
+                graph()
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - t0) / replays
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, type=Path)
@@ -65,6 +87,8 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=12, help="kernels printed per step")
     ap.add_argument("--cache-tokens", type=int, default=1024,
                     help="KV tokens per session (the server's default is 8192); every column bucket is timed")
+    ap.add_argument("--together", action="store_true",
+                    help="also time the stages' steps replayed together, on their own streams and on one")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
@@ -94,6 +118,21 @@ def main(argv=None) -> int:
                       "of kernels)", flush=True)
                 for row in entry["top"][:args.show]:
                     print(f"    {row['per_replay']:6.0f} x {row['ms_per_replay']:7.3f} ms  {row['name'][:90]}", flush=True)
+        if args.together:
+            result["together"] = {}
+            for size in args.buckets:
+                steps, streams = [], []
+                for batcher in model.batching.batchers:
+                    bucket = batcher._bucket(next(s for s in batcher.sizes if s >= size), batcher.column_buckets[0])
+                    steps.append(bucket.graph)
+                    streams.append(batcher.stream or torch.cuda.current_stream())
+                entry = {"alone_ms": [replay_ms(g, st, args.replays) for g, st in zip(steps, streams, strict=True)],
+                         "own_streams_ms": together_ms(steps, streams, args.replays, one_stream=False),
+                         "one_stream_ms": together_ms(steps, streams, args.replays, one_stream=True)}
+                result["together"][size] = entry
+                print(f"together B={size}: alone {' + '.join(f'{x:.2f}' for x in entry['alone_ms'])} ms; a round on "
+                      f"their own streams {entry['own_streams_ms']:.2f} ms, on one stream {entry['one_stream_ms']:.2f} ms",
+                      flush=True)
     model.close()
     args.out.write_text(json.dumps(result, indent=1))
     return 0
