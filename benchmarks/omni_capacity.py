@@ -140,6 +140,9 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
     audio = sum(r["audio_s"] for r in runs)
     return {
         "sessions": n, "errors": errors, "completed": len(runs), "wall_s": wall, "cpu_s": cpu,
+        # the sessions' threads' CPU seconds by role, summed over sessions
+        "session_cpu_s": {role: sum(r.get("thread_cpu_s", {}).get(role, 0.0) for r in runs)
+                          for role in ("thinker", "talker", "codec")},
         "ttfa_ms": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "first_token_ms_p50": _pct([r["first_token_ms"] for r in runs], 50),
         # per session: its median / p95 / worst chunk; then over sessions

@@ -166,7 +166,19 @@ def stream_once(model, req, session=None, start=None, t0=None):
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (thinker, talker, codec)]
+    cpu_s: dict[str, float] = {}
+
+    def timed(role, fn):  # the thread's own CPU time: what it asked of the interpreter and the driver
+        def run():
+            start = time.thread_time()
+            try:
+                fn()
+            finally:
+                cpu_s[role] = time.thread_time() - start
+        return run
+
+    threads = [threading.Thread(target=timed(role, f), daemon=True)
+               for role, f in (("thinker", thinker), ("talker", talker), ("codec", codec))]
     for th in threads:
         th.start()
     for th in threads:
@@ -198,6 +210,7 @@ def stream_once(model, req, session=None, start=None, t0=None):
         "codes": [c.tolist() for c in codes],
         "wave": np.concatenate(waves) if waves else np.zeros(0, np.int16),
         "ttfa_ms": 1000 * rel["first_audio"] if "first_audio" in rel else None,
+        "thread_cpu_s": cpu_s,
         "first_token_ms": 1000 * rel.get("first_token", float("nan")),
         "first_codes_ms": 1000 * rel.get("first_codes", float("nan")),
         "thinker_done_ms": 1000 * rel.get("thinker_done", float("nan")),

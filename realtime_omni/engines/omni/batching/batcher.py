@@ -251,7 +251,7 @@ class StepBatcher(Mailbox):
         self.columns_steps: collections.Counter[int] = collections.Counter()  # steps per column bucket
         # where the loop's time goes: waiting for sessions' rows, staging and launching a step on
         # the host, waiting for the device to finish it
-        self.phase_s = {"idle": 0.0, "host": 0.0, "device_wait": 0.0}
+        self.phase_s = {"idle": 0.0, "host": 0.0, "device_wait": 0.0, "cpu": 0.0}
         self._start()
 
     # -- what sessions call -------------------------------------------------------------------
@@ -307,7 +307,11 @@ class StepBatcher(Mailbox):
     # -- the loop -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        cpu = time.thread_time()
         while True:
+            now = time.thread_time()  # the loop thread's CPU time (interpreter and driver calls)
+            self.phase_s["cpu"] += now - cpu
+            cpu = now
             waited = time.perf_counter()
             with self._cond:
                 # the sessions mid-reply will submit soon: give them a moment to join this step
