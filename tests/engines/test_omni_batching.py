@@ -524,3 +524,28 @@ def test_column_buckets_of_a_slot_pool():
     for bad in (0, 102):
         with pytest.raises(ValueError, match="columns"):
             RowsCache(pool, 2, torch.zeros(2, dtype=torch.long), bad)
+
+
+def test_prefill_buckets_are_the_smallest_that_hold_a_batch_within_the_token_budget():
+    from types import SimpleNamespace
+
+    from realtime_omni.engines.omni.batching.prefill_graphs import BucketKey, PrefillGraphs
+    from realtime_omni.engines.omni.batching.slots import SlotPool
+
+    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, hidden_size=8)
+    pool = SlotPool(config, slots=40, length=8192, device="cpu", dtype=torch.float32, name="thinker")
+    loaded = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+    graphs = PrefillGraphs(loaded, pool, lambda x, columns: (), name="thinker prefill", dim=8, enabled=True,
+                           max_rows=40, max_tokens=8192)
+    assert graphs.rows == [1, 2, 4, 8, 16, 32, 40]  # the slot count is always a bucket
+    assert graphs.columns == [256, 1024]
+    keys = graphs.keys()
+    assert all(k.rows * k.tokens <= 8192 and k.tokens <= k.columns for k in keys)
+    assert BucketKey(40, 256, 256) not in keys  # over the token budget
+    assert graphs.bucket(3, 100, 120) is None  # off the GPU nothing is captured
+    graphs.pad = True
+    assert graphs.bucket(3, 100, 120) == BucketKey(4, 128, 256)
+    assert graphs.bucket(17, 30, 700) == BucketKey(32, 32, 1024)  # a later turn: more context columns
+    assert graphs.bucket(1, 257, 300) is None  # longer rows, contexts beyond 1024 and more rows stay eager
+    assert graphs.bucket(1, 10, 1025) is None
+    assert graphs.bucket(41, 10, 20) is None

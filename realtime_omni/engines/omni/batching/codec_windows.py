@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import DeviceSpans, ShapeGraphs, on_stream
-from .batcher import Mailbox
+from .mailbox import Mailbox
 
 log = logging.getLogger(__name__)
 

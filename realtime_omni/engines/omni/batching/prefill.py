@@ -19,7 +19,7 @@ from typing import Any
 
 from ..audio_tower import merge_audio, to_device
 from ..graphs import DeviceSpans, graphs_available, on_stream
-from .batcher import Mailbox
+from .mailbox import Mailbox
 from .prefill_graphs import Body, BucketKey, PrefillGraphs, PrefillInputs
 from .slots import SlotPool
 

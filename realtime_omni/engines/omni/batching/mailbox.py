@@ -1,0 +1,125 @@
+"""Requests from session threads to one loop thread (a stage's batcher, its prefills, the codec).
+
+A session submits a request and waits for it with a deadline; the loop waits for work, lets the
+requests that arrive together meet, runs them and marks each one done (or failed). Closing fails
+every request still waiting.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..graphs import DeviceSpans
+
+
+class BatcherClosed(RuntimeError):
+    """The stage's loop has stopped (the model is closing)."""
+
+
+class StepWithdrawn(RuntimeError):
+    """A queued step was dropped by its session before it ran."""
+
+
+class Mailbox:
+    """Requests from session threads to one loop thread: submit and wait (with a deadline); the
+    loop waits for work, lets requests that arrive together meet, and counts what it ran. On
+    close every waiting request fails with :class:`BatcherClosed`."""
+
+    name = "batcher"
+    step_timeout_s = 60.0
+
+    def __init__(self) -> None:
+        self._queue: list[Any] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self.steps = 0
+        self.rows = 0
+        self.busy_s = 0.0
+        self.spans = DeviceSpans(False)  # a loop on CUDA turns it on
+        self._thread = threading.Thread(target=self._loop, name=f"batch-{self.name}", daemon=True)
+
+    def _start(self) -> None:
+        self._thread.start()
+
+    def _submit(self, req: Any) -> Any:
+        return self._await(self._enqueue(req))
+
+    def _enqueue(self, req: Any) -> Any:
+        with self._cond:
+            if self._closed:
+                raise BatcherClosed(f"{self.name} batcher is closed")
+            self._queue.append(req)
+            self._cond.notify_all()
+        return req
+
+    def _await(self, req: Any) -> Any:
+        if not req.done.wait(self.step_timeout_s):
+            raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        wait_ready(req)
+        return req.result
+
+    def withdraw(self, reqs: Sequence[Any]) -> None:
+        """Drop requests a session no longer wants: those still queued never run, and this
+        returns once those already in a running batch have finished (their writes are done)."""
+        with self._cond:
+            dropped = {id(r) for r in reqs}
+            queued = [r for r in self._queue if id(r) in dropped]
+            self._queue = [r for r in self._queue if id(r) not in dropped]
+        for req in queued:
+            req.error = StepWithdrawn(f"{self.name}: step withdrawn")
+            req.done.set()
+        for req in reqs:
+            if not req.done.wait(self.step_timeout_s):
+                raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
+            wait_ready(req)
+
+    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
+        """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
+        until ``enough(queued)``). False once closed."""
+        while not self._queue and not self._closed:
+            self._cond.wait(0.5)
+        deadline = time.monotonic() + gather_s
+        while not self._closed and not enough(len(self._queue)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cond.wait(left)
+        return not self._closed
+
+    def _count(self, rows: int, started: float) -> float:
+        elapsed = time.perf_counter() - started
+        self.steps += 1
+        self.rows += rows
+        self.busy_s += elapsed
+        return elapsed
+
+    def stats(self) -> dict[str, Any]:
+        return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
+                "mean_rows": self.rows / self.steps if self.steps else 0.0,
+                "device_s": self.spans.seconds, "device_steps": self.spans.count}
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            pending, self._queue = self._queue, []
+            self._cond.notify_all()
+        for req in pending:
+            req.error = BatcherClosed(f"{self.name} batcher is closed")
+            req.done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+def wait_ready(req: Any) -> None:
+    ready = getattr(req, "ready", None)
+    if ready is not None:
+        ready.synchronize()
