@@ -208,3 +208,25 @@ def test_declared_properties_are_the_only_ones_and_json_stays_on_one_line(thinke
     assert not accepts('{"city": "Paris", "description": "sunny"}')
     assert not accepts('{\n  "city": "Paris"\n}')
     assert city.parameters == {"type": "object", "properties": {"city": {"type": "string"}}}  # not mutated
+
+
+def test_a_free_string_argument_is_bounded_and_a_declared_bound_is_kept(thinker):
+    """A string the schema leaves free takes at most FREE_STRING_CHARS characters (a small model
+    could otherwise write one until the token limit, and the call would never close)."""
+    from realtime_omni.engines.embedded.tool_calls import FREE_STRING_CHARS, compile_call_grammar
+
+    note = ToolSpec("save_note", "", {"type": "object", "properties": {
+        "text": {"type": "string"}, "tag": {"type": "string", "maxLength": 4},
+        "mood": {"type": "string", "enum": ["calm", "x" * 600]}}})
+    tokenizer = thinker._shared.runtime.tokenizer
+
+    def accepts(arguments: str) -> bool:
+        matcher = compile_call_grammar(call_grammar([note], named=True), thinker._shared.runtime.guidance_tokenizer())
+        tokens = tokenizer.encode(arguments + "}")
+        return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+    assert accepts(json.dumps({"text": "a" * FREE_STRING_CHARS}))
+    assert not accepts(json.dumps({"text": "a" * (FREE_STRING_CHARS + 1)}))
+    assert accepts('{"tag": "abcd"}') and not accepts('{"tag": "abcde"}')  # the schema's own bound
+    assert accepts(json.dumps({"mood": "x" * 600}))  # an enum value is not cut
+    assert "maxLength" not in note.parameters["properties"]["text"]  # the tool's schema is not mutated

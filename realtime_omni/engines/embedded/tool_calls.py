@@ -72,11 +72,17 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 
 
+#: the longest string argument a schema leaves free (no ``maxLength``, ``enum``, ``const``,
+#: ``pattern`` or ``format`` of its own): a small model held only to "a JSON string" could write one
+#: until the token limit, and the call would never close
+FREE_STRING_CHARS = 512
+
+
 def _closed(schema: object) -> object:
-    """A copy of ``schema`` where an object that declares its properties takes no others unless
-    it says so. JSON Schema allows extra properties by default; function-calling APIs read a
-    declared property list as the whole list, and a small model held to the open form wrote
-    invented properties until it ran out of tokens."""
+    """A copy of ``schema`` held to what function-calling APIs mean by it: an object that declares
+    its properties takes no others unless it says so (JSON Schema allows extra properties by
+    default, and a small model held to the open form wrote invented properties until it ran out of
+    tokens), and a free string takes at most :data:`FREE_STRING_CHARS` characters."""
     if isinstance(schema, list):
         return [_closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -91,6 +97,8 @@ def _closed(schema: object) -> object:
             out[key] = value
     if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") == "string" and not {"maxLength", "enum", "const", "pattern", "format"} & out.keys():
+        out["maxLength"] = FREE_STRING_CHARS
     return out
 
 
