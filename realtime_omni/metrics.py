@@ -164,7 +164,9 @@ def _fill(queue: "asyncio.Queue[Any]") -> float:
 
 
 class _EngineCollector:
-    """Per model: its session slots, and per batched stage the steps, rows and busy time."""
+    """Per model: its session slots, and per batched stage the steps, rows and busy time; per
+    decode loop its wall time by phase (idle: no row queued; host: staging and launching a step;
+    device_wait: waiting for the step's kernels)."""
 
     def __init__(self, stats: dict[str, dict[str, dict[str, float]]]) -> None:
         self.stats = stats
@@ -178,6 +180,8 @@ class _EngineCollector:
                                    labels=["model", "stage"])
         busy = CounterMetricFamily("realtime_omni_engine_busy_seconds", "Wall time spent in batched steps",
                                    labels=["model", "stage"])
+        loop = CounterMetricFamily("realtime_omni_engine_loop_seconds", "A decode loop's wall time by phase",
+                                   labels=["model", "stage", "phase"])
         for model, stages in self.stats.items():
             for stage, values in stages.items():
                 if stage == "slots":
@@ -187,4 +191,10 @@ class _EngineCollector:
                 steps.add_metric([model, stage], values.get("steps", 0))
                 rows.add_metric([model, stage], values.get("rows", 0))
                 busy.add_metric([model, stage], values.get("busy_s", 0.0))
-        yield from (slots, used, steps, rows, busy)
+                for phase in _LOOP_PHASES:
+                    if f"{phase}_s" in values:
+                        loop.add_metric([model, stage, phase], values[f"{phase}_s"])
+        yield from (slots, used, steps, rows, busy, loop)
+
+
+_LOOP_PHASES = ("idle", "host", "device_wait")

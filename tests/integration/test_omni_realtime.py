@@ -184,6 +184,7 @@ def _refused_beyond_slots(tmp_path) -> None:
                 assert 'realtime_omni_engine_slots{model="tiny"} 1.0' in text
                 assert 'realtime_omni_engine_slots_in_use{model="tiny"} 1.0' in text
                 assert 'realtime_omni_engine_steps_total{model="tiny",stage="thinker"}' in text
+                assert 'realtime_omni_engine_loop_seconds_total{model="tiny",phase="idle",stage="thinker"}' in text
                 # counts since start are counters, the live count a gauge
                 assert "# TYPE realtime_omni_sessions_opened_total counter" in text
                 assert "# TYPE realtime_omni_sessions_active gauge" in text

@@ -247,6 +247,9 @@ class OmniModel(VoiceModel):
         for name, loop in loops.items():
             st = loop.stats()
             out[name] = {"steps": st["steps"], "rows": st["rows"], "busy_s": st["busy_s"]}
+            for phase, seconds in st.get("phase_s", {}).items():  # decode loops: where their time goes
+                if phase != "cpu":
+                    out[name][f"{phase}_s"] = seconds
         return out
 
     def open_session(self) -> OmniSession:
