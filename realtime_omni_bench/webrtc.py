@@ -101,7 +101,33 @@ class BurstProbe:
         return out, len(sent), len(out)
 
 
-async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None) -> Any:
+def impair(client: Any, loss: float, seed: int) -> None:
+    """Drop a share ``loss`` (0..1) of the call's RTP packets in both directions, at the client
+    (before they reach the network on the way out, before its jitter buffer on the way in):
+    the packet loss of a poor network without root or a network namespace. RTCP passes."""
+    import random
+
+    from aiortc.rtp import is_rtcp
+
+    if loss <= 0:
+        return
+    rng = random.Random(seed)
+    transport = client.pc.getSenders()[0].transport
+    send_rtp, handle_rtp = transport._send_rtp, transport._handle_rtp_data
+
+    async def send(data: bytes) -> None:
+        if is_rtcp(data) or rng.random() >= loss:
+            await send_rtp(data)
+
+    async def handle(data: bytes, arrival_time_ms: int) -> None:
+        if rng.random() >= loss:
+            await handle_rtp(data, arrival_time_ms)
+
+    transport._send_rtp, transport._handle_rtp_data = send, handle
+
+
+async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None, loss: float = 0.0,
+                     seed: int = 0) -> Any:
     from .webrtc_client import PcmSource, WebRTCClient
 
     client = WebRTCClient(url.http, model="echo", session=NO_VAD, jitter_prefetch=prefetch, keep_audio_s=0.1,
@@ -114,11 +140,13 @@ async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None) ->
 
     client.source = Source(probe.on_sent)
     await client.connect(timeout=30)
+    impair(client, loss, seed)
     return client
 
 
 async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid: int | None, prefetch: int | None,
-                    connect_concurrency: int = 4, log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+                    connect_concurrency: int = 4, loss: float = 0.0,
+                    log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     probes = [BurstProbe() for _ in range(sessions)]
     clients: list[Any] = []
     failures: list[str] = []
@@ -128,7 +156,7 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
     async def open_one(probe: BurstProbe) -> None:
         async with gate:
             try:
-                clients.append(await _open_call(url, probe, prefetch))
+                clients.append(await _open_call(url, probe, prefetch, loss, seed=len(clients) + 1))
             except Exception as exc:  # noqa: BLE001 - counted
                 failures.append(f"{type(exc).__name__}: {exc}")
 
@@ -174,6 +202,7 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
         await asyncio.sleep(0.2)
     return {
         "sessions": sessions,
+        "loss_pct": round(100.0 * loss, 2),
         "sessions_ok": len(clients),
         "sessions_failed": len(failures),
         "failures": sorted(set(failures))[:5],
@@ -310,12 +339,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--client-cpus", default="1", help="CPUs of the benchmark's clients")
     parser.add_argument("--client-prefetch", type=int, default=1,
                         help="the clients' aiortc jitter-buffer prefetch in frames (aiortc's default: 4; 0: on arrival)")
+    parser.add_argument("--loss", default="0",
+                        help="comma-separated RTP packet loss in %% (each direction, dropped in the clients), each run "
+                             "at every call count (default: %(default)s)")
     parser.add_argument("--server-prefetch", type=int, default=0,
                         help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH; 0: decode each packet on arrival)")
 
 
 def main(args: argparse.Namespace) -> int:
     ladder = [int(x) for x in args.sessions.split(",") if x.strip()]
+    losses = [float(x) for x in args.loss.split(",") if x.strip()] or [0.0]
+    if any(not 0 <= x <= 50 for x in losses):
+        raise SystemExit("--loss: each value is a percentage from 0 to 50")
     name = args.name or "webrtc"
     pin_server = parse_cpus(args.server_cpus) if args.url is None else None
     pin_client = parse_cpus(args.client_cpus)
@@ -332,10 +367,10 @@ def main(args: argparse.Namespace) -> int:
             target = server.start() if server else ServerURL.parse(args.url)
             server_argv = server.argv if server else None
             try:
-                for n in ladder:
-                    print(f"webrtc capacity: {n} calls × {args.seconds:g} s ...", flush=True)
+                for loss, n in ((loss, n) for loss in losses for n in ladder):
+                    print(f"webrtc capacity: {n} calls × {args.seconds:g} s, {loss:g} % packet loss ...", flush=True)
                     level = asyncio.run(run_level(target, n, args.seconds, server_pid=server.pid if server else None,
-                                                  prefetch=args.client_prefetch))
+                                                  prefetch=args.client_prefetch, loss=loss / 100))
                     lat = level["latency_ms"]
                     print(f"  p50 {lat['p50']} ms  p99 {lat['p99']} ms  missing {level['missing_pct']}%  underruns "
                           f"{level['underrun_pct']}%  server CPU {level['server_cpu_pct']}% "
@@ -355,12 +390,12 @@ def main(args: argparse.Namespace) -> int:
                 if server:
                     server.stop()
 
-    columns = ["calls", "ok", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
+    columns = ["calls", "loss %", "ok", "client rx gaps", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
                "CPU %/call", "client CPU %", "other procs (cores)"]
-    rows = [[lv["sessions"], lv["sessions_ok"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
+    rows = [[lv["sessions"], lv["loss_pct"], lv["sessions_ok"], lv["client_rx_gaps"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
              lv["missing_pct"], lv["underrun_pct"], lv["server_cpu_pct"], lv["server_cpu_pct_per_session"],
              lv["client_cpu_pct"], lv["machine_load"].get("other_processes_cores")] for lv in levels]
-    healthy = [lv for lv in levels if lv["sessions_failed"] == 0 and (lv["missing_pct"] or 0) < 0.5]
+    healthy = [lv for lv in levels if lv["sessions_failed"] == 0 and (lv["missing_pct"] or 0) < 0.5 and not lv["loss_pct"]]
     best = max((lv["sessions"] for lv in healthy), default=0)
     headline = f"{best} WebRTC echo calls at real time"
     if levels:
@@ -376,14 +411,16 @@ def main(args: argparse.Namespace) -> int:
             + "\n```"))
     report = Report(
         name=name, benchmark="webrtc", title="WebRTC calls: round-trip latency, capacity, first audio",
-        command=command_line(), config={"ladder": ladder, "seconds": args.seconds, "client_prefetch": args.client_prefetch,
+        command=command_line(), config={"ladder": ladder, "loss_pct": losses, "seconds": args.seconds, "client_prefetch": args.client_prefetch,
                                         "server_prefetch": args.server_prefetch, "server_cpus": args.server_cpus,
                                         "client_cpus": args.client_cpus, "server": server_argv},
         summary={"levels": [{k: v for k, v in lv.items() if k != "latency_samples_ms"} for lv in levels], "turns": turns},
-        samples={"latency_ms": {str(lv["sessions"]): lv["latency_samples_ms"] for lv in levels}},
+        samples={"latency_ms": {_level_key(lv): lv["latency_samples_ms"] for lv in levels}},
         columns=columns, rows=rows, headline=headline, sections=sections,
         notes=["Round trip = burst onset sent on the client's track → its echo's onset on the client's received track: "
                "both directions of Opus/RTP, both jitter buffers, the session and the paced outgoing track.",
+               "With packet loss: that share of RTP packets is dropped in each direction inside the clients (before "
+               "sending, before their jitter buffer); client rx gaps counts received-audio gaps over 60 ms.",
                "The clients run in one process on their own core; when its CPU nears 100 % the latency it reports grows "
                "with its own lag.",
                f"The server is pinned to CPU(s) {args.server_cpus}: the spoken turns' ASR, LLM and TTS share that one core "
@@ -396,19 +433,33 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _level_key(level: dict[str, Any]) -> str:
+    return str(level["sessions"]) if not level.get("loss_pct") else f"{level['sessions']}@{level['loss_pct']:g}%"
+
+
 def _plot(levels: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Latency and costs against the call count, one line per packet-loss setting."""
+    by_loss: dict[float, list[dict[str, Any]]] = {}
+    for lv in levels:
+        by_loss.setdefault(lv.get("loss_pct") or 0.0, []).append(lv)
+
     def draw(fig) -> None:  # type: ignore[no-untyped-def]
         ax1, ax2 = fig.subplots(1, 2)
-        xs = [lv["sessions"] for lv in levels]
-        for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
-            ax1.plot(xs, [lv["latency_ms"][key] for lv in levels], style, label=key)
+        for loss, group in by_loss.items():
+            xs = [lv["sessions"] for lv in group]
+            tag = f" ({loss:g} % loss)" if len(by_loss) > 1 else ""
+            for key, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
+                ax1.plot(xs, [lv["latency_ms"][key] for lv in group], style, label=key + tag)
+            if not loss:
+                ax2.plot(xs, [lv["server_cpu_pct"] or 0 for lv in group], "o-", color="tab:red",
+                         label="server CPU (% of one core)")
+                ax2.plot(xs, [lv["client_cpu_pct"] for lv in group], "x-", color="tab:gray",
+                         label="client CPU (% of one core)")
+            ax2.plot(xs, [lv["missing_pct"] or 0 for lv in group], "s--", label="missing bursts (%)" + tag)
         ax1.set_xlabel("concurrent WebRTC calls")
         ax1.set_ylabel("round trip through the server (ms)")
         ax1.grid(True, alpha=0.3)
-        ax1.legend()
-        ax2.plot(xs, [lv["server_cpu_pct"] or 0 for lv in levels], "o-", color="tab:red", label="server CPU (% of one core)")
-        ax2.plot(xs, [lv["client_cpu_pct"] for lv in levels], "x-", color="tab:gray", label="client CPU (% of one core)")
-        ax2.plot(xs, [lv["missing_pct"] or 0 for lv in levels], "s--", color="tab:purple", label="missing bursts (%)")
+        ax1.legend(fontsize=7)
         ax2.set_xlabel("concurrent WebRTC calls")
         ax2.grid(True, alpha=0.3)
         ax2.legend(fontsize=7)

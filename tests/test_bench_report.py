@@ -78,3 +78,36 @@ def test_marker_round_trip():
         assert capacity.decode_marker(audio[:8]) == seq
         assert base64.b64decode(audio) == capacity.chunk_pcm(seq)
     assert capacity.decode_marker(base64.b64encode(b"\0" * 6).decode()) is None
+
+
+def test_webrtc_impairment_drops_rtp_in_both_directions_and_passes_rtcp():
+    import asyncio
+    from types import SimpleNamespace
+
+    from realtime_omni_bench.webrtc import impair
+
+    passed = {"out": 0, "in": 0, "rtcp": 0}
+
+    async def send_rtp(data: bytes) -> None:
+        passed["rtcp" if data[1] == 200 else "out"] += 1
+
+    async def handle_rtp(data: bytes, arrival_time_ms: int) -> None:
+        passed["in"] += 1
+
+    transport = SimpleNamespace(_send_rtp=send_rtp, _handle_rtp_data=handle_rtp)
+    client = SimpleNamespace(pc=SimpleNamespace(getSenders=lambda: [SimpleNamespace(transport=transport)]))
+    impair(client, 0.0, seed=1)
+    assert transport._send_rtp is send_rtp  # no loss: nothing is wrapped
+    impair(client, 0.1, seed=1)
+    rtp, rtcp = bytes([0x80, 111]) + bytes(10), bytes([0x80, 200]) + bytes(6)  # Opus RTP, an RTCP sender report
+
+    async def traffic() -> None:
+        for _ in range(2000):
+            await transport._send_rtp(rtp)
+            await transport._handle_rtp_data(rtp, 0)
+            await transport._send_rtp(rtcp)
+
+    asyncio.run(traffic())
+    assert passed["rtcp"] == 2000  # control packets always pass
+    for direction in ("out", "in"):
+        assert 1700 <= passed[direction] <= 1900, passed  # about 10 % dropped each way
