@@ -102,7 +102,9 @@ class WebRTCSection(_Section):
     #: local addresses for host candidates; empty: 127.0.0.1 when bound to loopback, else all
     ice_addresses: list[str] = Field(default_factory=list)
     #: frames aiortc's receive jitter buffer holds before decoding (aiortc's own default: 4);
-    #: 0 releases each Opus packet on arrival (the decoder fills lost ones with silence)
+    #: 0 releases each Opus packet on arrival (the decoder fills lost ones with silence). Keep 0
+    #: where packets are lost: with 1 and 5 % loss the round trip grew from 74 to 369 ms, aiortc's
+    #: buffer holding on after a gap (docs/benchmarks/webrtc-loss.md)
     jitter_prefetch: int = Field(default=0, ge=0)
     #: camera frames sampled per second for models with image_in
     video_fps: float = Field(default=1.0, gt=0)
