@@ -155,6 +155,24 @@ def test_prefills_padded_to_their_graph_buckets_give_the_same_replies(pair):
         assert p.stats()["bucketed"] > was, p.name  # the padding did run
 
 
+def test_pipelined_loops_give_each_session_what_it_gets_alone(pair):
+    """With ``pipelined`` a loop hands a step's results over only after launching the next step
+    (or at once when there is none): every session still gets exactly its tokens, codes and audio,
+    sessions joining and leaving included, and every slot comes back."""
+    batched, alone = pair["batched"], pair["alone"]
+    loops = batched.batching.batchers
+    for loop in loops:
+        loop.pipelined = True
+    try:
+        results = _together(batched)
+    finally:
+        for loop in loops:
+            loop.pipelined = False
+    for i in range(4):
+        _same(results[i], _alone(alone, i, cut=(i == 1)))
+    assert batched.batching.stats()["in_use"] == 0
+
+
 def test_steps_of_several_sessions_share_one_forward(pair):
     """Sessions mid-reply are gathered into the same step (mean rows per step above one)."""
     batched = pair["batched"]
@@ -549,3 +567,19 @@ def test_prefill_buckets_are_the_smallest_that_hold_a_batch_within_the_token_bud
     assert graphs.bucket(1, 257, 300) is None  # longer rows, contexts beyond 1024 and more rows stay eager
     assert graphs.bucket(1, 10, 1025) is None
     assert graphs.bucket(41, 10, 20) is None
+
+
+def test_a_pipelined_loop_hands_a_lone_step_over_at_once():
+    """Nothing queued behind a step: its results are handed over without waiting for another."""
+    import time
+
+    batcher = _adder(4)
+    batcher.pipelined = True
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            (y,) = batcher.step((torch.ones(2),), slot=1, write_pos=2)
+            assert y.tolist() == [3.0, 3.0]
+            assert time.monotonic() - started < 0.4  # (the loop's idle wait is 0.5 s)
+    finally:
+        batcher.close()

@@ -139,6 +139,12 @@ class StepBatcher(Mailbox):
         #: the loop prepares the next step while the device runs this one (off: measured slower
         #: on the H200 with spinning events, see docs/benchmarks/omni-capacity.md)
         self.overlap = False
+        #: hand a step's results over only once the next step is launched, so the device runs
+        #: that step while the woken sessions take the interpreter (measured: at 32 sessions a
+        #: loop spent 12 ms of host time per step and ~40 ms between steps, much of it behind the
+        #: sessions it had just woken); off until measured on the GPU (bench sweep ``pipelined``)
+        self.pipelined = False
+        self._held: list[_Request] = []  # run and complete, handed over after the next launch
         super().__init__()
         self.spans = DeviceSpans(graphs_available(device))
         self._buckets: dict[tuple[int, int], _Bucket] = {}
@@ -211,8 +217,11 @@ class StepBatcher(Mailbox):
             cpu = now
             waited = time.perf_counter()
             with self._cond:
+                if self._held and not self._queue:  # no next step to launch first: hand them over now
+                    self._hand_over()
                 # the sessions mid-reply will submit soon: give them a moment to join this step
                 if not self._gathered(self.gather_s, lambda _n: self._queued_slots() >= self.activity.count):
+                    self._hand_over()  # closing: what already ran is still theirs
                     return
                 take, self._queue = self._take(self._queue)
             self.phase_s["idle"] += time.perf_counter() - waited
@@ -287,6 +296,7 @@ class StepBatcher(Mailbox):
                 self.spans.end(span, self.stream)
                 ready = ready_event(self.stream) if overlap else None
                 launched = time.perf_counter()
+                self._hand_over()  # the last step's sessions, while the device runs this one
             self.phase_s["host"] += launched - started
             self.phase_s["device_wait"] += time.perf_counter() - launched
             for req, row in zip(take, rows, strict=True):
@@ -298,11 +308,21 @@ class StepBatcher(Mailbox):
                 req.error = exc
         finally:
             elapsed = self._count(len(take), started)
-            for req in take:
-                req.done.set()
+            self._hand_over()  # (when the step failed before its launch)
+            if self.pipelined and not any(req.error is not None for req in take):
+                self._held = take
+            else:
+                for req in take:
+                    req.done.set()
         if size:
             ms = 1000 * elapsed
             self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms
+
+
+    def _hand_over(self) -> None:
+        held, self._held = self._held, []
+        for req in held:
+            req.done.set()
 
 
 class Lookahead:
