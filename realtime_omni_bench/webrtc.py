@@ -101,33 +101,49 @@ class BurstProbe:
         return out, len(sent), len(out)
 
 
-def impair(client: Any, loss: float, seed: int) -> None:
-    """Drop a share ``loss`` (0..1) of the call's RTP packets in both directions, at the client
-    (before they reach the network on the way out, before its jitter buffer on the way in):
-    the packet loss of a poor network without root or a network namespace. RTCP passes."""
+def impair(client: Any, loss: float, seed: int, jitter_ms: float = 0.0) -> None:
+    """A poor network at the client, in both directions, without root or a network namespace:
+    drop a share ``loss`` (0..1) of the call's RTP packets, and delay each one by a uniform
+    0..``jitter_ms`` (so packets also arrive out of order). Outgoing packets are impaired before
+    they reach the socket, incoming ones before the client's jitter buffer. RTCP passes as is."""
     import random
 
     from aiortc.rtp import is_rtcp
 
-    if loss <= 0:
+    if loss <= 0 and jitter_ms <= 0:
         return
     rng = random.Random(seed)
     transport = client.pc.getSenders()[0].transport
     send_rtp, handle_rtp = transport._send_rtp, transport._handle_rtp_data
+    late: set[asyncio.Task[None]] = set()
+
+    async def later(coro: Any) -> None:
+        await asyncio.sleep(rng.uniform(0.0, jitter_ms) / 1000.0)
+        await coro
+
+    async def deliver(coro: Any) -> None:
+        if jitter_ms <= 0:
+            await coro
+            return
+        task = asyncio.create_task(later(coro))  # the caller goes on: packets overtake each other
+        late.add(task)
+        task.add_done_callback(late.discard)
 
     async def send(data: bytes) -> None:
-        if is_rtcp(data) or rng.random() >= loss:
+        if is_rtcp(data):
             await send_rtp(data)
+        elif rng.random() >= loss:
+            await deliver(send_rtp(data))
 
     async def handle(data: bytes, arrival_time_ms: int) -> None:
         if rng.random() >= loss:
-            await handle_rtp(data, arrival_time_ms)
+            await deliver(handle_rtp(data, arrival_time_ms))
 
     transport._send_rtp, transport._handle_rtp_data = send, handle
 
 
 async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None, loss: float = 0.0,
-                     seed: int = 0) -> Any:
+                     seed: int = 0, jitter_ms: float = 0.0) -> Any:
     from .webrtc_client import PcmSource, WebRTCClient
 
     client = WebRTCClient(url.http, model="echo", session=NO_VAD, jitter_prefetch=prefetch, keep_audio_s=0.1,
@@ -140,12 +156,12 @@ async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None, lo
 
     client.source = Source(probe.on_sent)
     await client.connect(timeout=30)
-    impair(client, loss, seed)
+    impair(client, loss, seed, jitter_ms)
     return client
 
 
 async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid: int | None, prefetch: int | None,
-                    connect_concurrency: int = 4, loss: float = 0.0,
+                    connect_concurrency: int = 4, loss: float = 0.0, jitter_ms: float = 0.0,
                     log=print) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     probes = [BurstProbe() for _ in range(sessions)]
     clients: list[Any] = []
@@ -156,7 +172,8 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
     async def open_one(probe: BurstProbe) -> None:
         async with gate:
             try:
-                clients.append(await _open_call(url, probe, prefetch, loss, seed=len(clients) + 1))
+                clients.append(await _open_call(url, probe, prefetch, loss, seed=len(clients) + 1,
+                                                jitter_ms=jitter_ms))
             except Exception as exc:  # noqa: BLE001 - counted
                 failures.append(f"{type(exc).__name__}: {exc}")
 
@@ -203,6 +220,7 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
     return {
         "sessions": sessions,
         "loss_pct": round(100.0 * loss, 2),
+        "jitter_ms": jitter_ms,
         "sessions_ok": len(clients),
         "sessions_failed": len(failures),
         "failures": sorted(set(failures))[:5],
@@ -342,6 +360,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss", default="0",
                         help="comma-separated RTP packet loss in %% (each direction, dropped in the clients), each run "
                              "at every call count (default: %(default)s)")
+    parser.add_argument("--jitter-ms", type=float, default=0.0,
+                        help="each RTP packet delayed by a uniform 0..this many ms, each direction (reorders them)")
     parser.add_argument("--server-prefetch", type=int, default=0,
                         help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH; 0: decode each packet on arrival)")
 
@@ -351,6 +371,8 @@ def main(args: argparse.Namespace) -> int:
     losses = [float(x) for x in args.loss.split(",") if x.strip()] or [0.0]
     if any(not 0 <= x <= 50 for x in losses):
         raise SystemExit("--loss: each value is a percentage from 0 to 50")
+    if not 0 <= args.jitter_ms <= 500:
+        raise SystemExit("--jitter-ms: from 0 to 500")
     name = args.name or "webrtc"
     pin_server = parse_cpus(args.server_cpus) if args.url is None else None
     pin_client = parse_cpus(args.client_cpus)
@@ -370,7 +392,8 @@ def main(args: argparse.Namespace) -> int:
                 for loss, n in ((loss, n) for loss in losses for n in ladder):
                     print(f"webrtc capacity: {n} calls × {args.seconds:g} s, {loss:g} % packet loss ...", flush=True)
                     level = asyncio.run(run_level(target, n, args.seconds, server_pid=server.pid if server else None,
-                                                  prefetch=args.client_prefetch, loss=loss / 100))
+                                                  prefetch=args.client_prefetch, loss=loss / 100,
+                                                  jitter_ms=args.jitter_ms))
                     lat = level["latency_ms"]
                     print(f"  p50 {lat['p50']} ms  p99 {lat['p99']} ms  missing {level['missing_pct']}%  underruns "
                           f"{level['underrun_pct']}%  server CPU {level['server_cpu_pct']}% "
@@ -411,7 +434,8 @@ def main(args: argparse.Namespace) -> int:
             + "\n```"))
     report = Report(
         name=name, benchmark="webrtc", title="WebRTC calls: round-trip latency, capacity, first audio",
-        command=command_line(), config={"ladder": ladder, "loss_pct": losses, "seconds": args.seconds, "client_prefetch": args.client_prefetch,
+        command=command_line(), config={"ladder": ladder, "loss_pct": losses, "jitter_ms": args.jitter_ms,
+                                        "seconds": args.seconds, "client_prefetch": args.client_prefetch,
                                         "server_prefetch": args.server_prefetch, "server_cpus": args.server_cpus,
                                         "client_cpus": args.client_cpus, "server": server_argv},
         summary={"levels": [{k: v for k, v in lv.items() if k != "latency_samples_ms"} for lv in levels], "turns": turns},
@@ -420,7 +444,9 @@ def main(args: argparse.Namespace) -> int:
         notes=["Round trip = burst onset sent on the client's track → its echo's onset on the client's received track: "
                "both directions of Opus/RTP, both jitter buffers, the session and the paced outgoing track.",
                "With packet loss: that share of RTP packets is dropped in each direction inside the clients (before "
-               "sending, before their jitter buffer); client rx gaps counts received-audio gaps over 60 ms.",
+               "sending, before their jitter buffer); with jitter (`--jitter-ms`), each packet is delayed by a uniform "
+               "0..jitter ms there too, so they also arrive out of order. Client rx gaps counts received-audio gaps "
+               "over 60 ms.",
                "The clients run in one process on their own core; when its CPU nears 100 % the latency it reports grows "
                "with its own lag.",
                f"The server is pinned to CPU(s) {args.server_cpus}: the spoken turns' ASR, LLM and TTS share that one core "

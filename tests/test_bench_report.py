@@ -111,3 +111,32 @@ def test_webrtc_impairment_drops_rtp_in_both_directions_and_passes_rtcp():
     assert passed["rtcp"] == 2000  # control packets always pass
     for direction in ("out", "in"):
         assert 1700 <= passed[direction] <= 1900, passed  # about 10 % dropped each way
+
+
+def test_webrtc_jitter_delays_and_reorders_rtp_but_loses_none():
+    import asyncio
+    from types import SimpleNamespace
+
+    from realtime_omni_bench.webrtc import impair
+
+    arrived: list[int] = []
+
+    async def send_rtp(data: bytes) -> None:
+        arrived.append(int.from_bytes(data[2:4], "big"))
+
+    async def handle_rtp(data: bytes, arrival_time_ms: int) -> None:
+        pass
+
+    transport = SimpleNamespace(_send_rtp=send_rtp, _handle_rtp_data=handle_rtp)
+    client = SimpleNamespace(pc=SimpleNamespace(getSenders=lambda: [SimpleNamespace(transport=transport)]))
+    impair(client, 0.0, seed=3, jitter_ms=30)
+
+    async def traffic() -> None:
+        for seq in range(100):
+            await transport._send_rtp(bytes([0x80, 111]) + seq.to_bytes(2, "big") + bytes(8))
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.1)  # the last delayed ones
+
+    asyncio.run(traffic())
+    assert sorted(arrived) == list(range(100))  # every packet arrives
+    assert arrived != sorted(arrived)  # some overtook others
