@@ -318,7 +318,6 @@ class StepBatcher(Mailbox):
             ms = 1000 * elapsed
             self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms
 
-
     def _hand_over(self) -> None:
         held, self._held = self._held, []
         for req in held:
