@@ -428,8 +428,10 @@ def main(args: argparse.Namespace) -> int:
     impaired = [lv for lv in levels if lv["loss_pct"] or lv["jitter_ms"]]
     if impaired:  # a run on a poor network: how the worst level fared, not a capacity claim
         worst = max(impaired, key=lambda lv: (lv["latency_ms"]["p99"] or 0))
-        headline = (f"Poor network (RTP loss {', '.join(f'{x:g}' for x in losses)} %, jitter 0–{args.jitter_ms:g} ms, each "
-                    f"way): {sum(lv['sessions_failed'] for lv in levels)} calls failed; worst level {worst['sessions']} "
+        network = f"RTP loss {', '.join(f'{x:g}' for x in losses)} %" + (
+            f", jitter 0–{args.jitter_ms:g} ms" if args.jitter_ms else "")
+        headline = (f"Poor network ({network}, each way): {sum(lv['sessions_failed'] for lv in levels)} calls failed; "
+                    f"worst level {worst['sessions']} "
                     f"calls at {worst['loss_pct']:g} % loss: round trip p50 {worst['latency_ms']['p50']} ms, p99 "
                     f"{worst['latency_ms']['p99']} ms, {worst['missing_pct']} % of bursts never echoed")
     if turns:
