@@ -247,9 +247,8 @@ class OmniModel(VoiceModel):
         for name, loop in loops.items():
             st = loop.stats()
             out[name] = {"steps": st["steps"], "rows": st["rows"], "busy_s": st["busy_s"]}
-            for phase, seconds in st.get("phase_s", {}).items():  # decode loops: where their time goes
-                if phase != "cpu":
-                    out[name][f"{phase}_s"] = seconds
+            # decode loops: where their time goes (idle_s, host_s, device_wait_s, cpu_s)
+            out[name].update({f"{phase}_s": seconds for phase, seconds in st.get("phase_s", {}).items()})
         return out
 
     def open_session(self) -> OmniSession:

@@ -140,9 +140,9 @@ class StepBatcher(Mailbox):
         #: on the H200 with spinning events, see docs/benchmarks/omni-capacity.md)
         self.overlap = False
         #: hand a step's results over only once the next step is launched, so the device runs
-        #: that step while the woken sessions take the interpreter (measured: at 32 sessions a
-        #: loop spent 12 ms of host time per step and ~40 ms between steps, much of it behind the
-        #: sessions it had just woken); off until measured on the GPU (bench sweep ``pipelined``)
+        #: that step while the woken sessions take the interpreter. Measured at 32 sessions: 12 ms
+        #: of host time per step and ~40 ms idle between steps; whether the woken sessions cause
+        #: it is what this tests. Off until measured on the GPU (bench sweep ``pipelined``)
         self.pipelined = False
         self._held: list[_Request] = []  # run and complete, handed over after the next launch
         super().__init__()

@@ -254,14 +254,10 @@ def thinker_body(loaded: Any, pool: SlotPool, reads: Any) -> Body:
     lm, head = loaded.thinker.model.language_model, loaded.thinker.lm_head
 
     def body(x: PrefillInputs, columns: int) -> tuple[Any, ...]:
-        import torch
-
         cache = SlotRowsCache(pool, x.slots, x.write, columns)
         out = lm(inputs_embeds=x.x, position_ids=x.positions, attention_mask=x.mask, use_cache=True,
                  output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: cache})
-        last = out.last_hidden_state
-        rows = torch.arange(last.shape[0], device=last.device)
-        return head(last[rows, x.ends]).float(), reads.vectors(x.ids, out.hidden_states, last)
+        return _thinker_outputs(out, head, reads, x.ids, x.ends)
 
     return body
 
@@ -304,15 +300,20 @@ def _embeddings(loaded: Any, inputs: dict[str, Any]) -> Any:
 
 
 def _with_images(loaded: Any, pool: SlotPool, reads: Any, padded: Padded, inputs: dict[str, Any]) -> tuple[Any, Any]:
-    import torch
-
     cache = SlotRowsCache(pool, padded.slots, padded.write, int(padded.mask.shape[-1]))
     out = loaded.thinker.model(
         position_ids=padded.positions, attention_mask=padded.mask, use_cache=True,
         output_hidden_states=reads.select, return_dict=True, **{loaded.cache_kwarg: cache}, **inputs)
+    return _thinker_outputs(out, loaded.thinker.lm_head, reads, inputs["input_ids"], padded.ends)
+
+
+def _thinker_outputs(out: Any, head: Any, reads: Any, ids: Any, ends: Any) -> tuple[Any, Any]:
+    """A thinker forward's (last-token logits (B, V), talker vectors (B, T, H))."""
+    import torch
+
     last = out.last_hidden_state
     rows = torch.arange(last.shape[0], device=last.device)
-    return loaded.thinker.lm_head(last[rows, padded.ends]).float(), reads.vectors(inputs["input_ids"], out.hidden_states, last)
+    return head(last[rows, ends]).float(), reads.vectors(ids, out.hidden_states, last)
 
 
 def thinker_merge(parts: list[tuple[Any, ...]]) -> tuple[Any, ...]:
