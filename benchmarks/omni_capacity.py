@@ -197,7 +197,7 @@ def profile_level(model, req, n: int) -> dict:
 
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
-SWEEP_KEYS = {"switch_ms", "overlap", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
+SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
@@ -219,7 +219,6 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
     values = {**defaults, **settings}
     sys.setswitchinterval(values["switch_ms"] / 1000.0)
     for batcher in model.batching.batchers:
-        batcher.overlap = bool(values["overlap"])
         batcher.pipelined = bool(values["pipelined"])
         built = _COLUMN_BUCKETS.setdefault(batcher.name, list(batcher.column_buckets))
         batcher.column_buckets = built[-1:] if values["all_columns"] else list(built)
@@ -286,7 +285,7 @@ def run_config(path: Path, args) -> dict:
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
     stream_once(model, warm)
-    defaults = {"switch_ms": 1000 * sys.getswitchinterval(), "overlap": 0.0,
+    defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
                 "eager_prefill": 0.0, "pipelined": 0.0}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .audio_tower import to_device
 from .graphs import StaticDecoder
 
@@ -40,6 +42,46 @@ class _Rows:
 
     def clear(self) -> None:
         self.data = None
+        self.n = 0
+
+
+class _HostPositions:
+    """Rotary positions ``(T, 3)`` on the host, growable like :class:`_Rows`: stored in numpy, so a
+    generated token's positions are written without a tensor op; read as zero-copy torch views."""
+
+    def __init__(self) -> None:
+        self.data = np.zeros((64, 3), dtype=np.int64)
+        self.n = 0
+
+    def _room(self, k: int) -> None:
+        if self.n + k > len(self.data):
+            grown = np.zeros((max(2 * len(self.data), self.n + k), 3), dtype=np.int64)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
+
+    def append(self, rows) -> None:
+        """``rows``: a ``(k, 3)`` tensor."""
+        k = rows.shape[0]
+        self._room(k)
+        self.data[self.n : self.n + k] = rows.detach().cpu().numpy()
+        self.n += k
+
+    def append_same(self, pos: int) -> None:
+        """One text token: the same position on all three rotary axes."""
+        self._room(1)
+        self.data[self.n] = pos
+        self.n += 1
+
+    def crop(self, n: int) -> None:
+        self.n = min(self.n, max(0, n))
+
+    def view(self, start: int = 0, end: int | None = None):
+        import torch
+
+        end = self.n if end is None else min(end, self.n)
+        return torch.from_numpy(self.data[start:end])
+
+    def clear(self) -> None:
         self.n = 0
 
 
@@ -82,7 +124,7 @@ class ThinkerContext:
     def __init__(self) -> None:
         self.decoder: StaticDecoder | None = None  # the KV cache and its captured decode step
         self.ids: list[int] = []
-        self.positions = _Rows()  # (T, 3) long rotary positions
+        self.positions = _HostPositions()  # (T, 3) rotary positions
         self.src = _Rows()  # (T, D) talker source vectors
         self.mm: list[bool] = []
         self.next_pos = 0
@@ -92,6 +134,14 @@ class ThinkerContext:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def append_token(self, token: int, pos: int, src, tokens: Any) -> None:
+        """One forwarded text token at rotary position ``pos``, with its talker vector ``src`` (D,)."""
+        self.ids.append(token)
+        self.mm.append(token in (tokens.audio, tokens.image))
+        self.positions.append_same(pos)
+        self.src.append(src[None])
+        self.next_pos = pos + 1
 
     def crop(self, n: int) -> None:
         """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
@@ -152,6 +202,10 @@ class TokenHidden:
     index: int  # index of the token within the reply (-1 for an end marker without token)
     token_id: int
     vec: Any = None  # Qwen2.5: last_hidden + embedding of this token, (D,)
+    #: Qwen3, batched thinker: this token's embedding and its talker text part, made on the device
+    #: by the step that picked the token (None: the talker makes them)
+    embed: Any = None
+    part: Any = None
     prompt: TalkerPrompt | None = None  # on the first output of each reply
     end: bool = False  # end of the reply (EOS, max tokens)
     eos: bool = False  # the token is the thinker's EOS (never forwarded)

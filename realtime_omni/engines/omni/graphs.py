@@ -69,14 +69,13 @@ def _host_sync_in(step: Callable[[], Any]) -> str | None:
 
 
 @contextlib.contextmanager
-def on_stream(stream: Any, wait: bool = True) -> Iterator[None]:
+def on_stream(stream: Any) -> Iterator[None]:
     """Run a stage's GPU work on its own CUDA stream (``None``: as is).
 
     The thinker, the talker and the codec each get a stream so that their kernels overlap on the
     GPU instead of queueing behind each other on the default stream. Entering waits for work
     already queued on the current stream (inputs made there); leaving waits for the stage's
-    work, so what it produced is complete for every other stream and thread — unless ``wait`` is
-    off, where the caller hands a :func:`ready_event` to whoever reads the results.
+    work, so what it produced is complete for every other stream and thread.
     """
     if stream is None:
         yield
@@ -84,28 +83,12 @@ def on_stream(stream: Any, wait: bool = True) -> Iterator[None]:
     import torch
 
     stream.wait_stream(torch.cuda.current_stream(stream.device))
-    ok = False
     try:
         with torch.cuda.stream(stream):
             yield
-        ok = True
     finally:
-        if wait or not ok:
-            # also on errors: the caller may free what the stage's queued kernels still use
-            stream.synchronize()
-
-
-def ready_event(stream: Any) -> Any:
-    """An event recorded now on ``stream`` (None off CUDA): its readers wait for it, not the loop."""
-    if stream is None:
-        return None
-    import torch
-
-    # blocking: a reader sleeps until it passes (dozens of sessions spinning on their events
-    # took the cores the stage loops need)
-    event = torch.cuda.Event(blocking=True)
-    event.record(stream)
-    return event
+        # also on errors: the caller may free what the stage's queued kernels still use
+        stream.synchronize()
 
 
 class DeviceSpans:

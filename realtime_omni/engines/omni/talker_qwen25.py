@@ -138,13 +138,11 @@ class Qwen25Stream(TalkerStream):
         return self._reply_part(self.steps + 1 + ahead)
 
     def _append_frame(self, values: list[int]) -> bool:
-        import torch
-
         code = values[0]
         if code in self.eos:
             return True
         self.last_code = code
-        self.frames.append(torch.tensor(code, dtype=torch.long))
+        self.frames.append(code)
         return False
 
     def _take_frame(self) -> bool:
@@ -155,5 +153,5 @@ class Qwen25Stream(TalkerStream):
             return True
         self.history = torch.cat([self.history, torch.tensor([[code]])], dim=1)
         self.last_code = code
-        self.frames.append(torch.tensor(code, dtype=torch.long))
+        self.frames.append(code)
         return False

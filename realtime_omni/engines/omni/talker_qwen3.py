@@ -31,6 +31,8 @@ class Qwen3Stream(TalkerStream):
             proj = talker.text_projection(self.embed_tokens(special).to(self.proj_dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = proj[0], proj[1], proj[2]
         self.assistant: list[Any] = []  # raw thinker embeddings: header rows + reply tokens
+        #: index in ``assistant`` -> that token's talker text part, where the batched thinker made it
+        self.parts: dict[int, Any] = {}
         if self.prompt is not None:
             self.assistant = list(self.prompt.header_src)
         self.codes_hist: list[int] = []
@@ -59,12 +61,18 @@ class Qwen3Stream(TalkerStream):
     def add(self, out: ThinkerOutput) -> None:
         if out.hidden.prompt is not None and self.prompt is None and not self.prefilled:
             self.assistant = list(out.hidden.prompt.header_src)
+            self.parts = {}
         super().add(out)
 
     def _add_token(self, hidden: TokenHidden) -> None:
         import torch
 
         if hidden.token_id is None or hidden.token_id < 0:
+            return
+        if hidden.embed is not None:  # made by the batched thinker's step
+            if hidden.part is not None:
+                self.parts[len(self.assistant)] = hidden.part
+            self.assistant.append(hidden.embed)
             return
         with torch.inference_mode():
             emb = self.embed_tokens(torch.tensor([hidden.token_id], device=self.device))[0]
@@ -178,13 +186,16 @@ class Qwen3Stream(TalkerStream):
     def _trailing(self, k: int):
         index = 4 + k
         if index < len(self.assistant):
-            return self.loaded.talker.text_projection(self.assistant[index][None].to(self.proj_dtype))[0]
+            part = self.parts.get(index)
+            if part is None:
+                part = self.loaded.talker.text_projection(self.assistant[index][None].to(self.proj_dtype))[0]
+            return part
         if not self.ended:
             return None
         return self.tts_eos if index == len(self.assistant) else self.tts_pad
 
     def _input_ready(self) -> bool:
-        return self._trailing(self.steps - 1) is not None
+        return 4 + self.steps - 1 < len(self.assistant) or self.ended
 
     def _forward_next(self) -> None:
         part = self._trailing(self.steps - 1)
@@ -207,12 +218,10 @@ class Qwen3Stream(TalkerStream):
         return self._trailing(self.steps + ahead)
 
     def _append_frame(self, values: list[int]) -> bool:
-        import torch
-
         if values[0] in self.sampling.eos:
             return True
         self.codes_hist.append(values[0])
-        self.frames.append(torch.tensor(values, dtype=torch.long))
+        self.frames.append(values)
         return False
 
     def _take_frame(self) -> bool:
@@ -225,5 +234,5 @@ class Qwen3Stream(TalkerStream):
         self.codes_hist.append(c0)
         with self._own_caches():
             codes, self.frame_embed = self.code_frames(self.hidden, c0)
-        self.frames.append(torch.tensor([c0, *codes], dtype=torch.long))
+        self.frames.append([c0, *codes])
         return False

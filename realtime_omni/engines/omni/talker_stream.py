@@ -184,7 +184,8 @@ class TalkerStream:
         self.ended = False  # the thinker's reply is complete
         self.final_sent = False
         self.logits = None  # pending logits of the last forward
-        self.frames: list[Any] = []  # frames waiting to be emitted
+        #: frames waiting to be emitted: codebook-0 codes (Qwen2.5) or each frame's codes (Qwen3)
+        self.frames: list[Any] = []
         self.emitted = 0  # frames emitted so far
         self.steps = 0
         self.text_in = ""
@@ -276,7 +277,7 @@ class TalkerStream:
         start = self.emitted
         self.emitted += len(take)
         if take:
-            codes = torch.stack([t if t.ndim else t.view(()) for t in take]).to("cpu")
+            codes = torch.tensor(take, dtype=torch.long)
         else:
             codes = torch.zeros((0,) if self.loaded.arch == "qwen2_5_omni" else (0, self._groups()),
                                 dtype=torch.long)
@@ -329,8 +330,6 @@ class TalkerStream:
         Frames whose next reply part is known are queued ahead (``rows.lookahead``), so the
         talker's loop finds this session's next frame waiting while this thread hands the last
         chunk on; what is still queued when the reply ends is withdrawn."""
-        import torch
-
         from .batching.batcher import Lookahead
 
         rows = self.rows
@@ -342,15 +341,14 @@ class TalkerStream:
                 part = self._part_after_frame(len(ahead))
                 if part is None:
                     break
-                row = (part, torch.full((3,), self.pos, dtype=torch.long), *rows.state.noise(self.generator))
+                row = (part, [self.pos] * 3, rows.state.noise(self.generator))
                 ahead.push(row, decoder.write_position() + len(ahead))
                 self.pos += 1
             if not len(ahead):
                 return None
-            (c0, codes), _ = ahead.pop()
+            (c0, codes), _ = ahead.pop()  # read back by the talker's loop, for every row at once
             decoder.advance()
-            values = torch.cat([c0.view(1), codes.view(-1)]).tolist()  # the frame's one host sync
-        return self._append_frame(values)
+        return self._append_frame([c0, *codes])
 
     @contextlib.contextmanager
     def _own_caches(self) -> Iterator[None]:

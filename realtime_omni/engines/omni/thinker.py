@@ -292,6 +292,7 @@ class StreamingThinker(ThinkerPrefill):
             return hidden
 
         token = self._sampler(logits, all_ids)
+        token_rows: tuple[Any, Any] = (None, None)  # Qwen3, batched: the token's embedding and talker part
         batched = self.rows is not None
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
             self.rows.state.load(self.rows.slot, self.ctx.ids)
@@ -310,7 +311,8 @@ class StreamingThinker(ThinkerPrefill):
                     with self.lock:
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
-                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
+                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, embed=token_rows[0],
+                                                               part=token_rows[1])))
                     if last:
                         if self._alive(turn, request):
                             yield out("", attach_prompt(TokenHidden(turn, -1, -1, end=True)))
@@ -321,7 +323,7 @@ class StreamingThinker(ThinkerPrefill):
                     if not self._alive(turn, request):
                         return
                     if batched:
-                        picked, vec = self._next_batched(token, forwards=max_new - 1 - reply.forwarded)
+                        picked, vec, next_rows = self._next_batched(token, forwards=max_new - 1 - reply.forwarded)
                     else:
                         logits, vec = self._step(token)
                     reply.forwarded += 1
@@ -332,7 +334,7 @@ class StreamingThinker(ThinkerPrefill):
                 if qwen25:
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
                 if batched:
-                    token = picked
+                    token, token_rows = picked, next_rows
                 else:
                     all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
                     token = self._sampler(logits, all_ids)
@@ -397,15 +399,12 @@ class StreamingThinker(ThinkerPrefill):
         mm_ids = {self.loaded.tokens.audio, self.loaded.tokens.image}
         ctx.ids += ids
         ctx.mm += [i in mm_ids for i in ids]
-        ctx.positions.append(to_device(positions.t().contiguous(), src.device))
+        ctx.positions.append(positions.t())
         ctx.src.append(src.detach())
         ctx.next_pos = int(positions.max()) + 1
 
     def _step(self, token: int):
         """Forward one generated token; returns (next logits, its talker vector or None)."""
-        import torch
-
-        positions = torch.full((3, 1), self.ctx.next_pos, dtype=torch.long)
         try:
             decoder = self._decoder()
             ids, pos = decoder.inputs
@@ -417,21 +416,20 @@ class StreamingThinker(ThinkerPrefill):
         except BaseException:
             self.ctx.free()  # a half-updated KV cache: the next turn re-prefills from scratch
             raise
-        self._append([token], positions, src)
+        self.ctx.append_token(token, self.ctx.next_pos, src[0], self.loaded.tokens)
         vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
         return logits, vec
 
-    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any]:
+    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any, tuple[Any, Any]]:
         """Forward ``token`` in the model's batched thinker, in this session's slot; returns the
-        token the step picked next and the talker's vector (Qwen2.5) or None.
+        token the step picked next, the talker's vector (Qwen2.5) or None, and (Qwen3) the picked
+        token's embedding and talker part (else Nones).
 
         Up to ``rows.lookahead`` steps stay queued: each later one forwards, on the device, the
         token the step before it picked (``ThinkerTokens``). What is queued but not read when
         the reply ends is withdrawn (:meth:`_drain_ahead`); a step that ran past the reply wrote
         beyond the cache's length, where no row attends and the next token overwrites it.
         ``forwards``: forward passes the reply may still make, this one included."""
-        import torch
-
         from .batching.batcher import Lookahead
 
         rows, decoder = self.rows, self._decoder()
@@ -442,25 +440,23 @@ class StreamingThinker(ThinkerPrefill):
 
         def push(chain: bool) -> None:
             offset = len(ahead)
-            positions = torch.full((3, 1), self.ctx.next_pos + offset, dtype=torch.long)
-            ahead.push((torch.tensor([token]), positions[:, 0], torch.tensor([chain]), tokens.noise(self.generator)),
-                       decoder.write_position() + offset, positions)
+            pos = self.ctx.next_pos + offset
+            ahead.push((token, [pos] * 3, chain, tokens.noise(self.generator)), decoder.write_position() + offset, pos)
 
         try:
             if not len(ahead):
                 push(chain=False)
             while ahead.room > 0 and len(ahead) < forwards:
                 push(chain=True)
-            (picked, src), positions = ahead.pop()
-            picked = int(picked)  # the step's one host sync
+            (picked, src, *next_rows), pos = ahead.pop()  # ``picked``: read back by the loop
         except BaseException:
             self._drain_ahead()
             self.ctx.free()  # the step may or may not have written: re-prefill next turn
             raise
         decoder.advance()
-        src = src[None]
-        self._append([token], positions, src)
-        return picked, (src[0] if self.loaded.arch == "qwen2_5_omni" else None)
+        self.ctx.append_token(token, pos, src, self.loaded.tokens)
+        embed, part = next_rows or (None, None)
+        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None), (embed, part)
 
     def _drain_ahead(self) -> None:
         """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import DeviceSpans, StepGraph, graphs_available, on_stream, ready_event
+from ..graphs import DeviceSpans, StepGraph, graphs_available, on_stream
 from .mailbox import Mailbox
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,12 @@ class RowInput:
 
     shape: tuple[int, ...]
     dtype: str
+
+    @property
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.dtype)
 
 
 #: ``make(bucket, columns, write_pos, inputs)`` returns the step of ``bucket`` rows attending over
@@ -53,7 +59,6 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     result: tuple[Any, ...] | None = None  # the whole batch's outputs (this request's: ``row``)
     error: BaseException | None = None
-    ready: Any = None  # CUDA event: the step's outputs are complete once it has passed
     row: int = -1
 
 
@@ -114,6 +119,7 @@ class StepBatcher(Mailbox):
         step_timeout_s: float = 60.0,
         state_lock: Any = None,
         column_buckets: Sequence[int] = (),
+        host_outputs: Sequence[int] = (),
     ) -> None:
         self.name = name
         self.make = make
@@ -130,15 +136,14 @@ class StepBatcher(Mailbox):
                                      | {self.scratch + 1})
         self.activity = activity or Activity()
         self.step_timeout_s = step_timeout_s
+        #: outputs the sessions read on the host (sampled ids): the loop reads them back once per
+        #: step, so no session waits on the device for its own row
+        self.host_outputs = frozenset(host_outputs)
         #: held while a step runs: a step rewrites the per-slot state of every row it spans (rows
         #: without work get their own values back), so a session loading its slot's state must not
         #: land between that read and that write (on CUDA both are ordered on the stage's stream
         #: anyway; on the CPU they race)
         self.state_lock = state_lock if state_lock is not None else threading.Lock()
-        #: hand each step's results over with a CUDA event instead of waiting for the step, so
-        #: the loop prepares the next step while the device runs this one (off: measured slower
-        #: on the H200 with spinning events, see docs/benchmarks/omni-capacity.md)
-        self.overlap = False
         #: hand a step's results over only once the next step is launched, so the device runs
         #: that step while the woken sessions take the interpreter. Measured at 32 sessions: 12 ms
         #: of host time per step and ~40 ms idle between steps; whether the woken sessions cause
@@ -172,18 +177,28 @@ class StepBatcher(Mailbox):
         return self._enqueue(_Request(self._row(inputs), slot, int(write_pos)))
 
     def _row(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        """One row's inputs as tensors of the step's shapes and dtypes, where they are (host or
-        device): shaped here, in the session's thread, so the loop stacks each input in one call
-        (its per-row calls competed with every session thread for the interpreter)."""
+        """One row's inputs, checked here, in the session's thread: a tensor of the step's shape and
+        dtype (reshaped and cast only where it is not), or host values as a list (a number where
+        the shape is ``(1,)``), which the loop turns into one tensor per step for all rows."""
         import torch
 
         if len(inputs) != len(self.row_inputs):
             raise ValueError(f"{self.name}: a step takes {len(self.row_inputs)} inputs, not {len(inputs)}")
-        return tuple(torch.as_tensor(x).reshape(spec.shape).to(dtype=getattr(torch, spec.dtype))
-                     for x, spec in zip(inputs, self.row_inputs, strict=True))
+        row = []
+        for x, spec in zip(inputs, self.row_inputs, strict=True):
+            if isinstance(x, torch.Tensor):
+                if x.dtype != spec.torch_dtype or x.shape != spec.shape:
+                    x = x.reshape(spec.shape).to(dtype=spec.torch_dtype)
+            else:
+                x = [x] if isinstance(x, (int, float, bool)) else list(x)
+                if len(spec.shape) != 1 or len(x) != spec.shape[0]:
+                    raise ValueError(f"{self.name}: {len(x)} values for an input of shape {spec.shape}")
+            row.append(x)
+        return tuple(row)
 
     def result(self, req: _Request) -> tuple[Any, ...]:
-        """This request's row of its step's outputs (picked here, in the session's thread)."""
+        """This request's row of its step's outputs (picked here, in the session's thread): host
+        outputs as Python values, the others as views of the step's device tensors."""
         return tuple(o[req.row] for o in self._await(req))
 
     def warm(self) -> None:
@@ -277,31 +292,28 @@ class StepBatcher(Mailbox):
             size = next(s for s in self.sizes if s >= need)
             bucket = self._bucket(size, self.columns_for(take))
             self.columns_steps[bucket.columns] += 1
-            overlap = self.overlap and self.spans.enabled
-            with torch.inference_mode(), on_stream(self.stream, wait=not overlap):
+            with torch.inference_mode(), on_stream(self.stream):
                 span = self.spans.begin(self.stream)
                 write = [self.scratch] * size  # rows without work write to the scratch column
                 for req, row in zip(take, rows, strict=True):
                     write[row] = req.write_pos
-                bucket.write_pos.copy_(_staged(torch.tensor(write, dtype=torch.long), overlap), non_blocking=overlap)
-                device_index = _staged(torch.tensor(rows, dtype=torch.long), overlap).to(self.device,
-                                                                                        non_blocking=overlap)
+                bucket.write_pos.copy_(torch.tensor(write, dtype=torch.long))
+                device_index = torch.tensor(rows, dtype=torch.long).to(self.device)
                 for k, buf in enumerate(bucket.inputs):
-                    values = torch.stack([req.inputs[k] for req in take])
-                    values = _staged(values, overlap).to(device=buf.device, dtype=buf.dtype, non_blocking=overlap)
-                    buf.index_copy_(0, device_index, values)
+                    buf.index_copy_(0, device_index, self._stacked(k, take).to(device=buf.device, dtype=buf.dtype))
                 with self.state_lock:
-                    outputs = bucket.graph()
-                    outputs = tuple(o.clone() for o in outputs)
+                    outputs = tuple(self._read_back(o) if i in self.host_outputs else o.clone()
+                                    for i, o in enumerate(bucket.graph()))
                 self.spans.end(span, self.stream)
-                ready = ready_event(self.stream) if overlap else None
                 launched = time.perf_counter()
                 self._hand_over()  # the last step's sessions, while the device runs this one
+            # complete (leaving the stream waited for it): host outputs become Python values once,
+            # for every row, instead of one device read per session
+            outputs = tuple(o.tolist() if i in self.host_outputs else o for i, o in enumerate(outputs))
             self.phase_s["host"] += launched - started
             self.phase_s["device_wait"] += time.perf_counter() - launched
             for req, row in zip(take, rows, strict=True):
                 req.result, req.row = outputs, row
-                req.ready = ready
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni %s: batched step failed", self.name)
             for req in take:
@@ -317,6 +329,27 @@ class StepBatcher(Mailbox):
         if size:
             ms = 1000 * elapsed
             self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms
+
+    def _stacked(self, k: int, take: list[_Request]) -> Any:
+        """Input ``k`` of every row of a step as one tensor: host values in one call."""
+        import torch
+
+        values = [req.inputs[k] for req in take]
+        if all(isinstance(v, list) for v in values):
+            return torch.tensor(values, dtype=self.row_inputs[k].torch_dtype)
+        spec = self.row_inputs[k]
+        return torch.stack([torch.tensor(v, dtype=spec.torch_dtype, device=self.device) if isinstance(v, list)
+                            else v.to(self.device) for v in values])
+
+    def _read_back(self, output: Any) -> Any:
+        """A host copy of a step output, queued on the stage's stream behind the step (pinned
+        memory, so the copy does not hold the loop up)."""
+        if output.device.type != "cuda":
+            return output.clone()
+        import torch
+
+        host = torch.empty(output.shape, dtype=output.dtype, pin_memory=True)
+        return host.copy_(output, non_blocking=True)
 
     def _hand_over(self) -> None:
         held, self._held = self._held, []
@@ -364,9 +397,3 @@ class Lookahead:
         self._queued.clear()
         if reqs:
             self.batcher.withdraw(reqs)
-
-
-def _staged(host: Any, pinned: bool) -> Any:
-    """A host tensor in pinned memory, so its copy to the device does not wait for the stream
-    (torch keeps the pinned block until the copy has run); device tensors pass as they are."""
-    return host.pin_memory() if pinned and host.device.type == "cpu" else host

@@ -61,7 +61,6 @@ class Mailbox:
         if req.error is not None:
             raise req.error
         assert req.result is not None
-        wait_ready(req)
         return req.result
 
     def withdraw(self, reqs: Sequence[Any]) -> None:
@@ -77,7 +76,6 @@ class Mailbox:
         for req in reqs:
             if not req.done.wait(self.step_timeout_s):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
-            wait_ready(req)
 
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
@@ -117,9 +115,3 @@ class Mailbox:
 
     def _loop(self) -> None:
         raise NotImplementedError
-
-
-def wait_ready(req: Any) -> None:
-    ready = getattr(req, "ready", None)
-    if ready is not None:
-        ready.synchronize()

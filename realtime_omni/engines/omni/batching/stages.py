@@ -96,6 +96,9 @@ class ThinkerTokens:
         # token id, rotary position (3), chain (1: forward the slot's last picked token), draws
         return [RowInput((1,), "long"), RowInput((3,), "long"), RowInput((1,), "bool"), RowInput((self.k,), "float32")]
 
+    #: the step's outputs read on the host: the picked token ids
+    HOST_OUTPUTS = (0,)
+
     def make(self, bucket: int, columns: int, write_pos: Any, inputs: tuple[Any, ...]):
         import torch
 
@@ -103,6 +106,7 @@ class ThinkerTokens:
         lm = loaded.thinker.model.language_model
         head = loaded.thinker.lm_head
         qwen25 = loaded.arch == "qwen2_5_omni"
+        talker = loaded.talker
         ids, pos, chain, noise = inputs
         cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
@@ -119,8 +123,14 @@ class ThinkerTokens:
             picked = pick_codes(head(last).float(), seen_s, self.suppress, noise, self.rule)
             last_s.copy_(torch.where(active, picked, last_s))
             # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
-            src = last + embeds[:, 0, :] if qwen25 else embeds[:, 0, :]
-            return picked, src
+            if qwen25:
+                return picked, last + embeds[:, 0, :]
+            # Qwen3's talker reads the picked token as its embedding and its text part: made here,
+            # for every row at once, instead of in each session's thread
+            embed = lm.embed_tokens(picked[:, None])[:, 0, :]
+            proj = talker.text_projection.linear_fc1.weight.dtype
+            part = talker.text_projection(embed.to(proj)).to(talker.codec_head.weight.dtype)
+            return picked, embeds[:, 0, :], embed, part
 
         return step
 
@@ -149,7 +159,7 @@ class OmniBatching:
             "thinker", self.thinker_tokens.make, self.thinker_tokens.row_inputs(),
             scratch=self.thinker_pool.length, stream=loaded.stream("thinker"),
             graph_streams=loaded.graph_streams("thinker"), state_lock=self.thinker_tokens.lock,
-            column_buckets=self.thinker_pool.column_buckets(), **common)
+            column_buckets=self.thinker_pool.column_buckets(), host_outputs=ThinkerTokens.HOST_OUTPUTS, **common)
         reads = TalkerReads.of(loaded)
         thinker_graphs = PrefillGraphs(
             loaded, self.thinker_pool, thinker_body(loaded, self.thinker_pool, reads), name="thinker prefill",

@@ -10,7 +10,7 @@ different times, so batches stayed small. Here the step does it all on the devic
     x      = embed(frame) + the reply part of the next step
     logits = talker(x)  → kept in the slot for the next frame
 
-and the session only reads back ``c0`` (and the residual codes) once per frame. The slot's state
+and the loop reads ``c0`` (and the residual codes) back for every row at once. The slot's state
 (pending logits, hidden state, seen codes) lives in per-slot device buffers; a session loads it
 after its own prefill (:meth:`FusedTalker.load`).
 """
@@ -72,8 +72,10 @@ class FusedTalker:
         if self.qwen3:
             self.spec = CodePredictorSpec.of(loaded)
             self.cp_k = self.spec.top_k
+            residual = max(1, self.spec.groups - 1) * self.cp_k
+            # part, rotary position, and one row of draws: codebook 0's, then the residual codebooks'
             inputs = [RowInput((width,), str(dtype).removeprefix("torch.")), RowInput((3,), "long"),
-                      RowInput((self.k,), "float32"), RowInput((max(1, self.spec.groups - 1), self.cp_k), "float32")]
+                      RowInput((self.k + residual,), "float32")]
         else:
             part_width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
             part_dtype = str(talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
@@ -81,7 +83,7 @@ class FusedTalker:
         self.batcher = StepBatcher(
             "talker", self._make, inputs, capacity=slots, device=device, scratch=pool.length,
             stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"), graphs=graphs,
-            gather_s=gather_s, activity=activity, column_buckets=pool.column_buckets())
+            gather_s=gather_s, activity=activity, column_buckets=pool.column_buckets(), host_outputs=(0, 1))
 
     # -- what a session calls ----------------------------------------------------------------------
 
@@ -101,19 +103,15 @@ class FusedTalker:
             if ids:
                 self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
 
-    def noise(self, generator: Any) -> tuple[Any, ...]:
-        """This frame's uniform draws (c0, and Qwen3's residual codebooks)."""
+    def noise(self, generator: Any) -> Any:
+        """This frame's uniform draws in one row (c0's, then Qwen3's residual codebooks'; the step
+        splits them)."""
         import torch
 
-        device = self.loaded.device
+        n = self.batcher.row_inputs[-1].shape[0]
         if not self.rule.do_sample:
-            zero = torch.zeros((self.k,), dtype=torch.float32)
-            return (zero, torch.zeros((max(1, self.spec.groups - 1), self.cp_k))) if self.qwen3 else (zero,)
-        n = self.k + (max(1, self.spec.groups - 1) * self.cp_k if self.qwen3 else 0)
-        flat = torch.rand((n,), dtype=torch.float32, device=device, generator=generator)
-        if not self.qwen3:
-            return (flat,)
-        return flat[: self.k], flat[self.k :].view(-1, self.cp_k)
+            return torch.zeros((n,), dtype=torch.float32)
+        return torch.rand((n,), dtype=torch.float32, device=self.loaded.device, generator=generator)
 
     def close(self) -> None:
         self.batcher.close()
@@ -127,12 +125,14 @@ class FusedTalker:
         cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
         logits_s, hidden_s, seen_s = self.logits[:bucket], self.hidden[:bucket], self.seen[:bucket]
-        part, pos, noise = inputs[0], inputs[1], inputs[2]
+        part, pos, draws = inputs
+        noise = draws[:, : self.k]
         frame = None
         if self.qwen3:
             hid = torch.zeros_like(hidden_s)
             c0_in = torch.zeros((bucket, 1), dtype=torch.long, device=loaded.device)
-            frame = frame_step(loaded, self.rule.do_sample)(bucket, None, (hid, c0_in, inputs[3]))
+            residual = draws[:, self.k :].view(bucket, -1, self.cp_k)
+            frame = frame_step(loaded, self.rule.do_sample)(bucket, None, (hid, c0_in, residual))
 
         def step():
             active = write_pos < self.pool.length  # rows without work this step keep their state
