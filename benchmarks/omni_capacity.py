@@ -288,7 +288,7 @@ def run_config(path: Path, args) -> dict:
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
-                "eager_prefill": 0.0, "pipelined": 0.0}
+                "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

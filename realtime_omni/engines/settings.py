@@ -67,6 +67,9 @@ class OmniSettings(_Section):
     batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
     #: steps a session keeps queued ahead on the batched thinker and talker (1: none ahead)
     lookahead_steps: int = Field(default=12, ge=1, le=32)
+    #: a stage's loop hands a step's results over once it has launched the next step, so the device
+    #: runs that step while the woken sessions run (off: hand over as soon as the step is done)
+    pipelined_steps: bool = True
     #: None: the checkpoint's official system prompt (the talker's voice depends on it)
     system_prompt: str | None = None
     #: None: the checkpoint's generation config decides

@@ -155,19 +155,21 @@ def test_prefills_padded_to_their_graph_buckets_give_the_same_replies(pair):
         assert p.stats()["bucketed"] > was, p.name  # the padding did run
 
 
-def test_pipelined_loops_give_each_session_what_it_gets_alone(pair):
-    """With ``pipelined`` a loop hands a step's results over only after launching the next step
-    (or at once when there is none): every session still gets exactly its tokens, codes and audio,
-    sessions joining and leaving included, and every slot comes back."""
+def test_loops_handing_each_step_over_at_once_give_each_session_what_it_gets_alone(pair):
+    """By default (``pipelined``) a loop hands a step's results over only after launching the next
+    step (or at once when there is none); turned off, it hands them over as soon as the step is
+    done: every session still gets exactly its tokens, codes and audio, sessions joining and
+    leaving included, and every slot comes back."""
     batched, alone = pair["batched"], pair["alone"]
     loops = batched.batching.batchers
+    assert all(loop.pipelined for loop in loops)  # the default the other tests run
     for loop in loops:
-        loop.pipelined = True
+        loop.pipelined = False
     try:
         results = _together(batched)
     finally:
         for loop in loops:
-            loop.pipelined = False
+            loop.pipelined = True
     for i in range(4):
         _same(results[i], _alone(alone, i, cut=(i == 1)))
     assert batched.batching.stats()["in_use"] == 0
@@ -216,8 +218,9 @@ def test_settings_reach_the_batching(tmp_path):
 
     save_checkpoint("qwen3_omni_moe", tmp_path)
     model = OmniModel(tmp_path, OmniSettings(max_sessions=3, lookahead_steps=5, talker_max_frames=300,
-                                             batch_gather_ms=4.0))
+                                             batch_gather_ms=4.0, pipelined_steps=False))
     assert model.max_sessions == 3 and model.lookahead_steps == 5 and model.batch_gather_s == 0.004
+    assert model.pipelined_steps is False
     assert model.talker_settings.max_new_tokens == 300 and model.info.max_sessions == 3
     for name, bad in (("max_sessions", -1), ("lookahead_steps", 0), ("lookahead_steps", 10000),
                       ("talker_max_frames", 0), ("random_weights", "perhaps")):
@@ -275,10 +278,15 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
             batcher.step((torch.zeros(2), torch.zeros(2)), slot=0)
         with pytest.raises(RuntimeError):  # a row of the wrong shape never reaches the loop
             batcher.step((torch.zeros(3),), slot=0)
+        for values in ([1.0, 2.0, 3.0], 5.0, [[1.0, 2.0]]):  # host values: counted against the shape
+            with pytest.raises((ValueError, TypeError)):
+                batcher.step((values,), slot=0)
         with pytest.raises(RuntimeError, match="forward failed"):
             batcher.step((torch.full((2,), 7.0),), slot=1)
         (y,) = batcher.step((torch.ones(2),), slot=1, write_pos=2)  # the loop goes on
         assert y.tolist() == [3.0, 3.0]
+        (y,) = batcher.step(([1.0, -1.0],), slot=2, write_pos=1)  # host values, as sessions send them
+        assert y.tolist() == [2.0, 0.0]
     finally:
         batcher.close()
     with pytest.raises(BatcherClosed):

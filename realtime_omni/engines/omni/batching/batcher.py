@@ -145,9 +145,8 @@ class StepBatcher(Mailbox):
         #: anyway; on the CPU they race)
         self.state_lock = state_lock if state_lock is not None else threading.Lock()
         #: hand a step's results over only once the next step is launched, so the device runs
-        #: that step while the woken sessions take the interpreter. Measured at 32 sessions: 12 ms
-        #: of host time per step and ~40 ms idle between steps; whether the woken sessions cause
-        #: it is what this tests. Off until measured on the GPU (bench sweep ``pipelined``)
+        #: that step while the woken sessions take the interpreter (the model's setting
+        #: ``pipelined_steps``; measured on the H200 in docs/benchmarks/omni-capacity.md)
         self.pipelined = False
         self._held: list[_Request] = []  # run and complete, handed over after the next launch
         super().__init__()

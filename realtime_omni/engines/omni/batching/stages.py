@@ -144,7 +144,8 @@ class OmniBatching:
 
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
                  graphs: bool, talker_settings: TalkerSettings, thinker_settings: ThinkerSettings,
-                 gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 12) -> None:
+                 gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 12,
+                 pipelined: bool = True) -> None:
         self.loaded = loaded
         self.slots = int(slots)
         device, dtype = loaded.device, loaded.dtype
@@ -179,6 +180,8 @@ class OmniBatching:
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
         self.talker = self.talker_frames.batcher
+        for batcher in self.batchers:
+            batcher.pipelined = bool(pipelined)
         log.info("omni batching: %s", self.describe())
 
     def describe(self) -> str:
