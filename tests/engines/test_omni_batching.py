@@ -591,3 +591,24 @@ def test_a_pipelined_loop_hands_a_lone_step_over_at_once():
             assert time.monotonic() - started < 0.4  # (the loop's idle wait is 0.5 s)
     finally:
         batcher.close()
+
+
+def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_rows(pair, tmp_path):
+    """A session's think and talk may run in different processes (the worker's pipe pickles each
+    output): past the reply's first output, which carries the talker prompt, an output holds a
+    token id and no tensor. The talker takes each token's rows (Qwen2.5: the thinker's vector;
+    Qwen3: those the batched thinker's step made) through the session, in the model's process."""
+    import pickle
+
+    batched = pair["batched"]
+    session = batched.open_session()
+    try:
+        outputs, chunks, _audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi there")],
+                                                               max_tokens=8))
+        assert chunks and len(outputs) > 2
+        for out in outputs[1:]:
+            assert len(pickle.dumps(out)) < 1024, out
+        stream = session.talker.stream
+        assert stream.vecs if batched.loaded.arch == "qwen2_5_omni" else stream.parts  # the rows were used
+    finally:
+        session.close()

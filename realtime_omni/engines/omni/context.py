@@ -194,6 +194,26 @@ class TalkerPrompt:
     header_src: Any = None  # (h, D) token embeddings of "<|im_start|>assistant\n"
 
 
+class TokenRows:
+    """Device rows the thinker made for the talker, per reply token (Qwen2.5: its hidden vector;
+    Qwen3, batched: its embedding and talker text part), handed from a session's thinker to its
+    talker inside the process that holds the model: the ``ThinkerOutput`` between them may cross
+    a process boundary (the worker's pipe pickles it), and device tensors must not ride on it.
+    Rows of older turns are dropped."""
+
+    def __init__(self) -> None:
+        self._turn = -1
+        self._rows: dict[int, Any] = {}
+
+    def put(self, turn: int, index: int, rows: Any) -> None:
+        if turn != self._turn:
+            self._turn, self._rows = turn, {}
+        self._rows[index] = rows
+
+    def take(self, turn: int, index: int) -> Any:
+        return self._rows.pop(index, None) if turn == self._turn else None
+
+
 @dataclass
 class TokenHidden:
     """``ThinkerOutput.hidden`` of the omni engine."""
@@ -201,11 +221,6 @@ class TokenHidden:
     turn: int
     index: int  # index of the token within the reply (-1 for an end marker without token)
     token_id: int
-    vec: Any = None  # Qwen2.5: last_hidden + embedding of this token, (D,)
-    #: Qwen3, batched thinker: this token's embedding and its talker text part, made on the device
-    #: by the step that picked the token (None: the talker makes them)
-    embed: Any = None
-    part: Any = None
     prompt: TalkerPrompt | None = None  # on the first output of each reply
     end: bool = False  # end of the reply (EOS, max tokens)
     eos: bool = False  # the token is the thinker's EOS (never forwarded)

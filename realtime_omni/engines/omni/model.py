@@ -3,7 +3,8 @@
 Stage wiring (what the pipeline sees):
 
 * ``think()`` streams one :class:`ThinkerOutput` per reply token (text delta + a
-  :class:`~.thinker.TokenHidden` for the talker) and a last end-marker output;
+  :class:`~.context.TokenHidden` for the talker: ids only, the token's device rows go through the
+  session's :class:`~.context.TokenRows`) and a last end-marker output;
 * ``talk_boundary()`` hands every pending output to the talker at once (the talker consumes one
   token per codec frame, so it must see tokens as soon as they exist);
 * ``talk()`` runs the talker as far as the tokens received allow and yields
@@ -46,6 +47,7 @@ from .loader import (
     read_config,
 )
 from .talker import CodeChunk, OmniTalker, TalkerSettings
+from .context import TokenRows
 from .thinker import StreamingThinker, ThinkerSettings
 
 log = logging.getLogger(__name__)
@@ -327,9 +329,12 @@ class OmniSession(ModelSession):
         # a slot in each batched stage (SlotsFull when the model is at capacity)
         self.rows: SessionRows | None = model.batching.open() if model.batching is not None else None
         # one generator per stage: think() and talk() run in different threads
+        # what the thinker hands its talker per reply token, kept here, never on the outputs
+        token_rows = TokenRows()
         self.thinker = StreamingThinker(loaded, model.thinker_settings, _generator(loaded.device, seed),
-                                        rows=self.rows.thinker if self.rows else None)
-        self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1), rows=self.rows)
+                                        rows=self.rows.thinker if self.rows else None, token_rows=token_rows)
+        self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1), rows=self.rows,
+                                 token_rows=token_rows)
         self._codec_stream: CodecStream | None = None
         self._codec_lock = threading.Lock()
         self.closed = False

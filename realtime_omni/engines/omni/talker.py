@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
-from .context import TalkerPrompt, TokenHidden
+from .context import TalkerPrompt, TokenHidden, TokenRows
 from .graphs import StaticDecoder
 from .loader import LoadedOmni
 from .talker_qwen3 import Qwen3Stream
@@ -66,8 +66,10 @@ class OmniTalker:
     """Per-session talker; keeps the running reply's talker state between ``talk()`` calls."""
 
     def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator: Any = None,
-                 rows: SessionRows | None = None) -> None:
+                 rows: SessionRows | None = None, token_rows: TokenRows | None = None) -> None:
         self.loaded = loaded
+        #: each reply token's device rows, from the session's thinker (see :class:`TokenRows`)
+        self.token_rows = token_rows
         #: the session's slots in the model's batched talker and code predictor; None: alone
         self.rows = rows
         self.settings = settings
@@ -158,6 +160,7 @@ class OmniTalker:
                     stream.step_lock = self.step_lock
                     stream.prefix = self.prefix
                     stream.rows = self.rows.talker if self.rows is not None else None
+                    stream.token_rows = self.token_rows
                 elif hidden.turn < stream.turn:
                     continue  # a stale reply
                 stream.add(out)

@@ -46,8 +46,9 @@ class Qwen25Stream(TalkerStream):
         return CodeSampling.make(loaded, settings, suppress, kept_eos)
 
     def _add_token(self, hidden: TokenHidden) -> None:
-        if hidden.vec is not None and not hidden.eos:
-            self.vecs.append(hidden.vec)
+        vec = self.token_rows.take(hidden.turn, hidden.index) if self.token_rows is not None else None
+        if vec is not None and not hidden.eos:
+            self.vecs.append(vec)
 
     def _can_prefill(self) -> bool:
         return self.prompt is not None and len(self.vecs) >= 1

@@ -69,10 +69,10 @@ class Qwen3Stream(TalkerStream):
 
         if hidden.token_id is None or hidden.token_id < 0:
             return
-        if hidden.embed is not None:  # made by the batched thinker's step
-            if hidden.part is not None:
-                self.parts[len(self.assistant)] = hidden.part
-            self.assistant.append(hidden.embed)
+        made = self.token_rows.take(hidden.turn, hidden.index) if self.token_rows is not None else None
+        if made is not None:  # by the batched thinker's step
+            embed, self.parts[len(self.assistant)] = made
+            self.assistant.append(embed)
             return
         with torch.inference_mode():
             emb = self.embed_tokens(torch.tensor([hidden.token_id], device=self.device))[0]

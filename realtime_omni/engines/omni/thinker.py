@@ -34,6 +34,7 @@ from .context import (
     ReplyState,
     ThinkerContext,
     TokenHidden,
+    TokenRows,
     talker_prompt,
 )
 from .graphs import StaticDecoder, on_stream
@@ -103,11 +104,13 @@ class StreamingThinker(ThinkerPrefill):
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
     def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None,
-                 rows: Rows | None = None) -> None:
+                 rows: Rows | None = None, token_rows: TokenRows | None = None) -> None:
         self.loaded = loaded
         self.settings = settings
         #: the model's batched thinker and this session's slot in it; None: steps run alone
         self.rows = rows
+        #: where each reply token's device rows for the session's talker go (see :class:`TokenRows`)
+        self.token_rows = token_rows if token_rows is not None else TokenRows()
         self.ctx = ThinkerContext()
         self.renderer = PromptRenderer(loaded)
         self.generator = generator
@@ -292,7 +295,7 @@ class StreamingThinker(ThinkerPrefill):
             return hidden
 
         token = self._sampler(logits, all_ids)
-        token_rows: tuple[Any, Any] = (None, None)  # Qwen3, batched: the token's embedding and talker part
+        next_rows: tuple[Any, Any] | None = None  # Qwen3, batched: the token's embedding and talker part
         batched = self.rows is not None
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
             self.rows.state.load(self.rows.slot, self.ctx.ids)
@@ -311,8 +314,9 @@ class StreamingThinker(ThinkerPrefill):
                     with self.lock:
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
-                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, embed=token_rows[0],
-                                                               part=token_rows[1])))
+                    if next_rows is not None:
+                        self.token_rows.put(turn, len(reply.ids) - 1, next_rows)
+                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                     if last:
                         if self._alive(turn, request):
                             yield out("", attach_prompt(TokenHidden(turn, -1, -1, end=True)))
@@ -332,9 +336,11 @@ class StreamingThinker(ThinkerPrefill):
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 if qwen25:
-                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token, vec=vec)))
+                    if vec is not None:
+                        self.token_rows.put(turn, len(reply.ids) - 1, vec)
+                    yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                 if batched:
-                    token, token_rows = picked, next_rows
+                    token = picked
                 else:
                     all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
                     token = self._sampler(logits, all_ids)
@@ -420,10 +426,10 @@ class StreamingThinker(ThinkerPrefill):
         vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
         return logits, vec
 
-    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any, tuple[Any, Any]]:
+    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any, tuple[Any, Any] | None]:
         """Forward ``token`` in the model's batched thinker, in this session's slot; returns the
         token the step picked next, the talker's vector (Qwen2.5) or None, and (Qwen3) the picked
-        token's embedding and talker part (else Nones).
+        token's embedding and talker part, else None.
 
         Up to ``rows.lookahead`` steps stay queued: each later one forwards, on the device, the
         token the step before it picked (``ThinkerTokens``). What is queued but not read when
@@ -455,8 +461,7 @@ class StreamingThinker(ThinkerPrefill):
             raise
         decoder.advance()
         self.ctx.append_token(token, pos, src, self.loaded.tokens)
-        embed, part = next_rows or (None, None)
-        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None), (embed, part)
+        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None), (tuple(next_rows) or None)
 
     def _drain_ahead(self) -> None:
         """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""

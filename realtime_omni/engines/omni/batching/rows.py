@@ -29,3 +29,4 @@ class Rows:
 class SessionRows:
     thinker: Rows
     talker: Rows
+
