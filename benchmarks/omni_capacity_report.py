@@ -82,8 +82,10 @@ def sweep_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
     """``omni_capacity.py --sweep``: settings changed between levels of one process."""
     lines = ["## Settings compared in one process (`omni_capacity.py --sweep`)", "",
              "Each variant changes settings on the loaded model and runs its levels; the default levels of the "
-             "same process are shown beside it. `overlap`: steps handed over with a CUDA event, the loop "
-             "preparing the next step while the device runs this one; `switch_ms`: the interpreter's thread "
+             "same process are shown beside it. `pipelined` (default since `f634940`; `unpiped`: off): a loop "
+             "hands a step's results over once it has launched the next step; `overlap` (removed since): steps "
+             "handed over with a CUDA event, the loop preparing the next step while the device runs this one; "
+             "`switch_ms`: the interpreter's thread "
              "switch interval; `frames`: codec frames per reply (192 frames for 64 text tokens is about the "
              "ratio of speech, 3–4 tokens per second; 64 frames forces one text token per 80 ms frame).", "",
              "| run | model | variant | sessions | audio s per wall s | TTFA p50 / p95 (ms) | chunk RTF p50 / p95 | "
@@ -262,7 +264,7 @@ def main(argv=None) -> int:
            "python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl .whl_min/*.whl && export PYTHONPATH=/tmp/site:$PWD",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--sessions 1 8 16 32 48 64 --sweep speech:frames=192 --sweep-sessions 32 64 "
-           "--timeouts 270 --out q3.json",
+           "--timeouts 270 --out q3-levels.json",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--sessions 1 2 4 8 16 32 48 64 --sweep speech:frames=192 eager:eager_prefill=1 --sweep-sessions 32 64 "
            "--timeouts 320 --out q3-prefill-graphs.json   # the prefill graphs against eager prefills, one process",
@@ -274,8 +276,9 @@ def main(argv=None) -> int:
            "--sessions 32 --sweep budget:prefill_tokens=8192 budget_speech:prefill_tokens=8192,frames=192 "
            "--sweep-sessions 32 64 --out q3b.json",
            "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
-           "--sessions 1 8 16 32 64 --sweep overlap:overlap=1 switch:switch_ms=0.5 speech:frames=192 "
-           "--sweep-sessions 32 64 --profile 8 --out q3-sweep.json",
+           "--sessions 1 8 16 32 64 --check-alone --sweep unpiped:pipelined=0 speech:frames=192 "
+           "speech_unpiped:frames=192,pipelined=0 --sweep-sessions 32 64 --out q3.json   # this commit's main table "
+           "and sweep (older sweeps ran the commands of their commits)",
            "python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--buckets 1 8 16 32 64 --together --show 0 --out step.json   # each stage's step alone, and the stages' "
            "steps replayed together (own streams / one stream)",
@@ -291,9 +294,9 @@ def main(argv=None) -> int:
            "# here again (la*.json, server-before.json: the earlier runs kept in docs/benchmarks/omni-capacity.json):",
            "python benchmarks/omni_capacity_report.py q3.json q25.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
            "--lookahead-run 1:la1.json --lookahead-run 4:la4.json --lookahead-run 12:la12.json "
-           "--sweep-run 'before the fused norms:q3-sweep.json' --sweep-run 'prefill budget:q3b.json' "
-           "--sweep-run 'prefill graphs:q3-prefill-graphs.json' --sweep-run 'this commit:q3.json' "
-           "--server '12:server-before.json:before the codec group graphs and fused norms' --server 12:server.json",
+           "--sweep-run 'LABEL:sweepN.json' ... --sweep-run 'this commit:q3.json' "
+           "--server '12:serverN.json:NOTE' ... --server 12:server.json   # earlier inputs: extract them from "
+           "docs/benchmarks/omni-capacity.json (lookahead_runs, sweeps, servers)",
            "```", ""]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "omni-capacity.md").write_text("\n".join(md))
