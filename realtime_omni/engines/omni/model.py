@@ -38,6 +38,7 @@ from ..settings import OmniSettings
 from . import graphs
 from .batching.stages import OmniBatching, SessionRows
 from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
+from .context import TokenRows
 from .loader import (
     Arch,
     LoadedOmni,
@@ -47,7 +48,6 @@ from .loader import (
     read_config,
 )
 from .talker import CodeChunk, OmniTalker, TalkerSettings
-from .context import TokenRows
 from .thinker import StreamingThinker, ThinkerSettings
 
 log = logging.getLogger(__name__)

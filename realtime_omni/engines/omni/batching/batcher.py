@@ -189,9 +189,11 @@ class StepBatcher(Mailbox):
                 if x.dtype != spec.torch_dtype or x.shape != spec.shape:
                     x = x.reshape(spec.shape).to(dtype=spec.torch_dtype)
             else:
-                x = [x] if isinstance(x, (int, float, bool)) else list(x)
+                x = [x] if isinstance(x, (int, float)) else list(x)
                 if len(spec.shape) != 1 or len(x) != spec.shape[0]:
                     raise ValueError(f"{self.name}: {len(x)} values for an input of shape {spec.shape}")
+                if not all(isinstance(v, (int, float)) for v in x):  # one bad row must not fail the batch
+                    raise ValueError(f"{self.name}: an input's host values must be numbers")
             row.append(x)
         return tuple(row)
 
