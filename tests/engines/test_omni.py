@@ -246,8 +246,8 @@ def test_stream_turn_audio_in(omni):
         outputs, chunks, audio, events = run_turn(session, request([msg], max_tokens=12))
         assert outputs and outputs[-1].hidden.end
         assert all(o.prefilled_tokens == o.prompt_tokens for o in outputs)  # first turn: all new
-        first = outputs[0]
-        assert first.hidden.prompt is not None
+        first = outputs[0]  # opens the reply; its talker prompt waits in the session, not on it
+        assert first.hidden.opens and session.thinker.token_rows.prompt(first.hidden.turn) is not None
         # the thinker saw the audio placeholders and the image placeholders
         ids = session.thinker.ctx.ids
         assert ids.count(S["audio"]) > 10 and ids.count(S["image"]) >= 1

@@ -595,9 +595,9 @@ def test_a_pipelined_loop_hands_a_lone_step_over_at_once():
 
 def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_rows(pair, tmp_path):
     """A session's think and talk may run in different processes (the worker's pipe pickles each
-    output): past the reply's first output, which carries the talker prompt, an output holds a
-    token id and no tensor. The talker takes each token's rows (Qwen2.5: the thinker's vector;
-    Qwen3: those the batched thinker's step made) through the session, in the model's process."""
+    output): an output holds token ids and no tensor. The talker takes the reply's prompt and each
+    token's rows (Qwen2.5: the thinker's vector; Qwen3: those the batched thinker's step made)
+    through the session, in the model's process."""
     import pickle
 
     batched = pair["batched"]
@@ -606,7 +606,8 @@ def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_ro
         outputs, chunks, _audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi there")],
                                                                max_tokens=8))
         assert chunks and len(outputs) > 2
-        for out in outputs[1:]:
+        assert outputs[0].hidden.opens and outputs[0].hidden.prompt is None
+        for out in outputs:
             assert len(pickle.dumps(out)) < 1024, out
         stream = session.talker.stream
         assert stream.vecs if batched.loaded.arch == "qwen2_5_omni" else stream.parts  # the rows were used

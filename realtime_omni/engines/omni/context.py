@@ -195,19 +195,30 @@ class TalkerPrompt:
 
 
 class TokenRows:
-    """Device rows the thinker made for the talker, per reply token (Qwen2.5: its hidden vector;
-    Qwen3, batched: its embedding and talker text part), handed from a session's thinker to its
-    talker inside the process that holds the model: the ``ThinkerOutput`` between them may cross
-    a process boundary (the worker's pipe pickles it), and device tensors must not ride on it.
-    Rows of older turns are dropped."""
+    """What a reply's thinker hands its talker on the device: the talker prompt (at the reply's
+    first output) and per reply token its rows (Qwen2.5: the hidden vector; Qwen3, batched: the
+    token's embedding and talker text part). They pass here, inside the process that holds the
+    model: the ``ThinkerOutput`` between thinker and talker may cross a process boundary (the
+    worker's pipe pickles it), and device tensors must not ride on it. A new turn drops the last."""
 
     def __init__(self) -> None:
         self._turn = -1
+        self._prompt: TalkerPrompt | None = None
         self._rows: dict[int, Any] = {}
 
-    def put(self, turn: int, index: int, rows: Any) -> None:
+    def _at(self, turn: int) -> None:
         if turn != self._turn:
-            self._turn, self._rows = turn, {}
+            self._turn, self._prompt, self._rows = turn, None, {}
+
+    def put_prompt(self, turn: int, prompt: TalkerPrompt) -> None:
+        self._at(turn)
+        self._prompt = prompt
+
+    def prompt(self, turn: int) -> TalkerPrompt | None:
+        return self._prompt if turn == self._turn else None
+
+    def put(self, turn: int, index: int, rows: Any) -> None:
+        self._at(turn)
         self._rows[index] = rows
 
     def take(self, turn: int, index: int) -> Any:
@@ -221,7 +232,10 @@ class TokenHidden:
     turn: int
     index: int  # index of the token within the reply (-1 for an end marker without token)
     token_id: int
-    prompt: TalkerPrompt | None = None  # on the first output of each reply
+    #: the talker prompt, on the first output of each reply; it travels in the session's
+    #: :class:`TokenRows` (``opens`` marks that output) and the talker puts it back here
+    prompt: TalkerPrompt | None = None
+    opens: bool = False
     end: bool = False  # end of the reply (EOS, max tokens)
     eos: bool = False  # the token is the thinker's EOS (never forwarded)
 

@@ -40,6 +40,7 @@ audio input included). Where this differs from the reference:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Iterator
@@ -149,6 +150,9 @@ class OmniTalker:
                 hidden = out.hidden
                 if not isinstance(hidden, TokenHidden):
                     continue
+                if hidden.opens and hidden.prompt is None and self.token_rows is not None:
+                    hidden = dataclasses.replace(hidden, prompt=self.token_rows.prompt(hidden.turn))
+                    out = dataclasses.replace(out, hidden=hidden)
                 stream = self.stream
                 if stream is None or hidden.turn > stream.turn:
                     speaker = self.loaded.speaker_for(voice)

@@ -290,7 +290,8 @@ class StreamingThinker(ThinkerPrefill):
         def attach_prompt(hidden: TokenHidden) -> TokenHidden:
             nonlocal first
             if first:
-                hidden.prompt = snapshot
+                self.token_rows.put_prompt(turn, snapshot)  # not on the output: see TokenRows
+                hidden.opens = True
                 first = False
             return hidden
 
