@@ -166,6 +166,11 @@ class VADStream(abc.ABC):
 class ModelSession(abc.ABC):
     """Per-session model state. All methods run in worker threads."""
 
+    #: the talker takes every thinker output as soon as it exists (omni talkers consume one
+    #: token per codec frame): :meth:`talk_boundary` cuts after all that is pending, decided
+    #: where the pipeline runs, without asking a worker that holds the session
+    talks_every_output: bool = False
+
     def new_vad(self) -> VADStream | None:
         """A VAD stream for server-side turn detection, or None when the model has none."""
         return None
@@ -189,8 +194,10 @@ class ModelSession(abc.ABC):
         """How many of the ``pending`` thinker outputs form the next talker segment now.
 
         The default cuts after the first clause (so the first audio leaves early) and then
-        after each sentence; omni engines override it with a token count.
+        after each sentence; with :attr:`talks_every_output`, after everything pending.
         """
+        if self.talks_every_output:
+            return len(pending)
         text = ""
         for index, out in enumerate(pending):
             text += out.text

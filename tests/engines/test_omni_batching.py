@@ -446,7 +446,8 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
     # the spawned worker inherits this environment: its settings must not come from there
     monkeypatch.setenv("REALTIME_OMNI_OMNI_MAX_SESSIONS", "5")
     monkeypatch.setenv("REALTIME_OMNI_ENGINES__OMNI__MAX_SESSIONS", "5")
-    model = IsolatedModel(f"omni:{tmp_path}", engines=EngineSettings(omni=OmniSettings(max_sessions=1)))
+    model = IsolatedModel(f"omni:{tmp_path}", engines=EngineSettings(omni=OmniSettings(
+        max_sessions=1, talker_do_sample=False, seed=0, talker_max_frames=40, **CHUNKS["qwen2_5_omni"])))
     model.load()
     try:
         assert model.info.max_sessions == 1
@@ -461,6 +462,13 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
         assert session.prefill(request(messages, max_tokens=2)) > 10
         outputs = list(session.think(request(messages, max_tokens=2)))
         assert outputs[0].prefilled_tokens == 3  # only <|im_start|>assistant\n was left
+        # the talker takes every output: decided here, without a round trip to the worker
+        with monkeypatch.context() as patch:
+            patch.setattr(session, "_call_now", lambda *a: pytest.fail("talk_boundary asked the worker"))
+            assert session.talk_boundary(outputs, final=False) == len(outputs)
+        # the outputs came through the pipe without tensors; the worker's talker still speaks them
+        spoken = list(session.talk(outputs, "alloy", threading.Event(), True))
+        assert spoken[-1].final and any(out.codes is not None and len(out.codes) for out in spoken)
         session.close()
     finally:
         model.close()

@@ -314,6 +314,8 @@ def _optional_vad(progress: Callable[[str], None]) -> Any:
 class OmniSession(ModelSession):
     """Per-session state: the thinker's KV cache, the running talker, the codec streams."""
 
+    talks_every_output = True  # the talker consumes one token per codec frame
+
     def new_vad(self) -> VADStream | None:
         vad = getattr(self.model, "vad", None)
         return vad.stream() if vad is not None else None
@@ -357,10 +359,6 @@ class OmniSession(ModelSession):
         if prompt is not None and request.want_audio:
             self.talker.prefill_ahead(prompt)
         return evaluated
-
-    def talk_boundary(self, pending: list[ThinkerOutput], final: bool) -> int:
-        # the talker consumes one token per codec frame: give it every token as soon as it exists
-        return len(pending)
 
     def talk(
         self, segment: list[ThinkerOutput], voice: str, cancelled: threading.Event, final: bool, speed: float = 1.0

@@ -98,6 +98,7 @@ def session_traits(model: VoiceModel) -> p.Traits:
         custom_talk_boundary=cls.talk_boundary is not ModelSession.talk_boundary,
         custom_decode=cls.decode is not ModelSession.decode,
         vad_frame_samples=frame,
+        talks_every_output=bool(cls.talks_every_output),
     )
 
 

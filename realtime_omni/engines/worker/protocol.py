@@ -76,6 +76,7 @@ class Traits:
     custom_talk_boundary: bool
     custom_decode: bool
     vad_frame_samples: int = 512
+    talks_every_output: bool = False
 
 
 class WorkerError(RuntimeError):

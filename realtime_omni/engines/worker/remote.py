@@ -30,6 +30,7 @@ class RemoteSession(ModelSession):
         self.key = key
         self.closed = False
         self._traits = traits
+        self.talks_every_output = traits.talks_every_output  # the base talk boundary reads it here
         #: drop the audio of turns a model that does not hear audio never reads (less to send)
         self._strip_unheard_audio = strip_unheard_audio
         self._vad_keys = itertools.count(1)
