@@ -176,7 +176,7 @@ class TalkerStream:
         self.step_lock = threading.Lock()  # the session's, set by OmniTalker
         self.prefix = TalkerPrefix()  # the session's, set by OmniTalker
         self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
-        self.token_rows: Any = None  # the session's ``TokenRows`` from the batched thinker, set by OmniTalker
+        self.token_rows: Any = None  # the session's ``TokenRows`` (what its thinker hands over), set by OmniTalker
         self.ahead: Any = None  # batched: frames queued ahead (``batcher.Lookahead``)
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
