@@ -115,9 +115,11 @@ def phase_table(models: list[dict]) -> list[str]:
              "Per step of each loop, over the whole level (the first audio's prefill phase included, when the "
              "decode loops have nothing to do): idle (no session had a row queued, or the loop waited up to "
              "2 ms for the sessions mid-reply), host (staging the rows and launching the graph), device wait "
-             "(until the step's kernels finished, sharing the GPU with the other stages).", "",
-             "| model | sessions | level wall (s) | process CPU s per wall s | thinker idle / host / device wait (ms per step) | "
-             "talker idle / host / device wait (ms per step) |", "|---|---|---|---|---|---|"]
+             "(until the step's kernels finished, sharing the GPU with the other stages). The sessions' threads' CPU "
+             "seconds are summed over the level's sessions, by role.", "",
+             "| model | sessions | level wall (s) | process CPU s per wall s | sessions' threads CPU s: thinker / talker "
+             "/ codec | thinker idle / host / device wait (ms per step) | talker idle / host / device wait (ms per step) |",
+             "|---|---|---|---|---|---|---|"]
     for m in models:
         for r in m.get("runs", []):
             b = r["batches"]
@@ -128,8 +130,10 @@ def phase_table(models: list[dict]) -> list[str]:
                 ph, steps = b[stage]["phase_s"], max(1, b[stage]["steps"])
                 cells.append(" / ".join(_f(1000 * ph[k] / steps, 1) for k in ("idle", "host", "device_wait")))
             cpu = r.get("cpu_s")
+            threads = r.get("session_cpu_s") or {}
+            roles = " / ".join(_f(threads.get(role), 2) for role in ("thinker", "talker", "codec"))
             lines.append(f"| {m['name']} | {r['sessions']} | {_f(r['wall_s'], 2)} | "
-                         f"{_f(cpu / r['wall_s'] if cpu else None, 1)} | {cells[0]} | {cells[1]} |")
+                         f"{_f(cpu / r['wall_s'] if cpu else None, 1)} | {roles} | {cells[0]} | {cells[1]} |")
     return lines + [""]
 
 
