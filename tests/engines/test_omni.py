@@ -808,3 +808,19 @@ def test_audio_encoded_without_device_reads_equals_the_encoders_own(omni):
         got = encode_audio(model.loaded, feats)
     assert got.shape == want.shape and got.shape[0] > 30
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_token_rows_keep_the_newest_turn():
+    """A superseded reply's thread that puts late must not wipe what the newer reply put."""
+    from realtime_omni.engines.omni.context import TalkerPrompt, TokenRows
+
+    rows = TokenRows()
+    prompt = TalkerPrompt(turn=2)
+    rows.put_prompt(2, prompt)
+    rows.put(2, 0, "row of turn 2")
+    rows.put(1, 5, "late row of turn 1")
+    rows.put_prompt(1, TalkerPrompt(turn=1))
+    assert rows.prompt(2) is prompt and rows.prompt(1) is None
+    assert rows.take(1, 5) is None and rows.take(2, 0) == "row of turn 2" and rows.take(2, 0) is None
+    rows.put(3, 0, "row of turn 3")  # a newer turn drops the last one's
+    assert rows.prompt(2) is None and rows.take(3, 0) == "row of turn 3"

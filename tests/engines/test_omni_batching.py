@@ -609,6 +609,7 @@ def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_ro
     import pickle
 
     batched = pair["batched"]
+    other = batched.open_session()  # holds slot 0: the session's steps run in a bucket of 2 rows
     session = batched.open_session()
     try:
         outputs, chunks, _audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi there")],
@@ -618,6 +619,10 @@ def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_ro
         for out in outputs:
             assert len(pickle.dumps(out)) < 1024, out
         stream = session.talker.stream
-        assert stream.vecs if batched.loaded.arch == "qwen2_5_omni" else stream.parts  # the rows were used
+        rows = stream.vecs if batched.loaded.arch == "qwen2_5_omni" else list(stream.parts.values())
+        assert rows  # the rows were used
+        for row in rows:  # own copies, not views that keep the whole batch's outputs alive
+            assert row.untyped_storage().nbytes() == row.numel() * row.element_size()
     finally:
         session.close()
+        other.close()

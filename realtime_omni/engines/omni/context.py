@@ -206,20 +206,25 @@ class TokenRows:
         self._prompt: TalkerPrompt | None = None
         self._rows: dict[int, Any] = {}
 
-    def _at(self, turn: int) -> None:
+    def _at(self, turn: int) -> bool:
+        """Move to ``turn``; False for an older turn (a superseded reply's thread, late: it must
+        not wipe what the newer reply already put)."""
+        if turn < self._turn:
+            return False
         if turn != self._turn:
             self._turn, self._prompt, self._rows = turn, None, {}
+        return True
 
     def put_prompt(self, turn: int, prompt: TalkerPrompt) -> None:
-        self._at(turn)
-        self._prompt = prompt
+        if self._at(turn):
+            self._prompt = prompt
 
     def prompt(self, turn: int) -> TalkerPrompt | None:
         return self._prompt if turn == self._turn else None
 
     def put(self, turn: int, index: int, rows: Any) -> None:
-        self._at(turn)
-        self._rows[index] = rows
+        if self._at(turn):
+            self._rows[index] = rows
 
     def take(self, turn: int, index: int) -> Any:
         return self._rows.pop(index, None) if turn == self._turn else None

@@ -315,8 +315,9 @@ class StreamingThinker(ThinkerPrefill):
                     with self.lock:
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
-                    if next_rows is not None:
-                        self.token_rows.put(turn, len(reply.ids) - 1, next_rows)
+                    if next_rows is not None and request.want_audio:
+                        # own copies: the step's rows are views of its whole batch's outputs
+                        self.token_rows.put(turn, len(reply.ids) - 1, tuple(r.clone() for r in next_rows))
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                     if last:
                         if self._alive(turn, request):
@@ -337,8 +338,8 @@ class StreamingThinker(ThinkerPrefill):
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 if qwen25:
-                    if vec is not None:
-                        self.token_rows.put(turn, len(reply.ids) - 1, vec)
+                    if vec is not None and request.want_audio:
+                        self.token_rows.put(turn, len(reply.ids) - 1, vec.clone() if batched else vec)
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                 if batched:
                     token = picked
