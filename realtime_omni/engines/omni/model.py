@@ -330,9 +330,9 @@ class OmniSession(ModelSession):
         self.seed = seed
         # a slot in each batched stage (SlotsFull when the model is at capacity)
         self.rows: SessionRows | None = model.batching.open() if model.batching is not None else None
-        # one generator per stage: think() and talk() run in different threads
-        # what the thinker hands its talker per reply token, kept here, never on the outputs
+        # what the thinker hands its talker on the device, kept here, never on the outputs
         token_rows = TokenRows()
+        # one generator per stage: think() and talk() run in different threads
         self.thinker = StreamingThinker(loaded, model.thinker_settings, _generator(loaded.device, seed),
                                         rows=self.rows.thinker if self.rows else None, token_rows=token_rows)
         self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1), rows=self.rows,

@@ -69,8 +69,8 @@ class OmniTalker:
     def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator: Any = None,
                  rows: SessionRows | None = None, token_rows: TokenRows | None = None) -> None:
         self.loaded = loaded
-        #: each reply token's device rows, from the session's thinker (see :class:`TokenRows`)
-        self.token_rows = token_rows
+        #: what the session's thinker hands over on the device (see :class:`TokenRows`)
+        self.token_rows = token_rows if token_rows is not None else TokenRows()
         #: the session's slots in the model's batched talker and code predictor; None: alone
         self.rows = rows
         self.settings = settings
@@ -150,7 +150,7 @@ class OmniTalker:
                 hidden = out.hidden
                 if not isinstance(hidden, TokenHidden):
                     continue
-                if hidden.opens and hidden.prompt is None and self.token_rows is not None:
+                if hidden.opens and hidden.prompt is None:
                     hidden = dataclasses.replace(hidden, prompt=self.token_rows.prompt(hidden.turn))
                     out = dataclasses.replace(out, hidden=hidden)
                 stream = self.stream

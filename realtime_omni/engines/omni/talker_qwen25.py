@@ -46,7 +46,7 @@ class Qwen25Stream(TalkerStream):
         return CodeSampling.make(loaded, settings, suppress, kept_eos)
 
     def _add_token(self, hidden: TokenHidden) -> None:
-        vec = self.token_rows.take(hidden.turn, hidden.index) if self.token_rows is not None else None
+        vec = self.token_rows.take(hidden.turn, hidden.index)
         if vec is not None and not hidden.eos:
             self.vecs.append(vec)
 

@@ -69,7 +69,7 @@ class Qwen3Stream(TalkerStream):
 
         if hidden.token_id is None or hidden.token_id < 0:
             return
-        made = self.token_rows.take(hidden.turn, hidden.index) if self.token_rows is not None else None
+        made = self.token_rows.take(hidden.turn, hidden.index)
         if made is not None:  # by the batched thinker's step
             embed, self.parts[len(self.assistant)] = made
             self.assistant.append(embed)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
-from .context import TalkerPrompt, TokenHidden
+from .context import TalkerPrompt, TokenHidden, TokenRows
 from .graphs import StaticDecoder, on_stream
 from .loader import LoadedOmni, samples_per_code
 
@@ -176,7 +176,7 @@ class TalkerStream:
         self.step_lock = threading.Lock()  # the session's, set by OmniTalker
         self.prefix = TalkerPrefix()  # the session's, set by OmniTalker
         self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
-        self.token_rows: Any = None  # the session's ``TokenRows`` (what its thinker hands over), set by OmniTalker
+        self.token_rows = TokenRows()  # the session's (what its thinker hands over), set by OmniTalker
         self.ahead: Any = None  # batched: frames queued ahead (``batcher.Lookahead``)
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False

@@ -165,7 +165,7 @@ class StepBatcher(Mailbox):
 
     def step(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> tuple[Any, ...]:
         """Run one step for one row; blocks until the batch that carries it has run. Returns
-        this row's outputs (views into a copy the batcher made for this step)."""
+        this row's outputs (see :meth:`result`)."""
         return self.result(self.submit(inputs, slot, write_pos))
 
     def submit(self, inputs: tuple[Any, ...], slot: int | None, write_pos: int = 0) -> _Request:

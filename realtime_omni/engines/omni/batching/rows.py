@@ -29,4 +29,3 @@ class Rows:
 class SessionRows:
     thinker: Rows
     talker: Rows
-

@@ -47,6 +47,9 @@ def pick_codes(logits, seen, suppress, noise, rule: CodeSampling):
 class FusedTalker:
     """Per-slot frame state of the talker and its batched frame step (see the module doc)."""
 
+    #: the step's outputs read on the host: codebook 0 and the residual codes of each frame
+    HOST_OUTPUTS = (0, 1)
+
     def __init__(self, loaded: LoadedOmni, pool: SlotPool, rule: CodeSampling, *, graphs: bool,
                  gather_s: float, activity: Any = None) -> None:
         import torch
@@ -83,7 +86,8 @@ class FusedTalker:
         self.batcher = StepBatcher(
             "talker", self._make, inputs, capacity=slots, device=device, scratch=pool.length,
             stream=loaded.stream("talker"), graph_streams=loaded.graph_streams("talker"), graphs=graphs,
-            gather_s=gather_s, activity=activity, column_buckets=pool.column_buckets(), host_outputs=(0, 1))
+            gather_s=gather_s, activity=activity, column_buckets=pool.column_buckets(),
+            host_outputs=self.HOST_OUTPUTS)
 
     # -- what a session calls ----------------------------------------------------------------------
 
