@@ -86,12 +86,14 @@ def stats_delta(before: dict, after: dict) -> dict:
     return out
 
 
-def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
-    """N sessions, then N replies asked for together. With ``ahead_ms``, each session's turn is
-    handed to ``ModelSession.prefill`` that long before the replies are asked for (as the server
-    does at the pause that ends a turn under server_vad: 64 ms into the silence, 500 ms before
-    the turn ends); timings count from the moment the replies are asked for, whether or not the
-    prefill has finished by then."""
+def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
+    """N sessions, then N replies asked for together, or with ``arrive_ms``, one after another at
+    that interval (session i asks ``i * arrive_ms`` after the first: replies that start while
+    others are playing). With ``ahead_ms``, each session's turn is handed to
+    ``ModelSession.prefill`` that long before its reply is asked for (as the server does at the
+    pause that ends a turn under server_vad: 64 ms into the silence, 500 ms before the turn
+    ends); timings count from the moment each reply is asked for, whether or not the prefill has
+    finished by then."""
     import torch
 
     sessions = [model.open_session() for _ in range(n)]
@@ -103,13 +105,16 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
 
     def one(i: int) -> None:
         try:
-            if not ahead_ms:
+            if not ahead_ms and not arrive_ms:
                 results[i] = stream_once(model, req, session=sessions[i], start=barrier)
                 return
             barrier.wait()
-            asked = starts[0] + ahead_ms / 1000
-            sessions[i].prefill(req)
-            prefill_ms[i] = 1000 * (time.perf_counter() - starts[0])
+            asked = starts[0] + (i * arrive_ms + ahead_ms) / 1000
+            if ahead_ms:
+                handed = asked - ahead_ms / 1000
+                time.sleep(max(0.0, handed - time.perf_counter()))
+                sessions[i].prefill(req)
+                prefill_ms[i] = 1000 * (time.perf_counter() - handed)
             time.sleep(max(0.0, asked - time.perf_counter()))
             results[i] = stream_once(model, req, session=sessions[i], t0=asked)
         except BaseException as exc:  # noqa: BLE001
@@ -157,16 +162,18 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0) -> dict:
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,
         "ahead_ms": ahead_ms,
+        "arrive_ms": arrive_ms,
+        "pace_ms": 1000 * model.talker_settings.pace_lead_s,
         "prefill_ahead_ms": ({"p50": _pct([p for p in prefill_ms if p is not None], 50),
                               "max": max((p for p in prefill_ms if p is not None), default=None)}
                              if ahead_ms else None),
     }
 
 
-def level(model, req, n: int, variant: str, ahead_ms: float = 0.0) -> dict:
-    res = run_n(model, req, n, ahead_ms)
+def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
+    res = run_n(model, req, n, ahead_ms, arrive_ms)
     brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
-                                  "underrun_sessions", "gpu_mem_peak_gb")}
+                                  "underrun_sessions", "underrun_gap_ms_max", "gpu_mem_peak_gb")}
     brief["variant"] = variant
     if ahead_ms:
         brief["prefill_ahead_ms"] = res["prefill_ahead_ms"]
@@ -198,7 +205,7 @@ def profile_level(model, req, n: int) -> dict:
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
-              "eager_prefill", "pipelined"}
+              "eager_prefill", "pipelined", "arrive_ms", "pace_ms"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -226,6 +233,7 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
     for prefill in (model.batching.prefill, model.batching.talker_prefill):  # 1: no prefill graphs
         prefill.graphs.enabled = not values["eager_prefill"]
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
+    model.talker_settings.pace_lead_s = values["pace_ms"] / 1000.0
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     return values
 
@@ -288,7 +296,8 @@ def run_config(path: Path, args) -> dict:
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
-                "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined)}
+                "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
+                "pace_ms": 1000 * model.talker_settings.pace_lead_s}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:
@@ -301,7 +310,7 @@ def run_config(path: Path, args) -> dict:
         entry = {"name": name, "settings": values, "runs": []}
         result["sweep"].append(entry)
         for n in args.sweep_sessions or args.sessions:
-            entry["runs"].append(level(model, req, n, name, values["ahead_ms"]))
+            entry["runs"].append(level(model, req, n, name, values["ahead_ms"], values["arrive_ms"]))
             if args.partial is not None:
                 args.partial.write_text(json.dumps(result, indent=1, default=float))
     apply_variant(model, {}, defaults)

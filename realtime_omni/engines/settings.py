@@ -70,6 +70,10 @@ class OmniSettings(_Section):
     #: a stage's loop hands a step's results over once it has launched the next step, so the device
     #: runs that step while the woken sessions run (off: hand over as soon as the step is done)
     pipelined_steps: bool = True
+    #: once a reply's audio has started, the talker stays at most this far ahead of real-time
+    #: playback (ms), so the batched steps serve replies that are starting or running dry
+    #: first; 0: every reply as fast as the GPU goes
+    pace_lead_ms: float = Field(default=0.0, ge=0.0, le=600_000.0)
     #: None: the checkpoint's official system prompt (the talker's voice depends on it)
     system_prompt: str | None = None
     #: None: the checkpoint's generation config decides

@@ -155,6 +155,13 @@ def save_checkpoint(arch: str, root) -> None:
     else:
         model = transformers.Qwen3OmniMoeForConditionalGeneration(qwen3_config()).eval()
     with torch.no_grad():
+        # transformers initialises the talker's experts in an order that depends on the string
+        # hash seed: draw them again from one seeded generator, so every process gets the same
+        # checkpoint (and replies of the same length)
+        gen = torch.Generator().manual_seed(3)
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
         # let the random thinker speak lower-case ASCII (readable text deltas, no EOS): keep only
         # the lm_head rows of "a".."z" and " "
         head = model.thinker.lm_head.weight

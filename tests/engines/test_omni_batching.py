@@ -8,6 +8,7 @@ sessions join and leave mid-stream.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ pytest.importorskip("transformers")
 
 from realtime_omni.engines.base import TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.loader import samples_per_code  # noqa: E402
 from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
 from realtime_omni.engines.omni.batching import (  # noqa: E402
     BatcherClosed,
@@ -626,3 +628,73 @@ def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_ro
     finally:
         session.close()
         other.close()
+
+
+def _timed_reply(session, lead_s: float, cancel_after_s: float | None = None) -> tuple[list, list[float], float]:
+    """The first turn's reply, thought first, then spoken in one ``talk()``: each chunk's codes
+    and the time it came out; with ``cancel_after_s``, the reply is cancelled that long after its
+    first chunk. Returns (codes per chunk, times, seconds the talk took after the cancel)."""
+    settings = session.talker.settings  # the model's: restored below
+    settings.pace_lead_s, settings.ignore_eos = lead_s, True  # every reply runs to the frame limit
+    try:
+        outputs = list(session.think(request(_turns(0)[0], max_tokens=8)))
+        cancelled = threading.Event()
+        codes, times, stopped = [], [], 0.0
+        for chunk in session.talk(outputs, "alloy", cancelled, final=True):
+            times.append(time.monotonic())
+            codes.append(chunk.codes.codes.tolist())
+            if cancel_after_s is not None and len(times) == 1:
+                threading.Timer(cancel_after_s, cancelled.set).start()
+        if cancelled.is_set():
+            stopped = time.monotonic() - times[0] - cancel_after_s
+        return codes, times, stopped
+    finally:
+        settings.pace_lead_s, settings.ignore_eos = 0.0, False
+
+
+def test_a_reply_paced_to_its_listener_stays_within_its_lead_and_says_the_same(pair):
+    """With ``pace_lead_ms`` a reply's frames are made at most that far ahead of a listener who
+    plays from its first chunk (frames queued ahead before that chunk may be more): the frames
+    out by each chunk fit the clock, the codes are those of the reply made as fast as possible,
+    and a barge-in still ends a paced reply at once."""
+    batched = pair["batched"]
+    queued = batched.batching.lookahead
+    batched.batching.lookahead = 2  # sessions opened from here queue two frames ahead
+    try:
+        _paced_replies(batched)
+    finally:
+        batched.batching.lookahead = queued
+
+
+def _paced_replies(batched: OmniModel) -> None:
+    session = batched.open_session()
+    try:
+        fast, _, _ = _timed_reply(session, 0.0)
+        session.confirm("")
+    finally:
+        session.close()
+    frame_s = samples_per_code(batched.loaded) / 24_000
+    total = sum(len(c) for c in fast)
+    lead = 4 * frame_s
+    assert total * frame_s > lead + 4 * frame_s, "the reply must be longer than the lead to be paced"
+    session = batched.open_session()
+    try:
+        paced, times, _ = _timed_reply(session, lead)
+    finally:
+        session.close()
+    assert paced == fast
+    made = np.cumsum([len(c) for c in paced])
+    chunk = batched.talker_settings.chunk_frames  # the tests' chunking has no ramp
+    for when, frames in zip(times[1:], made[1:], strict=True):
+        heard = when - times[0]
+        # frames out by now: what the listener has heard plus the lead, plus a chunk being built
+        # and the two frames queued before the first chunk
+        assert frames * frame_s <= heard + lead + (chunk + 3) * frame_s
+    assert times[-1] - times[0] >= total * frame_s - lead - (chunk + 3) * frame_s - 0.05  # it did wait
+    session = batched.open_session()
+    try:
+        _, _, stopped = _timed_reply(session, lead, cancel_after_s=0.05)
+    finally:
+        session.close()
+    assert stopped < 0.5
+    assert batched.batching.stats()["in_use"] == 0

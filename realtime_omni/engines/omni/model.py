@@ -134,6 +134,7 @@ class OmniModel(VoiceModel):
             chunk_frames=self.chunk_frames, ramp_frames=self.ramp_frames, chars_per_second=settings.chars_per_second,
             ignore_eos=settings.ignore_eos,
             cache_tokens=cache_tokens + talker_max_new_tokens + 16, cuda_graphs=self.cuda_graphs,
+            pace_lead_s=settings.pace_lead_ms / 1000.0,
         )
         self._apply_generation_config()
         self.codec: OmniCodec | None = None

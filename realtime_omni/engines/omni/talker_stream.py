@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,9 @@ class TalkerSettings:
     cache_tokens: int = 8192 + 4096 + 16
     #: replay the talker step (and Qwen3's code-predictor frame) as CUDA graphs (CUDA only)
     cuda_graphs: bool = True
+    #: once a reply's audio has started, its frames are made at most this many seconds ahead of
+    #: a listener who plays it in real time from its first chunk (0: as fast as the GPU goes)
+    pace_lead_s: float = 0.0
 
 
 #: the reference generate()'s talker sampling defaults
@@ -188,6 +192,7 @@ class TalkerStream:
         #: frames waiting to be emitted: codebook-0 codes (Qwen2.5) or each frame's codes (Qwen3)
         self.frames: list[Any] = []
         self.emitted = 0  # frames emitted so far
+        self.first_out: float | None = None  # when the first audio chunk left (monotonic)
         self.steps = 0
         self.text_in = ""
         self.text_out = 0
@@ -240,9 +245,14 @@ class TalkerStream:
                 if fused:  # the batched talker takes the frames from here, from the slot's state
                     self.rows.state.load(self.rows.slot, self.logits, self._frame_hidden(), self._seen_codes())
                 continue
+            queued = len(self.ahead) if self.ahead is not None else 0
+            wait = self._pace_wait() if not queued else 0.0
+            if wait > 0:
+                self._pause(wait, cancelled)
+                continue
             if fused:
                 # one batched step takes this frame and runs the talker on the next step's input
-                stop = self._fused_frame()
+                stop = self._fused_frame(self._paced_frames())
                 if stop is None:
                     break  # the next step's input is not known yet
             else:
@@ -275,6 +285,8 @@ class TalkerStream:
 
         take = self.frames if count is None else self.frames[:count]
         self.frames = [] if count is None else self.frames[count:]
+        if take and self.first_out is None:
+            self.first_out = time.monotonic()  # the listener starts playing about now
         start = self.emitted
         self.emitted += len(take)
         if take:
@@ -303,6 +315,35 @@ class TalkerStream:
     def _max_frames(self) -> int:
         return self.frame_limit
 
+    def _paced_frames(self) -> int | None:
+        """How many frames the reply may have made by now (None: no limit): a listener who
+        started at the first chunk and plays in real time has heard ``t`` seconds; frames up to
+        ``t + pace_lead_s`` may exist, plus the chunk being built (its frames reach the listener
+        only together). A session far ahead of its listener leaves the batched steps to those
+        about to run dry and to replies that are starting."""
+        lead = self.settings.pace_lead_s
+        if lead <= 0 or self.first_out is None:
+            return None
+        heard = time.monotonic() - self.first_out
+        return int((heard + lead) / self.frame_sec) + self._threshold()
+
+    def _pace_wait(self) -> float:
+        """Seconds until the next frame may be made (0: now)."""
+        limit = self._paced_frames()
+        if limit is None or self.steps < limit:
+            return 0.0
+        assert self.first_out is not None
+        due = self.first_out + (self.steps + 1 - self._threshold()) * self.frame_sec - self.settings.pace_lead_s
+        return max(due - time.monotonic(), 0.001)
+
+    def _pause(self, seconds: float, cancelled: threading.Event) -> None:
+        """Hold the next frame back (a barge-in or a close still ends the wait at once, or
+        within 50 ms); meanwhile the batched talker does not wait for this session."""
+        rows = self.rows
+        pausing = rows.batcher.activity.paused() if rows is not None else contextlib.nullcontext()
+        with pausing:
+            cancelled.wait(min(seconds, 0.05))
+
     def _prefill_with(self, inputs, positions, context_rows: int = 0) -> Any:
         """Prefill the session's talker cache with ``inputs`` (1, n, D) at ``positions`` (3, n);
         the first ``context_rows`` are the conversation part (:class:`TalkerPrefix`): those the
@@ -324,9 +365,10 @@ class TalkerStream:
             out = self.decoder.graph()
             return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
-    def _fused_frame(self) -> bool | None:
+    def _fused_frame(self, limit: int | None = None) -> bool | None:
         """The next frame through the batched talker (see ``batching.talker_frames``): True on
         EOS, None when the step after it cannot be queued yet (its reply part is unknown).
+        ``limit``: frames the reply may have made by now (pacing; None: no limit).
 
         Frames whose next reply part is known are queued ahead (``rows.lookahead``), so the
         talker's loop finds this session's next frame waiting while this thread hands the last
@@ -338,7 +380,8 @@ class TalkerStream:
             if self.ahead is None:
                 self.ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
             ahead, decoder = self.ahead, self.decoder
-            while ahead.room > 0 and self.steps + len(ahead) < self._max_frames():
+            most = self._max_frames() if limit is None else min(limit, self._max_frames())
+            while ahead.room > 0 and self.steps + len(ahead) < most:
                 part = self._part_after_frame(len(ahead))
                 if part is None:
                     break

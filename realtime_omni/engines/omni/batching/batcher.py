@@ -88,6 +88,18 @@ class Activity:
             with self._lock:
                 self._n -= 1
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside :meth:`streaming`: a session that holds its next step back on purpose (paced
+        ahead of its listener) is not waited for meanwhile."""
+        with self._lock:
+            self._n -= 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._n += 1
+
     @property
     def count(self) -> int:
         return self._n
