@@ -280,7 +280,7 @@ def run_config(path: Path, args) -> dict:
                             max_new_tokens=args.reply_tokens, talker_max_frames=most_frames + 1, seed=0,
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
-                            ramp_frames=args.ramp_frames)
+                            ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms)
     model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0
@@ -342,6 +342,9 @@ def main(argv=None) -> int:
                     help="frames of the chunks between the first and the steady ones (with --chunk-frames)")
     ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
     ap.add_argument("--gather-ms", type=float, default=2.0)
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="the talker's lead over real-time playback (0: as fast as the GPU goes, what "
+                         "the GPU can make; the server's default paces: sweep pace_ms to compare)")
     ap.add_argument("--check-alone", action="store_true")
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
@@ -368,7 +371,7 @@ def main(argv=None) -> int:
                "--device", args.device, "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
-               "--lookahead", str(args.lookahead), "--profile", str(args.profile),
+               "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
                "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]

@@ -65,6 +65,8 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
         "REALTIME_OMNI_OMNI_RANDOM_WEIGHTS": "1" if args.random_weights else "0",
         "REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS": str(args.lookahead),
     })
+    if args.pace_ms is not None:
+        env["REALTIME_OMNI_OMNI_PACE_LEAD_MS"] = str(args.pace_ms)
     cmd = [sys.executable, "-m", "realtime_omni", "serve", "--host", "127.0.0.1", "--port", str(args.port),
            "--model", f"omni:{args.model_dir}", "--max-sessions", str(args.slots + 8), "--session-store", "none",
            "--log-level", "warning"]
@@ -127,7 +129,7 @@ class Client:
 
 
 async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.Barrier, go: asyncio.Event,
-                     timeout: float) -> None:
+                     timeout: float, delay_s: float = 0.0) -> None:
     import websockets
 
     try:
@@ -145,6 +147,7 @@ async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.B
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
             await ready.wait()
             await go.wait()
+            await asyncio.sleep(delay_s)  # staggered arrivals: replies that start while others play
             client.asked = time.perf_counter()
             await ws.send(json.dumps({"type": "response.create"}))
             deadline = time.monotonic() + timeout
@@ -166,13 +169,16 @@ async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.B
         client.error = client.error or f"{type(exc).__name__}: {exc}"
 
 
-async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float) -> dict:
+async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float, arrive_ms: float = 0.0) -> dict:
+    """N clients; all ask for their reply at once, or with ``arrive_ms`` client i asks
+    ``i * arrive_ms`` after the first."""
     clients = [Client(i) for i in range(n)]
     ready = asyncio.Barrier(n + 1)
     go = asyncio.Event()
     url = f"ws://127.0.0.1:{port}/v1/realtime"
     before = engine_counters(port)
-    tasks = [asyncio.create_task(run_client(c, url, pcm, ready, go, timeout)) for c in clients]
+    tasks = [asyncio.create_task(run_client(c, url, pcm, ready, go, timeout, c.index * arrive_ms / 1000))
+             for c in clients]
     try:
         await asyncio.wait_for(ready.wait(), 120)
     except (TimeoutError, asyncio.BrokenBarrierError):
@@ -187,7 +193,7 @@ async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float) -> dict:
     audio = sum(r["audio_s"] for r in rows)
     diff = {k: after[k] - before.get(k, 0.0) for k in after if "_total" in k}
     return {
-        "sessions": n, "wall_s": wall, "answered": len(ttfa), "errors": sorted({r["error"] for r in rows if r["error"]}),
+        "sessions": n, "arrive_ms": arrive_ms, "wall_s": wall, "answered": len(ttfa), "errors": sorted({r["error"] for r in rows if r["error"]}),
         "ttfa_ms": {"p50": percentile(ttfa, 50), "p95": percentile(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "sessions_with_underruns": sum(1 for r in rows if r["underruns"]),
         "gap_ms_p95": percentile([r["gap_ms"] for r in rows], 95),
@@ -200,7 +206,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--random-weights", action="store_true")
-    ap.add_argument("--sessions", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--sessions", nargs="+", default=["8", "32"],
+                    help="levels: N (all ask at once) or N@MS (one asks every MS milliseconds)")
+    ap.add_argument("--pace-ms", type=float, default=None,
+                    help="the engine's pace_lead_ms (default: the server's own default)")
     ap.add_argument("--slots", type=int, default=48)
     ap.add_argument("--reply-tokens", type=int, default=64)
     ap.add_argument("--frames", type=int, default=64, help="longest spoken reply in codec frames")
@@ -216,14 +225,15 @@ def main() -> int:
     pcm = speech(args.speech)
     result: dict = {"model_dir": args.model_dir, "random_weights": args.random_weights, "speech_s": len(pcm) / RATE,
                     "reply_tokens": args.reply_tokens, "frames": args.frames, "slots": args.slots,
-                    "cache_tokens": args.cache_tokens, "lookahead": args.lookahead, "host": platform.node(), "levels": []}
+                    "cache_tokens": args.cache_tokens, "lookahead": args.lookahead, "pace_ms": args.pace_ms, "host": platform.node(), "levels": []}
     proc = start_server(args)
     try:
         result["load_s"] = wait_ready(args.port, proc, args.load_timeout)
         print(f"server ready after {result['load_s']:.0f} s", flush=True)
         asyncio.run(run_level(args.port, 1, pcm, args.reply_timeout))  # warm-up: first reply of the process
-        for n in args.sessions:
-            level = asyncio.run(run_level(args.port, n, pcm, args.reply_timeout))
+        for spec in args.sessions:
+            n, _, arrive = spec.partition("@")
+            level = asyncio.run(run_level(args.port, int(n), pcm, args.reply_timeout, float(arrive or 0)))
             result["levels"].append(level)
             print(json.dumps({k: v for k, v in level.items() if k not in ("clients", "engine")}), flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))

@@ -73,7 +73,7 @@ class OmniSettings(_Section):
     #: once a reply's audio has started, the talker stays at most this far ahead of real-time
     #: playback (ms), so the batched steps serve replies that are starting or running dry
     #: first; 0: every reply as fast as the GPU goes
-    pace_lead_ms: float = Field(default=0.0, ge=0.0, le=600_000.0)
+    pace_lead_ms: float = Field(default=1500.0, ge=0.0, le=600_000.0)
     #: None: the checkpoint's official system prompt (the talker's voice depends on it)
     system_prompt: str | None = None
     #: None: the checkpoint's generation config decides

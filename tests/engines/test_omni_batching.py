@@ -220,12 +220,14 @@ def test_settings_reach_the_batching(tmp_path):
 
     save_checkpoint("qwen3_omni_moe", tmp_path)
     model = OmniModel(tmp_path, OmniSettings(max_sessions=3, lookahead_steps=5, talker_max_frames=300,
-                                             batch_gather_ms=4.0, pipelined_steps=False))
+                                             batch_gather_ms=4.0, pipelined_steps=False, pace_lead_ms=800))
     assert model.max_sessions == 3 and model.lookahead_steps == 5 and model.batch_gather_s == 0.004
-    assert model.pipelined_steps is False
+    assert model.pipelined_steps is False and model.talker_settings.pace_lead_s == 0.8
+    assert OmniSettings().pace_lead_ms == 1500.0  # the transport's own lead
     assert model.talker_settings.max_new_tokens == 300 and model.info.max_sessions == 3
     for name, bad in (("max_sessions", -1), ("lookahead_steps", 0), ("lookahead_steps", 10000),
-                      ("talker_max_frames", 0), ("random_weights", "perhaps")):
+                      ("talker_max_frames", 0), ("random_weights", "perhaps"), ("pace_lead_ms", -1),
+                      ("pace_lead_ms", float("nan"))):
         with pytest.raises(ValidationError, match=name):
             OmniSettings(**{name: bad})
 
@@ -635,6 +637,7 @@ def _timed_reply(session, lead_s: float, cancel_after_s: float | None = None) ->
     and the time it came out; with ``cancel_after_s``, the reply is cancelled that long after its
     first chunk. Returns (codes per chunk, times, seconds the talk took after the cancel)."""
     settings = session.talker.settings  # the model's: restored below
+    before = settings.pace_lead_s, settings.ignore_eos
     settings.pace_lead_s, settings.ignore_eos = lead_s, True  # every reply runs to the frame limit
     try:
         outputs = list(session.think(request(_turns(0)[0], max_tokens=8)))
@@ -649,7 +652,7 @@ def _timed_reply(session, lead_s: float, cancel_after_s: float | None = None) ->
             stopped = time.monotonic() - times[0] - cancel_after_s
         return codes, times, stopped
     finally:
-        settings.pace_lead_s, settings.ignore_eos = 0.0, False
+        settings.pace_lead_s, settings.ignore_eos = before
 
 
 def test_a_reply_paced_to_its_listener_stays_within_its_lead_and_says_the_same(pair):

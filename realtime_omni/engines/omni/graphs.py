@@ -91,6 +91,22 @@ def on_stream(stream: Any) -> Iterator[None]:
         stream.synchronize()
 
 
+def copies_for(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Own copies of ``tensors`` (views of a finished step's batch output) for work that
+    ``stream`` runs later: queued on that stream, so its work reads them complete, with the
+    sources kept from reuse until the stream has copied them. No host wait (``on_stream`` would
+    wait for everything the stream has queued). ``None``: plain copies."""
+    if stream is None:
+        return tuple(t.clone() for t in tensors)
+    import torch
+
+    with torch.cuda.stream(stream):
+        copies = tuple(t.clone() for t in tensors)
+    for t in tensors:
+        t.record_stream(stream)
+    return copies
+
+
 class DeviceSpans:
     """Device time of a loop's steps, from CUDA events recorded around each one, read once both
     have completed (no host sync). Off CUDA it stays at zero."""
