@@ -91,19 +91,19 @@ def on_stream(stream: Any) -> Iterator[None]:
         stream.synchronize()
 
 
-def copies_for(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Own copies of ``tensors`` (views of a finished step's batch output) for work that
-    ``stream`` runs later: queued on that stream, so its work reads them complete, with the
-    sources kept from reuse until the stream has copied them. No host wait (``on_stream`` would
-    wait for everything the stream has queued). ``None``: plain copies."""
+def settled_copies(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Own copies of ``tensors`` (views of a step's batch output that the step has finished
+    writing), complete when this returns: made on ``stream``, where nothing long is queued, and
+    waited for at once (microseconds), so that any stream or thread may read them. Copies queued
+    on a busy stage's stream instead would be read unfinished by work on other streams (the
+    talker prompt's first rows are built on the session thread's stream). ``None``: plain copies."""
     if stream is None:
         return tuple(t.clone() for t in tensors)
     import torch
 
     with torch.cuda.stream(stream):
         copies = tuple(t.clone() for t in tensors)
-    for t in tensors:
-        t.record_stream(stream)
+    stream.synchronize()
     return copies
 
 

@@ -339,8 +339,9 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
     )
 
 
-#: stages whose steps a listener is waiting for (the decode steps and the codec)
-URGENT_STAGES = frozenset({"thinker", "talker", "codec"})
+#: stages whose steps a listener is waiting for (the decode steps, the codec, and the copies of
+#: each reply token's rows that a session thread waits for, see ``graphs.settled_copies``)
+URGENT_STAGES = frozenset({"thinker", "talker", "codec", "token rows"})
 
 
 def _prime_cublas(stream: Any, device: Any) -> None:

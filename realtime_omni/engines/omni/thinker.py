@@ -37,7 +37,7 @@ from .context import (
     TokenRows,
     talker_prompt,
 )
-from .graphs import StaticDecoder, copies_for, on_stream
+from .graphs import StaticDecoder, on_stream, settled_copies
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, norm_text
 from .sampling import TokenSampler
@@ -298,7 +298,7 @@ class StreamingThinker(ThinkerPrefill):
         token = self._sampler(logits, all_ids)
         next_rows: tuple[Any, Any] | None = None  # Qwen3, batched: the token's embedding and talker part
         batched = self.rows is not None
-        talker_stream = loaded.stream("talker")  # where the talker reads this reply's rows
+        rows_stream = loaded.stream("token rows")  # where the talker's rows are copied (see settled_copies)
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
             self.rows.state.load(self.rows.slot, self.ctx.ids)
         try:
@@ -318,7 +318,7 @@ class StreamingThinker(ThinkerPrefill):
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
                     if next_rows is not None and request.want_audio:
                         # own copies: the step's rows are views of its whole batch's outputs
-                        self.token_rows.put(turn, len(reply.ids) - 1, copies_for(talker_stream, next_rows))
+                        self.token_rows.put(turn, len(reply.ids) - 1, settled_copies(rows_stream, next_rows))
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                     if last:
                         if self._alive(turn, request):
@@ -341,7 +341,7 @@ class StreamingThinker(ThinkerPrefill):
                 if qwen25:
                     if vec is not None and request.want_audio:
                         self.token_rows.put(turn, len(reply.ids) - 1,
-                                            copies_for(talker_stream, (vec,))[0] if batched else vec)
+                                            settled_copies(rows_stream, (vec,))[0] if batched else vec)
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                 if batched:
                     token = picked
