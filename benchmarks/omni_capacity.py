@@ -32,23 +32,27 @@ for p in (ROOT, ROOT / "benchmarks"):
 from omni_gpu import _pct, _sync, build_request, run_isolated, stream_once  # noqa: E402
 
 
-def underruns(run: dict) -> tuple[int, float]:
-    """Chunks that arrived after playback (started at the first audio) would have needed them."""
+def late_chunks(run: dict) -> list[tuple[int, float]]:
+    """Chunks that arrived after playback (started at the first audio) would have needed them:
+    (index among the reply's audio chunks, ms late)."""
     first = run["ttfa_ms"]
     if first is None:
-        return 0, 0.0
+        return []
     clock = first / 1000.0
-    count, gap = 0, 0.0
-    for chunk in run["chunks"]:
-        if chunk["samples"] <= 0:
-            continue
+    late_ones = []
+    for index, chunk in enumerate(c for c in run["chunks"] if c["samples"] > 0):
         late = chunk["ready_s"] - clock
         if late > 0.001:
-            count += 1
-            gap += late
+            late_ones.append((index, 1000 * late))
             clock = chunk["ready_s"]
         clock += chunk["samples"] / 24_000
-    return count, 1000 * gap
+    return late_ones
+
+
+def underruns(run: dict) -> tuple[int, float]:
+    """How many chunks were late, and the total gap (ms) a listener heard."""
+    late = late_chunks(run)
+    return len(late), sum(ms for _, ms in late)
 
 
 def batch_stats(model) -> dict:
@@ -157,6 +161,8 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         "underrun_sessions": sum(1 for c, _ in under if c),
         "underruns": sum(c for c, _ in under),
         "underrun_gap_ms_max": max((g for _, g in under), default=0.0),
+        # where in the replies the late chunks were: audio chunk index (5: the 6th or later) → count, ms
+        "late_by_chunk": _late_by_chunk(runs),
         "decode_ms": {"p50": _pct(decode, 50), "p95": _pct(decode, 95)},
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
@@ -170,10 +176,20 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
     }
 
 
+def _late_by_chunk(runs: list[dict]) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for run in runs:
+        for index, ms in late_chunks(run):
+            slot = out.setdefault(min(index, 5), {"count": 0, "ms_max": 0.0})
+            slot["count"] += 1
+            slot["ms_max"] = max(slot["ms_max"], ms)
+    return dict(sorted(out.items()))
+
+
 def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
     res = run_n(model, req, n, ahead_ms, arrive_ms)
     brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
-                                  "underrun_sessions", "underrun_gap_ms_max", "gpu_mem_peak_gb")}
+                                  "underrun_sessions", "underrun_gap_ms_max", "late_by_chunk", "gpu_mem_peak_gb")}
     brief["variant"] = variant
     if ahead_ms:
         brief["prefill_ahead_ms"] = res["prefill_ahead_ms"]
@@ -205,7 +221,7 @@ def profile_level(model, req, n: int) -> dict:
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
-              "eager_prefill", "pipelined", "arrive_ms", "pace_ms"}
+              "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -234,6 +250,9 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
         prefill.graphs.enabled = not values["eager_prefill"]
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.talker_settings.pace_lead_s = values["pace_ms"] / 1000.0
+    model.talker_settings.first_chunk_frames = int(values["first_frames"])
+    # ``ramp``: the frames of the chunks after the first, as digits (24: a chunk of 2, then 4)
+    model.talker_settings.ramp_frames = tuple(int(d) for d in str(int(values["ramp"]))) if values["ramp"] else ()
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     return values
 
@@ -297,7 +316,9 @@ def run_config(path: Path, args) -> dict:
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
-                "pace_ms": 1000 * model.talker_settings.pace_lead_s}
+                "pace_ms": 1000 * model.talker_settings.pace_lead_s,
+                "first_frames": model.talker_settings.first_chunk_frames,
+                "ramp": int("".join(map(str, model.talker_settings.ramp_frames)) or 0)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:
