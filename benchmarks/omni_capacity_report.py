@@ -87,7 +87,11 @@ def sweep_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
              "handed over with a CUDA event, the loop preparing the next step while the device runs this one; "
              "`switch_ms`: the interpreter's thread "
              "switch interval; `frames`: codec frames per reply (192 frames for 64 text tokens is about the "
-             "ratio of speech, 3–4 tokens per second; 64 frames forces one text token per 80 ms frame).", "",
+             "ratio of speech, 3–4 tokens per second; 64 frames forces one text token per 80 ms frame); "
+             "`arrive_ms`: the replies start one after another at that interval instead of together; "
+             "`pace_ms`: the talker's lead over real-time playback (`pace_lead_ms`; 0: as fast as the GPU "
+             "goes, so audio s per wall s is what the GPU can make; paced, it is capped near N × real time "
+             "by design); `first_frames` / `ramp`: the first chunks' sizes.", "",
              "| run | model | variant | sessions | audio s per wall s | TTFA p50 / p95 (ms) | chunk RTF p50 / p95 | "
              "sessions with underruns | rows per step: thinker / talker | ms per step: thinker / talker / codec |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -106,6 +110,42 @@ def sweep_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
                                  f"{_f(t['p50'])} / {_f(t['p95'])} | {_f(c['p50'], 2)} / {_f(c['p95'], 2)} | "
                                  f"{r['underrun_sessions']} of {r['sessions']} | {rows} | {ms} |")
     return lines + [""]
+
+
+def arrivals_table(sweeps: list[tuple[str, list[dict]]]) -> list[str]:
+    """Sweep variants with staggered arrivals or pacing: first audio, and where the late chunks were."""
+    lines = ["## Replies that start while others play (`arrive_ms`), paced or not (`pace_ms`)", "",
+             "Speech-like replies (64 text tokens over 192 frames, 15.4 s). Late chunks by their place in the "
+             "reply: how many sessions' 2nd / 3rd / later audio chunk came after the listener needed it, and the "
+             "worst gap there (the first chunk is the first audio: never late by definition; — : not recorded "
+             "by that run).", "",
+             "| run | model | variant | sessions | one every (ms) | pace lead (ms) | TTFA p50 / p95 / max (ms) | "
+             "chunk RTF p50 / p95 | sessions with underruns | late 2nd chunk | late 3rd chunk | late later |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for label, models in sweeps:
+        for m in models:
+            for v in m.get("sweep", []):
+                st = v.get("settings", {})
+                if not st.get("arrive_ms") and not st.get("pace_ms"):
+                    continue
+                for r in v["runs"]:
+                    t, c = r["ttfa_ms"], r["chunk_rtf"]
+                    cells = [_late_cell(r.get("late_by_chunk"), places) for places in (["1"], ["2"], ["3", "4", "5"])]
+                    lines.append(f"| {label} | {m['name']} | {v['name']} | {r['sessions']} | {_f(st.get('arrive_ms'))} | "
+                                 f"{_f(st.get('pace_ms'))} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
+                                 f"{_f(c['p50'], 2)} / {_f(c['p95'], 2)} | {r['underrun_sessions']} of {r['sessions']} | "
+                                 + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _late_cell(late: dict | None, places: list[str]) -> str:
+    """Late chunks at these places: how many, and the worst gap."""
+    if late is None:
+        return "—"
+    hits = [late[p] for p in places if p in late]
+    if not hits:
+        return "0"
+    return f"{sum(h['count'] for h in hits)} ({_f(max(h['ms_max'] for h in hits))} ms)"
 
 
 def phase_table(models: list[dict]) -> list[str]:
@@ -144,7 +184,7 @@ def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
              f"{server.get('slots')} session slots, random weights (`REALTIME_OMNI_OMNI_RANDOM_WEIGHTS`); "
              f"server up and graphs captured after {_f(server.get('load_s'))} s. Each of N `/v1/realtime` clients "
              f"sends the same {_f(server.get('speech_s'), 1)} s spoken question (Piper, pcm16 24 kHz), commits it, "
-             f"and all ask for a reply at once ({server.get('reply_tokens')} thinker tokens, at most "
+             f"and all ask for a reply at once, or one every so many ms ({server.get('reply_tokens')} thinker tokens, at most "
              f"{server.get('frames')} codec frames). TTFA: `response.create` sent → first "
              "`response.output_audio.delta` received. The server paces audio to real time plus its lead, so "
              "an underrun here is what a listener hears.", "",
@@ -152,7 +192,9 @@ def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
              "audio s per session | errors |", "|---|---|---|---|---|---|---|"]
     for lv in server.get("levels", []):
         t = lv["ttfa_ms"]
-        lines.append(f"| {lv['sessions']} | {lv['answered']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
+        every = lv.get("arrive_ms")
+        label = f"{lv['sessions']}, one every {_f(every)} ms" if every else str(lv["sessions"])
+        lines.append(f"| {label} | {lv['answered']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
                      f"{lv['sessions_with_underruns']} of {lv['sessions']} | {_f(lv['gap_ms_p95'])} | "
                      f"{_f(lv['audio_s_per_session'], 2)} | {', '.join(lv['errors']) or 'none'} |")
     return lines + [""]
@@ -210,7 +252,8 @@ def main(argv=None) -> int:
           f"Generated {time.strftime('%Y-%m-%d')} by `benchmarks/omni_capacity_report.py`.", "",
           "N sessions are opened, then N replies start together: the shared prompt of the GPU report "
           "(about 120 tokens with 2 s of speech), replies forced to 64 thinker tokens, random bf16 weights "
-          "at real size. Chunk RTF: wall time between two audio chunks over the first one's duration "
+          "at real size, the talker unpaced (`--pace-ms 0`: what the GPU can make; the server paces, see "
+          "\"Replies that start while others play\"). Chunk RTF: wall time between two audio chunks over the first one's duration "
           "(per session its median, p95 and worst, then over sessions). An underrun: a chunk ready after "
           "the listener, who started at the first audio, would have needed it.", ""]
     for m in models:
@@ -250,6 +293,7 @@ def main(argv=None) -> int:
     sweeps = [(label, json.loads(Path(v).read_text())["models"]) for label, v in (a.split(":", 1) for a in args.sweep_run)]
     if sweeps:
         md += sweep_table(sweeps)
+        md += arrivals_table(sweeps)
     servers = []
     for arg in args.server:
         k, path, *note = arg.split(":", 2)
@@ -283,6 +327,10 @@ def main(argv=None) -> int:
            "--sessions 1 8 16 32 64 --check-alone --sweep unpiped:pipelined=0 speech:frames=192 "
            "speech_unpiped:frames=192,pipelined=0 --sweep-sessions 32 64 --out q3.json   # this commit's main table "
            "and sweep (older sweeps ran the commands of their commits)",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 1 8 16 32 64 --check-alone --sweep arr:frames=192,arrive_ms=200 "
+           "arr_paced:frames=192,arrive_ms=200,pace_ms=1500 speech:frames=192 --sweep-sessions 32 64 "
+           "--out q3.json   # this commit's main table (unpaced: what the GPU can make) and the pacing sweep",
            "python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--buckets 1 8 16 32 64 --together --show 0 --out step.json   # each stage's step alone, and the stages' "
            "steps replayed together (own streams / one stream)",
@@ -293,12 +341,12 @@ def main(argv=None) -> int:
            "mkdir -p /tmp/site && tar -xJf .whl_tf/transformers.tar.xz -C /tmp/site && python3 -m pip install -q --no-index "
            "--no-deps --target /tmp/site .whl_tf/*.whl .whl_server/*.whl",
            "mkdir -p /tmp/q3 && cp .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/q3/config.json",
-           "python3 benchmarks/omni_server.py --model-dir /tmp/q3 --random-weights --sessions 8 32 --slots 40 "
-           "--speech .omni_cfg/turn.npy --out server.json",
+           "python3 benchmarks/omni_server.py --model-dir /tmp/q3 --random-weights --sessions 8 32 32@150 --slots 40 "
+           "--speech .omni_cfg/turn.npy --out server.json   # --pace-ms 0: the engine unpaced",
            "# here again (la*.json, server-before.json: the earlier runs kept in docs/benchmarks/omni-capacity.json):",
            "python benchmarks/omni_capacity_report.py q3.json q25.json --commit SHA --gpu 'NVIDIA H200 (143771 MiB)' "
            "--lookahead-run 1:la1.json --lookahead-run 4:la4.json --lookahead-run 12:la12.json "
-           "--sweep-run 'LABEL:sweepN.json' ... --sweep-run 'this commit:q3.json' "
+           "--sweep-run 'LABEL:sweepN.json' ... --sweep-run 'this commit (SHA):q3.json' "
            "--server '12:serverN.json:NOTE' ... --server 12:server.json   # earlier inputs: extract them from "
            "docs/benchmarks/omni-capacity.json (lookahead_runs, sweeps, servers)",
            "```", ""]
