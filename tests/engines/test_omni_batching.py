@@ -701,3 +701,75 @@ def _paced_replies(batched: OmniModel) -> None:
         session.close()
     assert stopped < 0.5
     assert batched.batching.stats()["in_use"] == 0
+
+
+def test_codec_windows_needed_soonest_are_decoded_first():
+    """Windows pending together go earliest deadline first: a reply's first window (due now),
+    then a reply about to run dry, then one seconds ahead of its listener, whatever order they
+    came in; a window without a listener goes last."""
+    from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.0)
+    order: list[str] = []
+    busy, release = threading.Event(), threading.Event()
+
+    def window(name: str):
+        def fn(x):
+            if name == "blocker":
+                busy.set()
+                release.wait(10)
+            order.append(name)
+            return x + 1
+        return fn
+
+    now = time.monotonic()
+    windows = [("no listener", None), ("ahead", now + 3.0), ("first", now), ("running low", now + 0.16)]
+    threads = [threading.Thread(target=batcher.run, args=("blocker", window("blocker"), (torch.zeros(1, 2),), False))]
+    threads[0].start()
+    try:
+        assert busy.wait(10)  # the loop is inside the blocker: the others queue up meanwhile
+        for name, deadline in windows:
+            args = (name, window(name), (torch.zeros(1, 2),), False) + (() if deadline is None else (deadline,))
+            threads.append(threading.Thread(target=batcher.run, args=args))
+            threads[-1].start()
+        deadline_s = time.monotonic() + 10
+        while len(batcher._queue) < len(windows) and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+    finally:
+        release.set()
+        for th in threads:
+            th.join(10)
+        batcher.close()
+    assert order == ["blocker", "first", "running low", "ahead", "no listener"]
+
+
+def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback(pair):
+    """The deadline a reply's codec stream gives each window: its first now, each later one when
+    a listener playing from the first audio reaches the window's first new sample."""
+    from realtime_omni.engines.omni.codec import OUTPUT_RATE
+
+    codec = pair["batched"].codec
+    asked: list[float] = []
+    render = codec.render
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["deadline"])
+        return render(*args, **kwargs)
+
+    codec.render = recording  # the real render, its deadline noted
+    try:
+        stream = codec.stream(turn=0, speaker=None, seed=0)
+        groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
+        before = time.monotonic()
+        later = []  # (deadline asked, when playback from the first audio reaches the window)
+        for n, final in ((12, False), (12, False), (24, False), (0, True)):
+            due = None if stream.started is None else stream.started + stream.emitted / OUTPUT_RATE
+            count = len(asked)
+            stream.push(torch.zeros((n, *groups), dtype=torch.long), final=final)
+            if len(asked) > count and due is not None:
+                later.append((asked[-1], due))
+    finally:
+        del codec.render
+    assert stream.started is not None and before <= asked[0] <= stream.started
+    assert len(later) >= 2 and all(a == pytest.approx(d) for a, d in later)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,28 +100,29 @@ class OmniCodec:
         return max(0, n_codes * self.samples_per_code - self.lost) if n_codes else 0
 
     def render(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
-               noise=None, steady: bool = False, first: bool = False) -> np.ndarray:
+               noise=None, steady: bool = False, deadline: float = math.inf) -> np.ndarray:
         """Waveform (float32, 24 kHz) of ``codes`` rendered as one window whose first code has
         index ``start`` in the reply (Qwen2.5 uses it to pick the noise of those mel frames;
         ``noise`` overrides that noise, shape (mel frames, mel bins)).
 
         ``steady``: a window shape that recurs (a reply's running windows), worth a CUDA graph;
         a reply's last window has a length of its own and runs eagerly (a capture costs about
-        three eager runs, more than that window's head start on playback). ``first``: the reply's
-        first window (decoded before the other sessions' later windows)."""
+        three eager runs, more than that window's head start on playback). ``deadline``: when
+        its listener needs this window's audio (``time.monotonic``; the batched codec decodes the
+        windows needed soonest first)."""
         import torch
 
         with torch.inference_mode():
             if self.arch == "qwen2_5_omni":
                 seed = self.settings.seed if seed is None else seed
-                return self._render_q25(codes, start, speaker, seed, noise, steady, first)
-            return self._render_q3(codes, steady, first)
+                return self._render_q25(codes, start, speaker, seed, noise, steady, deadline)
+            return self._render_q3(codes, steady, deadline)
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
         return self.render(codes, 0, speaker, seed)
 
-    def _render_q3(self, codes, steady: bool = False, first: bool = False) -> np.ndarray:
+    def _render_q3(self, codes, steady: bool = False, deadline: float = math.inf) -> np.ndarray:
         import torch
 
         c2w = self.loaded.model.code2wav
@@ -128,13 +130,13 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady, first)
+        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady, deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
-    def _window(self, key, fn, inputs: tuple, steady: bool, first: bool = False):
+    def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf):
         if self.batcher is not None:
             if not _probing():
-                return self.batcher.run(key, fn, inputs, steady, urgent=first)
+                return self.batcher.run(key, fn, inputs, steady, deadline)
             self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
         with on_stream(self.loaded.stream("codec")):
             return self.windows.run(key, fn, inputs, capture=steady)
@@ -161,7 +163,7 @@ class OmniCodec:
         return self.loaded.speakers[name]
 
     def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
-                    steady: bool = False, first: bool = False) -> np.ndarray:
+                    steady: bool = False, deadline: float = math.inf) -> np.ndarray:
         import torch
 
         t2w = self.loaded.model.token2wav
@@ -193,7 +195,7 @@ class OmniCodec:
             return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
-        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady, first)
+        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady, deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     # streaming ---------------------------------------------------------------------------------
@@ -215,6 +217,7 @@ class CodecStream:
         self.emitted = 0  # samples emitted (global index of the next sample)
         self.tail: np.ndarray | None = None  # previous render of the held-back samples
         self.finished = False
+        self.started: float | None = None  # when the first audio came out (the listener starts)
 
     def push(self, codes, start: int | None = None, final: bool = False) -> np.ndarray:
         import torch
@@ -259,7 +262,7 @@ class CodecStream:
         allc = torch.cat(self.codes, dim=0)
         if len(self.codes) > 1:
             self.codes = [allc]
-        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, first=self.emitted == 0)
+        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, deadline=self._deadline())
         base = c0 * U
         new = wav[self.emitted - base : target - base].copy()
         if self.tail is not None and len(self.tail) and len(new):
@@ -269,7 +272,16 @@ class CodecStream:
                 new[:xf] = self.tail[:xf] * (1.0 - w) + new[:xf] * w
         self.tail = wav[target - base :].copy() if not final else None
         self.emitted = target
+        if self.started is None and len(new):
+            self.started = time.monotonic()
         return new
+
+    def _deadline(self) -> float:
+        """When a listener who plays from the first audio reaches the next sample (the first
+        window: now)."""
+        if self.started is None:
+            return time.monotonic()
+        return self.started + self.emitted / OUTPUT_RATE
 
 
 def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,

@@ -14,6 +14,7 @@ taking the interpreter lock the thinker's and the talker's loops also need.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -32,7 +33,9 @@ class WindowRequest:
     fn: Callable[..., Any]
     inputs: tuple[Any, ...]  # each with a leading batch axis of 1
     steady: bool
-    urgent: bool = False  # the first window of a reply: its listener is waiting for any audio
+    #: when its listener needs this window's audio (``time.monotonic``): a reply's first window
+    #: now, a later one when playback from the first audio reaches it; inf: no listener waits
+    deadline: float = math.inf
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: BaseException | None = None
@@ -83,10 +86,11 @@ class CodecBatcher(Mailbox):
         return keys
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
-            urgent: bool = False) -> Any:
+            deadline: float = math.inf) -> Any:
         """``fn(*inputs)`` for this window, decoded with the other sessions' windows of the same
-        key; returns this window's output (batch axis of 1). ``urgent`` groups go first."""
-        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, urgent))
+        key; returns this window's output (batch axis of 1). The group needed soonest (its
+        earliest ``deadline``) goes first."""
+        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline))
 
     def _loop(self) -> None:
         while True:
@@ -97,9 +101,10 @@ class CodecBatcher(Mailbox):
             groups: dict[Hashable, list[WindowRequest]] = {}
             for req in take:
                 groups.setdefault(req.key, []).append(req)
-            # first windows of replies first: their listeners hear nothing yet, the others are
-            # still playing earlier chunks
-            for group in sorted(groups.values(), key=lambda g: not any(r.urgent for r in g)):
+            # earliest deadline first: a reply's first window (its listener hears nothing yet),
+            # then the windows of replies about to run dry (the second and third chunks, due
+            # 160-480 ms after the first audio), before those of replies seconds ahead
+            for group in sorted(groups.values(), key=lambda g: min(r.deadline for r in g)):
                 self._run(group)
 
     def _run(self, group: list[WindowRequest]) -> None:
