@@ -22,9 +22,10 @@ Where things are:
   ``OmniSettings`` section (``engines/settings.py``); ``loader.py``: checkpoints and random builds.
 * ``thinker.py`` (with ``thinker_prefill.py``, ``prompt.py``, ``context.py``, ``sampling.py``): the
   streaming thinker and the session's resumable context.
-* ``talker.py`` (with ``talker_stream.py``, ``talker_qwen25.py``, ``talker_qwen3.py``,
-  ``code_predictor.py``): how the reference ``generate``'s talker is reproduced step by step.
-* ``codec.py``: chunked decoding with left context.
+* ``talker.py`` (with ``talker_stream.py``, ``talker_prefix.py``, ``talker_qwen25.py``,
+  ``talker_qwen3.py``, ``code_predictor.py``): how the reference ``generate``'s talker is
+  reproduced step by step, paced to the listener once a reply's audio has started.
+* ``codec.py``: chunked decoding with left context; each window carries when its listener needs it.
 * ``graphs.py``: static KV caches, CUDA graphs and per-stage CUDA streams (the GPU fast path).
 * ``batching/``: what the sessions of one model share: per-stage KV slots, one batched step loop
   per stage (thinker; the talker's whole frame), batched prefills and codec windows, admission.

@@ -53,7 +53,8 @@ from .graphs import StaticDecoder
 from .loader import LoadedOmni
 from .talker_qwen3 import Qwen3Stream
 from .talker_qwen25 import Qwen25Stream
-from .talker_stream import CodeChunk, TalkerPrefix, TalkerSettings, TalkerStream, prefill_rows
+from .talker_prefix import TalkerPrefix, prefill_rows
+from .talker_stream import CodeChunk, TalkerSettings, TalkerStream
 
 if TYPE_CHECKING:
     from .batching.rows import SessionRows
