@@ -175,6 +175,11 @@ class _EngineCollector:
         slots = GaugeMetricFamily("realtime_omni_engine_slots", "Session slots of the model's batched stages",
                                   labels=["model"])
         used = GaugeMetricFamily("realtime_omni_engine_slots_in_use", "Session slots in use", labels=["model"])
+        speaking = GaugeMetricFamily("realtime_omni_engine_replies_speaking", "Replies the talker is speaking now",
+                                     labels=["model"])
+        paced = GaugeMetricFamily("realtime_omni_engine_replies_paced",
+                                  "Replies held back because they are ahead of their listener (pace_lead_ms): "
+                                  "few while many speak means no GPU time to spare", labels=["model"])
         steps = CounterMetricFamily("realtime_omni_engine_steps", "Batched steps run", labels=["model", "stage"])
         rows = CounterMetricFamily("realtime_omni_engine_rows", "Session rows carried by batched steps",
                                    labels=["model", "stage"])
@@ -187,6 +192,9 @@ class _EngineCollector:
                 if stage == "slots":
                     slots.add_metric([model], values.get("total", 0))
                     used.add_metric([model], values.get("in_use", 0))
+                    if "speaking" in values:
+                        speaking.add_metric([model], values["speaking"])
+                        paced.add_metric([model], values.get("paced", 0))
                     continue
                 steps.add_metric([model, stage], values.get("steps", 0))
                 rows.add_metric([model, stage], values.get("rows", 0))
@@ -194,7 +202,7 @@ class _EngineCollector:
                 for phase in _LOOP_PHASES:
                     if f"{phase}_s" in values:
                         loop.add_metric([model, stage, phase], values[f"{phase}_s"])
-        yield from (slots, used, steps, rows, busy, loop)
+        yield from (slots, used, speaking, paced, steps, rows, busy, loop)
 
 
 _LOOP_PHASES = ("idle", "host", "device_wait")

@@ -159,7 +159,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_server_exports():
     registry.load(["echo"])
     manager = SessionManager(registry)
     try:
-        stats = {"tiny": {"slots": {"total": 4, "in_use": 1}, "thinker": {
+        stats = {"tiny": {"slots": {"total": 4, "in_use": 1, "speaking": 1, "paced": 0}, "thinker": {
             "steps": 3, "rows": 5, "busy_s": 0.1, "idle_s": 0.2, "host_s": 0.05, "device_wait_s": 0.05}}}
         text, _ = Metrics().render(manager, stats)
     finally:

@@ -455,7 +455,7 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
     model.load()
     try:
         assert model.info.max_sessions == 1
-        assert model.stats()["slots"] == {"total": 1, "in_use": 0}  # from the worker
+        assert model.stats()["slots"] == {"total": 1, "in_use": 0, "speaking": 0, "paced": 0}  # from the worker
         first = model.open_session()
         with pytest.raises(ModelAtCapacity, match="1 session slots"):
             model.open_session()
@@ -680,12 +680,25 @@ def _paced_replies(batched: OmniModel) -> None:
     total = sum(len(c) for c in fast)
     lead = 4 * frame_s
     assert total * frame_s > lead + 4 * frame_s, "the reply must be longer than the lead to be paced"
+    seen: list[dict] = []  # the model's reply counts while the paced reply runs (what /metrics shows)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.01):
+            seen.append(dict(batched.stats()["slots"]))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     session = batched.open_session()
     try:
         paced, times, _ = _timed_reply(session, lead)
     finally:
         session.close()
+        done.set()
+        watcher.join(10)
     assert paced == fast
+    assert max(c["paced"] for c in seen) == 1 and max(c["speaking"] for c in seen) == 1
+    assert batched.stats()["slots"]["speaking"] == 0 and batched.stats()["slots"]["paced"] == 0
     made = np.cumsum([len(c) for c in paced])
     chunk = batched.talker_settings.chunk_frames  # the tests' chunking has no ramp
     for when, frames in zip(times[1:], made[1:], strict=True):

@@ -183,6 +183,8 @@ def _refused_beyond_slots(tmp_path) -> None:
                 text = httpx.get(f"{srv.http}/metrics", timeout=10).text
                 assert 'realtime_omni_engine_slots{model="tiny"} 1.0' in text
                 assert 'realtime_omni_engine_slots_in_use{model="tiny"} 1.0' in text
+                assert 'realtime_omni_engine_replies_speaking{model="tiny"} 0.0' in text  # no reply yet
+                assert 'realtime_omni_engine_replies_paced{model="tiny"} 0.0' in text
                 assert 'realtime_omni_engine_steps_total{model="tiny",stage="thinker"}' in text
                 assert 'realtime_omni_engine_loop_seconds_total{model="tiny",phase="idle",stage="thinker"}' in text
                 # counts since start are counters, the live count a gauge

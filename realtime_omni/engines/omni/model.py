@@ -243,7 +243,12 @@ class OmniModel(VoiceModel):
         batching, codec = self.batching, self.codec
         if batching is None:
             return {}
-        out: dict[str, dict[str, float]] = {"slots": {"total": batching.slots, "in_use": batching.thinker_pool.in_use}}
+        talking = batching.talker.activity
+        out: dict[str, dict[str, float]] = {"slots": {
+            "total": batching.slots, "in_use": batching.thinker_pool.in_use,
+            # replies being spoken, and those of them held back ahead of their listener: when few
+            # are held back while many speak, the GPU has no time to spare
+            "speaking": talking.count + talking.paused_count, "paced": talking.paused_count}}
         loops = {b.name: b for b in batching.batchers}
         loops.update({"thinker prefill": batching.prefill, "talker prefill": batching.talker_prefill})
         if codec is not None and codec.batcher is not None:

@@ -76,6 +76,7 @@ class Activity:
 
     def __init__(self) -> None:
         self._n = 0
+        self._paused = 0  # sessions mid-reply holding their next step back (paced)
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -94,15 +95,21 @@ class Activity:
         ahead of its listener) is not waited for meanwhile."""
         with self._lock:
             self._n -= 1
+            self._paused += 1
         try:
             yield
         finally:
             with self._lock:
                 self._n += 1
+                self._paused -= 1
 
     @property
     def count(self) -> int:
         return self._n
+
+    @property
+    def paused_count(self) -> int:
+        return self._paused
 
 
 class StepBatcher(Mailbox):
