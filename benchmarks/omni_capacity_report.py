@@ -189,15 +189,24 @@ def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
              "`response.output_audio.delta` received. The server paces audio to real time plus its lead, so "
              "an underrun here is what a listener hears.", "",
              "| sessions | answered | TTFA p50 / p95 / max (ms) | sessions with underruns | gap p95 (ms) | "
-             "audio s per session | errors |", "|---|---|---|---|---|---|---|"]
+             "gaps in the first 0.5 s / to 1.5 s / later (longest ms) | audio s per session | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for lv in server.get("levels", []):
         t = lv["ttfa_ms"]
         every = lv.get("arrive_ms")
         label = f"{lv['sessions']}, one every {_f(every)} ms" if every else str(lv["sessions"])
         lines.append(f"| {label} | {lv['answered']} | {_f(t['p50'])} / {_f(t['p95'])} / {_f(t['max'])} | "
                      f"{lv['sessions_with_underruns']} of {lv['sessions']} | {_f(lv['gap_ms_p95'])} | "
+                     f"{_gap_places(lv.get('gaps_at'))} | "
                      f"{_f(lv['audio_s_per_session'], 2)} | {', '.join(lv['errors']) or 'none'} |")
     return lines + [""]
+
+
+def _gap_places(places: dict | None) -> str:
+    """``omni_server.py``'s gaps by where in the reply they fell (— : not recorded by that run)."""
+    if not places:
+        return "—"
+    return " / ".join(f"{p['count']} ({_f(p['ms_max'])})" if p["count"] else "0" for p in places.values())
 
 
 def plot(models: list[dict], path: Path) -> None:

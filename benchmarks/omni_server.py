@@ -111,21 +111,39 @@ class Client:
 
     def summary(self) -> dict:
         if self.asked is None or not self.deltas:
-            return {"ttfa_ms": None, "underruns": 0, "gap_ms": 0.0, "audio_s": 0.0, "status": self.status,
+            return {"ttfa_ms": None, "underruns": 0, "gap_ms": 0.0, "gaps": [], "audio_s": 0.0, "status": self.status,
                     "error": self.error}
         first = self.deltas[0][0]
-        clock, count, gap = first, 0, 0.0
+        clock, count, gap, played = first, 0, 0.0, 0.0
+        gaps = []  # (seconds into the reply's audio where the listener ran dry, ms of silence)
         for arrival, samples in self.deltas:
             late = arrival - clock
             if late > 0.001:
                 count += 1
                 gap += late
+                gaps.append((played, 1000 * late))
                 clock = arrival
             clock += samples / RATE
+            played += samples / RATE
         audio = sum(s for _, s in self.deltas) / RATE
-        return {"ttfa_ms": 1000 * (first - self.asked), "underruns": count, "gap_ms": 1000 * gap,
+        return {"ttfa_ms": 1000 * (first - self.asked), "underruns": count, "gap_ms": 1000 * gap, "gaps": gaps,
                 "audio_s": audio, "reply_s": (self.done or self.deltas[-1][0]) - self.asked,
                 "status": self.status, "error": self.error}
+
+
+#: where in a reply the listener ran dry: seconds of audio played before the gap
+GAP_PLACES = (("first 0.5 s", 0.5), ("0.5-1.5 s", 1.5), ("later", float("inf")))
+
+
+def gaps_at(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """The clients' gaps by where in the reply they fell: how many, and the longest (ms)."""
+    out = {name: {"count": 0, "ms_max": 0.0} for name, _ in GAP_PLACES}
+    for row in rows:
+        for at, ms in row["gaps"]:
+            name = next(n for n, limit in GAP_PLACES if at < limit)
+            out[name]["count"] += 1
+            out[name]["ms_max"] = max(out[name]["ms_max"], ms)
+    return out
 
 
 async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.Barrier, go: asyncio.Event,
@@ -197,6 +215,7 @@ async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float, arrive_m
         "ttfa_ms": {"p50": percentile(ttfa, 50), "p95": percentile(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "sessions_with_underruns": sum(1 for r in rows if r["underruns"]),
         "gap_ms_p95": percentile([r["gap_ms"] for r in rows], 95),
+        "gaps_at": gaps_at(rows),
         "audio_s_per_session": audio / n, "audio_s_per_wall_s": audio / wall if wall else 0.0,
         "engine": diff, "clients": rows,
     }
