@@ -94,9 +94,10 @@ def on_stream(stream: Any) -> Iterator[None]:
 def settled_copies(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
     """Own copies of ``tensors`` (views of a step's batch output that the step has finished
     writing), complete when this returns: made on ``stream``, where nothing long is queued, and
-    waited for at once (microseconds), so that any stream or thread may read them. Copies queued
-    on a busy stage's stream instead would be read unfinished by work on other streams (the
-    talker prompt's first rows are built on the session thread's stream). ``None``: plain copies."""
+    waited for at once (a wait for two small copies, not for a step), so that any stream or
+    thread may read them. Copies queued on a busy stage's stream instead would be read unfinished
+    by work on other streams (the talker prompt's first rows are built on the session thread's
+    stream). ``None``: plain copies."""
     if stream is None:
         return tuple(t.clone() for t in tensors)
     import torch

@@ -268,13 +268,13 @@ class TalkerStream:
         return int((heard + lead) / self.frame_sec) + self._threshold()
 
     def _pace_wait(self) -> float:
-        """Seconds until the next frame may be made (0: now)."""
-        limit = self._paced_frames()
-        if limit is None or self.steps < limit:
+        """Seconds until the next frame may be made (0: now): when :meth:`_paced_frames` first
+        exceeds the frames made so far."""
+        lead = self.settings.pace_lead_s
+        if lead <= 0 or self.first_out is None:
             return 0.0
-        assert self.first_out is not None
-        due = self.first_out + (self.steps + 1 - self._threshold()) * self.frame_sec - self.settings.pace_lead_s
-        return max(due - time.monotonic(), 0.001)
+        due = self.first_out + (self.steps + 1 - self._threshold()) * self.frame_sec - lead
+        return max(due - time.monotonic(), 0.0)
 
     def _pause(self, seconds: float, cancelled: threading.Event) -> None:
         """Hold the next frame back (a barge-in or a close still ends the wait at once, or
