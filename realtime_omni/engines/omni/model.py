@@ -58,9 +58,11 @@ CHUNK_DEFAULTS: dict[str, dict[str, Any]] = {
     # 12 then 18 codes before the steady 24, so that each chunk is ready before the last one ends
     "qwen2_5_omni": dict(first_chunk_frames=12, chunk_frames=24, left_context_frames=24,
                          lookahead_frames=2, crossfade_ms=10.0, ramp_frames=(12, 18)),
-    # causal codec: 2 frames (160 ms) first, 4, then 8 (640 ms); 25 frames of context (the reference)
+    # causal codec: 2 frames (160 ms) first, 2, 4, then 8 (640 ms); 25 frames of context (the
+    # reference). The second 2-frame chunk: with 32 replies under way a 4-frame second chunk
+    # missed the first one's end in most sessions (docs/benchmarks/omni-capacity.md)
     "qwen3_omni_moe": dict(first_chunk_frames=2, chunk_frames=8, left_context_frames=25,
-                           lookahead_frames=0, crossfade_ms=0.0, ramp_frames=(4,)),
+                           lookahead_frames=0, crossfade_ms=0.0, ramp_frames=(2, 4)),
 }
 
 
