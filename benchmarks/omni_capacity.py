@@ -272,7 +272,9 @@ def check_alone(model, req) -> dict:
     finally:
         model.batching = batching
         model.talker_settings.do_sample = sampling
-    return {"tokens_equal": batched["tokens"] == alone["tokens"],
+    pairs = zip(batched["tokens"], alone["tokens"])
+    first_difference = next((i for i, (b, a) in enumerate(pairs) if b != a), None)
+    return {"tokens_equal": batched["tokens"] == alone["tokens"], "first_difference": first_difference,
             "ttfa_ms": {"batched": batched["ttfa_ms"], "alone": alone["ttfa_ms"]}}
 
 
