@@ -53,6 +53,7 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             max_event_bytes=lim.max_event_bytes, max_events_per_s=lim.max_events_per_s,
             expiry_warning_s=lim.expiry_warning_s, max_session_bytes=lim.max_session_bytes,
             journal_bytes=lim.journal_bytes, queue_bytes=lim.queue_bytes,
+            mcp_allowed_urls=tuple(settings.tools.mcp_allowed_urls), mcp_timeout_s=settings.tools.mcp_timeout_s,
         )
         app.state.loop = asyncio.get_running_loop()
         #: set by the server (server_thread.DrainingServer) when it starts shutting down

@@ -126,6 +126,14 @@ class TwilioSection(_Section):
     auth_token: SecretStr | None = None
 
 
+class ToolsSection(_Section):
+    #: MCP servers sessions may name in their tools (URL prefixes, matched at a path boundary):
+    #: the server makes these requests itself, so only listed ones are contacted. Empty: MCP off
+    mcp_allowed_urls: list[str] = Field(default_factory=list)
+    #: deadline of one MCP tool listing or call
+    mcp_timeout_s: float = Field(default=15.0, gt=0, le=300)
+
+
 class TransportsSection(_Section):
     webrtc: WebRTCSection = Field(default_factory=WebRTCSection)
     twilio: TwilioSection = Field(default_factory=TwilioSection)
@@ -141,4 +149,5 @@ class ServerSettings(_Section):
     store: StoreSection = Field(default_factory=StoreSection)
     auth: AuthSection = Field(default_factory=AuthSection)
     transports: TransportsSection = Field(default_factory=TransportsSection)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
     engines: EngineSettings = Field(default_factory=EngineSettings)

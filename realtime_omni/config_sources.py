@@ -74,6 +74,8 @@ FLAT_NAMES: dict[str, str] = {
     "webrtc_peer_timeout_s": "transports.webrtc.peer_timeout_s",
     "webrtc_max_queue_ms": "transports.webrtc.max_queue_ms",
     "twilio_auth_token": "transports.twilio.auth_token",
+    "mcp_allowed_urls": "tools.mcp_allowed_urls",
+    "mcp_timeout_s": "tools.mcp_timeout_s",
     # the omni engine's variables were REALTIME_OMNI_OMNI_<NAME>
     **{f"omni_{name}": f"engines.omni.{name}" for name in OmniSettings.model_fields},
 }

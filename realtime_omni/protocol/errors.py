@@ -62,6 +62,9 @@ class ErrorCode(StrEnum):
     #: the session's conversation (items, instructions) would pass its byte budget
     SESSION_MEMORY_EXCEEDED = "session_memory_exceeded"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    # MCP tools: a server_url outside the operator's list; a server whose tools could not be listed
+    MCP_SERVER_NOT_ALLOWED = "mcp_server_not_allowed"
+    MCP_LIST_TOOLS_FAILED = "mcp_list_tools_failed"
     # the session's own limits
     SESSION_IDLE_TIMEOUT = "session_idle_timeout"
     SESSION_EXPIRED = "session_expired"

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..audio import AudioFormat, Pcm
 from ..engines.base import ThinkRequest
+from ..mcp.servers import McpServer
 from .turn_detection import TurnCheck
 
 
@@ -90,9 +91,31 @@ class Listen:
 
 
 @dataclass
+class ListMcpTools:
+    """List an MCP server's tools for the ``mcp_list_tools`` item ``item_id``."""
+
+    item_id: str
+    server: McpServer
+    timeout_s: float
+
+
+@dataclass
+class CallMcpTool:
+    """Run one ``mcp_call`` item of a response on its MCP server."""
+
+    response_id: str
+    epoch: int
+    item_id: str
+    server: McpServer
+    tool: str
+    arguments: str
+    timeout_s: float
+
+
+@dataclass
 class CloseSession:
     reason: str
 
 
 Action = (DetectSpeech | Transcribe | Speculate | Prefill | CheckTurnEnd | DropSpeculation | StartResponse | CancelResponse | ConfirmHeard
-          | Listen | CloseSession)
+          | Listen | ListMcpTools | CallMcpTool | CloseSession)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, ValidationError
 from ..audio import AudioFormat, denoise, parse_audio_format
 from ..engines.base import ToolSpec
 from ..protocol.errors import ErrorCode, ProtocolError
+from ..mcp.servers import McpServer
 from .tools import ToolChoice, parse_tool_choice, parse_tools
 
 # semantic_vad without an end-of-turn model: its eagerness maps onto a silence window.
@@ -60,7 +61,11 @@ class SessionConfig(BaseModel):
     max_output_tokens: int | Literal["inf"] = "inf"
     speed: float = 1.0
     tools: list[ToolSpec] = []
+    #: MCP servers among the tools (their listed tools join ``tools`` for the model)
+    mcp: list[McpServer] = []
     tool_choice: ToolChoice = ToolChoice()
+    #: the MCP server URLs the operator allows (``tools.mcp_allowed_urls``); not a client setting
+    mcp_urls: tuple[str, ...] = Field(default=(), exclude=True)
 
     @property
     def wants_audio(self) -> bool:
@@ -92,7 +97,8 @@ class SessionConfig(BaseModel):
         if "max_output_tokens" in update and update["max_output_tokens"] is not None:
             self.max_output_tokens = update["max_output_tokens"]
         if update.get("tools") is not None or update.get("tool_choice") is not None:
-            self.tools, self.tool_choice = tools_of(update, self.tools, self.tool_choice, "session")
+            self.tools, self.mcp, self.tool_choice = tools_of(update, self.tools, self.mcp, self.tool_choice, "session",
+                                                              self.mcp_urls)
         audio = update.get("audio") or {}
         audio_in = audio.get("input") or {}
         audio_out = audio.get("output") or {}
@@ -137,7 +143,7 @@ class SessionConfig(BaseModel):
             "model": self.model,
             "output_modalities": list(self.output_modalities),
             "instructions": self.instructions,
-            "tools": [tool_dict(tool) for tool in self.tools],
+            "tools": [tool_dict(tool) for tool in self.tools] + [server.to_dict() for server in self.mcp],
             "tool_choice": self.tool_choice.to_dict(),
             "max_output_tokens": self.max_output_tokens,
             "tracing": None,
@@ -150,26 +156,35 @@ class SessionConfig(BaseModel):
         }
 
 
-def tools_of(params: dict[str, Any], tools: list[ToolSpec], choice: ToolChoice,
-             where: Literal["session", "response"]) -> tuple[list[ToolSpec], ToolChoice]:
-    """The tools and tool choice after ``params`` (a session update or a response's own), given
-    the ones in force; a named choice must stay among the tools.
+def tools_of(params: dict[str, Any], tools: list[ToolSpec], servers: list[McpServer], choice: ToolChoice,
+             where: Literal["session", "response"], mcp_urls: tuple[str, ...] = ()
+             ) -> tuple[list[ToolSpec], list[McpServer], ToolChoice]:
+    """The tools, MCP servers and tool choice after ``params`` (a session update or a response's
+    own), given the ones in force; a named choice must stay among the tools.
 
     A session may hold ``required`` while it has no tools: pipecat sends its configured choice as
     soon as it connects and its tools only once its conversation starts. A response.create held
     to ``required`` without a tool is refused; a turn detection response then has nothing to call
-    and answers in words."""
+    and answers in words. MCP servers are declared on the session (their tools are listed once,
+    when declared): a response's own ``tools`` may not add one."""
     if params.get("tools") is not None:
-        tools = parse_tools(params["tools"], f"{where}.tools")
+        tools, new_servers = parse_tools(params["tools"], f"{where}.tools", mcp_urls)
+        if where == "response" and new_servers:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "MCP servers are declared in session.update (their tools are "
+                                "listed once there), not per response", param="response.tools")
+        servers = new_servers if where == "session" else servers
     if params.get("tool_choice") is not None:
-        choice = parse_tool_choice(params["tool_choice"], tools, f"{where}.tool_choice")
-    elif choice.name is not None and choice.name not in {tool.name for tool in tools}:
+        choice = parse_tool_choice(params["tool_choice"], tools, f"{where}.tool_choice", servers)
+    elif choice.server_label is not None and choice.server_label not in {s.label for s in servers}:
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names MCP server {choice.server_label!r}, which the "
+                            "new tools lack", param=f"{where}.tool_choice")
+    elif choice.server_label is None and choice.name is not None and choice.name not in {tool.name for tool in tools}:
         raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names {choice.name!r}, which the new tools lack",
                             param=f"{where}.tool_choice")
-    if where == "response" and choice.mode == "required" and not tools:
+    if where == "response" and choice.mode == "required" and not tools and not servers:
         raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice 'required' needs at least one tool",
                             param=f"{where}.tool_choice")
-    return tools, choice
+    return tools, servers, choice
 
 
 def tool_dict(tool: ToolSpec) -> dict[str, Any]:

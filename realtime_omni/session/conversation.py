@@ -16,6 +16,9 @@ from .tools import check_tool_text
 
 MAX_ITEMS = 2000
 
+ItemType = Literal["message", "function_call", "function_call_output", "mcp_list_tools", "mcp_call",
+                   "mcp_approval_request", "mcp_approval_response"]
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
@@ -33,9 +36,9 @@ class SpokenSpan:
 @dataclass
 class Item:
     id: str
-    #: None for function_call / function_call_output items, which have no role
+    #: None for function_call / function_call_output and MCP items, which have no role
     role: Literal["user", "assistant", "system"] | None
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: ItemType = "message"
     status: Literal["completed", "incomplete", "in_progress"] = "completed"
     #: content parts in GA shape (without inline audio; audio is held as samples below)
     content: list[dict[str, Any]] = field(default_factory=list)
@@ -52,6 +55,14 @@ class Item:
     name: str = ""
     arguments: str = ""
     output: str = ""
+    #: MCP items: the server's label; mcp_call: its error (None: none); mcp_list_tools: the tools
+    server_label: str = ""
+    error: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    #: mcp_call / mcp_approval_response: the approval request answered; approve and why
+    approval_request_id: str = ""
+    approve: bool = False
+    reason: str | None = None
 
     def nbytes(self) -> int:
         """What this item holds in memory, roughly: its content, samples and pixels."""
@@ -76,6 +87,18 @@ class Item:
                 return head | {"call_id": self.call_id, "name": self.name, "arguments": self.arguments}
             case "function_call_output":
                 return head | {"call_id": self.call_id, "output": self.output}
+            case "mcp_list_tools":
+                return head | {"server_label": self.server_label, "tools": list(self.tools)}
+            case "mcp_call":
+                return head | {"server_label": self.server_label, "name": self.name, "arguments": self.arguments,
+                               "approval_request_id": self.approval_request_id or None,
+                               "output": self.output if self.error is None and self.status == "completed" else None,
+                               "error": self.error}
+            case "mcp_approval_request":
+                return head | {"server_label": self.server_label, "name": self.name, "arguments": self.arguments}
+            case "mcp_approval_response":
+                return head | {"approval_request_id": self.approval_request_id, "approve": self.approve,
+                               "reason": self.reason}
             case _:
                 return head | {"role": self.role, "content": [dict(part) for part in self.content]}
 
@@ -180,7 +203,18 @@ class Conversation:
         return None
 
     def to_messages(self) -> list[TurnMessage]:
-        return [m for m in map(self.message_of, self) if m is not None]
+        return [m for item in self for m in self.messages_of(item)]
+
+    def messages_of(self, item: Item) -> list[TurnMessage]:
+        """An item as the thinker reads it: an MCP call reads as a call and its result."""
+        if item.type == "mcp_call":
+            if item.status != "completed" and item.error is None:
+                return []  # still running, or cut off before it ran
+            result = item.output if item.error is None else f"error: {item.error.get('message', 'the call failed')}"
+            return [TurnMessage(role="assistant", call=ToolCall(item.name, item.arguments, item.id)),
+                    TurnMessage(role="tool", text=result, tool_name=item.name)]
+        message = self.message_of(item)
+        return [message] if message is not None else []
 
     def message_of(self, item: Item) -> TurnMessage | None:
         """An item as the thinker reads it (None: nothing to read)."""
@@ -227,14 +261,24 @@ def item_from_client(data: dict[str, Any], accepts_images: bool = False, accepts
                      param: str = "item") -> Item:
     """A validated ``conversation.item.create`` item → :class:`Item` (audio parts decoded later)."""
     kind = data.get("type", "message")
+    if kind == "mcp_approval_response":
+        request = data.get("approval_request_id")
+        if not isinstance(request, str) or not request:
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "an mcp_approval_response needs an approval_request_id",
+                                param=f"{param}.approval_request_id")
+        reason = data.get("reason")
+        if reason is not None:
+            check_tool_text(reason, f"{param}.reason")
+        return Item(id=data.get("id") or new_id("item"), role=None, type=kind, approval_request_id=request,
+                    approve=bool(data.get("approve")), reason=reason)
     if kind in ("function_call", "function_call_output"):
         if not accepts_tools:
             raise ProtocolError(ErrorCode.UNSUPPORTED, f"this model does not call functions: {kind} items are not "
                                 "accepted", param=f"{param}.type")
         return _function_item(data, kind, param)
     if kind != "message":
-        raise ProtocolError(ErrorCode.UNSUPPORTED, f"item type {kind!r} is not supported (MCP items are not)",
-                            param=f"{param}.type")
+        raise ProtocolError(ErrorCode.UNSUPPORTED, f"item type {kind!r} cannot be created by a client (the server "
+                            "makes MCP lists, calls and approval requests)", param=f"{param}.type")
     role = data.get("role")
     content, images = [], []
     for index, part in enumerate(data.get("content") or []):

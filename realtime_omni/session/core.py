@@ -21,6 +21,7 @@ import numpy as np
 from ..audio import AudioFormat, Pcm, StreamResampler
 from ..audio.denoise import InputDenoiser
 from ..engines.base import ModelInfo, ThinkRequest
+from ..mcp.servers import url_allowed
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
@@ -28,6 +29,7 @@ from .config import SEMANTIC_CHECK_MS, SEMANTIC_MAX_WAIT_MS, SessionConfig, tool
 from .conversation import Conversation, Item, item_from_client, new_id
 from .idle import IdleTimer
 from .input_buffer import MODEL_RATE, InputAudioBuffer
+from .mcp_control import McpControl
 from .playback import PlaybackLedger
 from .response_control import ResponseControl
 from .responses import Response
@@ -64,7 +66,7 @@ class Outgoing:
         return {**self.event, "delta": base64.b64encode(self.audio_format.from_pcm(self.audio)).decode()}
 
 
-class RealtimeSession(TurnControl, ResponseControl):
+class RealtimeSession(TurnControl, ResponseControl, McpControl):
     def __init__(
         self,
         model: ModelInfo,
@@ -76,6 +78,8 @@ class RealtimeSession(TurnControl, ResponseControl):
         clock=time.time,  # type: ignore[no-untyped-def]
         requested_model: str | None = None,
         end_of_turn: bool = False,
+        mcp_urls: tuple[str, ...] = (),
+        mcp_timeout_s: float = 15.0,
     ) -> None:
         self.id = session_id or new_id("sess")
         self.model = model
@@ -98,7 +102,8 @@ class RealtimeSession(TurnControl, ResponseControl):
         self.has_vad = has_vad and not model.duplex  # a duplex model takes its own turns
         #: semantic_vad can ask an end-of-turn model (else it is a silence window)
         self.end_of_turn = end_of_turn
-        self.config = SessionConfig(model=model.id)
+        self.config = SessionConfig(model=model.id, mcp_urls=tuple(mcp_urls))
+        self._init_mcp(mcp_timeout_s)
         if not self.has_vad:
             self.config.turn_detection = None
         self.created_at = clock()
@@ -211,7 +216,8 @@ class RealtimeSession(TurnControl, ResponseControl):
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Rebuild settings and conversation from a snapshot (the model context follows on the
         next turn, since every response sends the whole conversation to the thinker)."""
-        self.config = SessionConfig.model_validate(snapshot["config"])
+        self.config = SessionConfig.model_validate(snapshot["config"]).model_copy(
+            update={"mcp_urls": self.config.mcp_urls})
         if not self.has_vad:
             self.config.turn_detection = None
         self._reset_detector()
@@ -220,8 +226,15 @@ class RealtimeSession(TurnControl, ResponseControl):
             self.conversation.add(Item(id=data["id"], role=data.get("role"), type=data.get("type", "message"),
                                        status=status, content=data.get("content") or [],
                                        call_id=data.get("call_id", ""), name=data.get("name", ""),
-                                       arguments=data.get("arguments", ""), output=data.get("output", "")))
+                                       arguments=data.get("arguments", ""), output=data.get("output") or "",
+                                       server_label=data.get("server_label", ""), error=data.get("error"),
+                                       tools=data.get("tools") or [],
+                                       approval_request_id=data.get("approval_request_id") or "",
+                                       approve=bool(data.get("approve")), reason=data.get("reason")))
         self.audio_started = any(i.role == "assistant" for i in self.conversation)
+        for server in self.config.mcp:  # listed tools are not stored: ask the servers again
+            if url_allowed(server.url, self.config.mcp_urls):
+                self._list_mcp(server)
 
     # ---------------------------------------------------------------- client events
     def receive(self, event: Any) -> None:
@@ -250,7 +263,7 @@ class RealtimeSession(TurnControl, ResponseControl):
                                          len(self.config.instructions), param="session.instructions")
         config = self.config.model_copy(deep=True)
         config.apply(update, audio_started=self.audio_started)
-        if config.tools and not self.calls_tools:
+        if (config.tools or config.mcp) and not self.calls_tools:
             raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="session.tools")
         if config.turn_detection is not None and not self.has_vad:
@@ -259,8 +272,9 @@ class RealtimeSession(TurnControl, ResponseControl):
                 f"model {self.model.id!r} has no voice activity detector; set turn_detection to null",
                 param="session.audio.input.turn_detection",
             )
-        old_vad = self.config.turn_detection
+        old_vad, old_servers = self.config.turn_detection, self.config.mcp
         self.config = config
+        self._mcp_servers_changed(old_servers)
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
@@ -345,6 +359,8 @@ class RealtimeSession(TurnControl, ResponseControl):
     def _on_conversation_item_create(self, event: Any) -> None:
         data = event.item.model_dump(exclude_none=True)
         item = item_from_client(data, accepts_images=self.sees, accepts_tools=self.calls_tools)
+        if item.type == "mcp_approval_response":
+            self._check_approval(item)
         if item.type == "function_call_output" and self.conversation.find_call(item.call_id) is None:
             raise ProtocolError(ErrorCode.ITEM_NOT_FOUND, f"no function_call item has call_id {item.call_id[:100]!r}",
                                 param="item.call_id")
@@ -407,7 +423,9 @@ class RealtimeSession(TurnControl, ResponseControl):
                                 "as instructions", param="response.prompt")
         for index, item_id in params.get("item_references", ()):
             self.conversation.get(item_id, param=f"response.input.{index}.id")  # refused now, not mid-response
-        tools, choice = tools_of(params, self.config.tools, self.config.tool_choice, "response")
+        tools, _, choice = tools_of(params, self.config.tools, self.config.mcp, self.config.tool_choice, "response",
+                                    self.config.mcp_urls)
+        self._with_mcp(tools, choice)  # an MCP choice whose tool is not listed: refused now
         if tools and not self.calls_tools:
             raise ProtocolError(ErrorCode.UNSUPPORTED, f"model {self.model.id!r} does not call functions",
                                 param="response.tools")

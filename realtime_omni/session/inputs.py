@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from ..audio import Pcm
 from ..engines.base import ToolCallDelta
+from ..mcp.client import ListedTool
 from .core import RealtimeSession
 from .turn_detection import TurnCheck
 
@@ -84,6 +86,26 @@ class Transcript:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class McpToolsListed:
+    """What an MCP server listed for an ``mcp_list_tools`` item, or the error."""
+
+    item_id: str
+    tools: tuple[ListedTool, ...]
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class McpCallDone:
+    """An ``mcp_call`` item's result (its text, or the error)."""
+
+    response_id: str
+    epoch: int
+    item_id: str
+    output: str
+    error: dict[str, Any] | None = None
+
+
 # Engine outputs of one response. A prepared (speculative) reply holds them with an empty id and
 # epoch 0 until it is adopted; :func:`for_response` then stamps the real response on them.
 
@@ -132,7 +154,7 @@ class ResponseEnd:
 
 EngineOutput = ResponseText | ResponseAudio | ResponseCall | ResponseUsage | ResponseEnd
 SessionInput = (ClientEvent | RateLimited | AudioIn | Image | Sync | Close | PlaybackCut | TurnEndVerdict | Transcript
-                | EngineOutput)
+                | McpToolsListed | McpCallDone | EngineOutput)
 
 
 def for_response(output: EngineOutput, response_id: str, epoch: int) -> EngineOutput:

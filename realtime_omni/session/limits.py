@@ -28,6 +28,10 @@ class RunnerLimits:
     max_session_bytes: int = 64 * 1024 * 1024
     #: client frames waiting in the mailbox, and events waiting in the outbox, each at most this
     queue_bytes: int = 32 * 1024 * 1024
+    #: MCP server URLs (prefixes) sessions may name; empty: MCP tools are refused
+    mcp_allowed_urls: tuple[str, ...] = ()
+    #: deadline of one MCP listing or call
+    mcp_timeout_s: float = 15.0
 
 
 class Wedged(Exception):

@@ -107,6 +107,7 @@ class SessionManager:
             requested_model=model_name,
             max_bytes=self.limits.max_session_bytes,
             end_of_turn=self.end_of_turn is not None,
+            mcp_urls=self.limits.mcp_allowed_urls, mcp_timeout_s=self.limits.mcp_timeout_s,
         )
         core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:

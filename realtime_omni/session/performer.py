@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 from typing import Any, Protocol
 
@@ -100,6 +101,10 @@ class ActionPerformer:
                     task.cancel()
             case act.ConfirmHeard(text):
                 await self._confirm(text)
+            case act.ListMcpTools():
+                self._spawn(self._list_mcp_tools(action))
+            case act.CallMcpTool():
+                self._spawn(self._call_mcp_tool(action))
             case act.CloseSession():
                 pass  # the loop in SessionRunner._run sees core.closed
 
@@ -192,6 +197,32 @@ class ActionPerformer:
             log.exception("transcription failed")
             error = str(exc) or type(exc).__name__
         await self._host.mailbox.put(inp.Transcript(action.item_id, text, error))
+
+    async def _list_mcp_tools(self, action: act.ListMcpTools) -> None:
+        from ..mcp.client import McpFailure, list_tools
+
+        try:
+            tools = await list_tools(action.server, action.timeout_s)
+        except McpFailure as exc:
+            await self._host.mailbox.put(inp.McpToolsListed(action.item_id, (), exc.error))
+            return
+        await self._host.mailbox.put(inp.McpToolsListed(action.item_id, tuple(tools)))
+
+    async def _call_mcp_tool(self, action: act.CallMcpTool) -> None:
+        """Run the call; a response cancelled meanwhile drops the result (its epoch is stale)."""
+        from ..mcp.client import McpFailure, call_tool
+
+        output, error = "", None
+        try:
+            arguments = json.loads(action.arguments or "{}")
+            if not isinstance(arguments, dict):
+                raise ValueError("the arguments are not a JSON object")
+            output = await call_tool(action.server, action.tool, arguments, action.timeout_s)
+        except ValueError as exc:
+            error = {"type": "tool_execution_error", "message": f"invalid arguments: {exc}"[:500]}
+        except McpFailure as exc:
+            error = exc.error
+        await self._host.mailbox.put(inp.McpCallDone(action.response_id, action.epoch, action.item_id, output, error))
 
     async def _respond(self, action: act.StartResponse) -> None:
         rid, epoch = action.response_id, action.epoch

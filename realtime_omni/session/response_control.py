@@ -24,10 +24,17 @@ class ResponseControl:
 
     # ---------------------------------------------------------------- responses
     def _create_response(self, params: dict[str, Any], spec_id: int | None = None,
-                         tools: list[ToolSpec] | None = None, choice: ToolChoice | None = None) -> None:
+                         tools: list[ToolSpec] | None = None, choice: ToolChoice | None = None,
+                         continued: int = 0) -> None:
         cfg = self.config
         tools = cfg.tools if tools is None else tools
         choice = choice or cfg.tool_choice
+        given = (tools, choice)
+        try:
+            tools, choice, routes = self._with_mcp(tools, choice)
+        except ProtocolError as exc:  # a response of turn detection: the choice's tool went away
+            self.error(exc)
+            tools, choice, routes = self._with_mcp(tools, ToolChoice("auto"))
         modalities = params.get("output_modalities") or cfg.output_modalities
         modalities = ["audio"] if "audio" in modalities else ["text"]
         output_format = cfg.output_format
@@ -48,6 +55,8 @@ class ResponseControl:
             in_conversation=in_conversation,
             metadata=params.get("metadata"),
             attach=self._add_item if in_conversation else None,
+            mcp_routes=routes,
+            continuation=(params, *given, continued),
         )
         self.response = response
         self._idle.disarm()
@@ -63,6 +72,7 @@ class ResponseControl:
         self._pending_input = params.get("input")
         self._pending_refs = params.get("item_references", [])
         self._pending_spec = spec_id
+        self._run_approved(response)
         self._maybe_start_pipeline()
 
     def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool,
@@ -92,12 +102,13 @@ class ResponseControl:
                 items.append(self.conversation.get(where[index], param=f"response.input.{index}.id"))
             else:
                 items.append(item_from_client(next(given), self.sees, self.calls_tools, param=f"response.input.{index}"))
-        return [m for m in map(self.conversation.message_of, items) if m is not None]
+        return [m for item in items for m in self.conversation.messages_of(item)]
 
     def _maybe_start_pipeline(self) -> None:
         response = self.response
         # a duplex model's replies come from what it hears (on_model_audio), not from a pipeline
-        if response is None or response.pipeline_started or self._pending_transcripts or self.model.duplex:
+        if (response is None or response.pipeline_started or self._pending_transcripts or self.model.duplex
+                or response.mcp_running):
             return
         response.pipeline_started = True
         request = self._pending_request
@@ -140,6 +151,7 @@ class ResponseControl:
         response = self._live(response_id, epoch)
         if response is not None:
             response.call_delta(self._emit, piece)
+            self._dispatch_mcp(response)
 
     def on_response_usage(self, response_id: str, epoch: int, input_tokens: int, output_tokens: int, cached_tokens: int) -> None:
         response = self._live(response_id, epoch)
@@ -151,6 +163,9 @@ class ResponseControl:
         response = self._live(response_id, epoch)
         if response is None:
             return
+        if response.mcp_running:  # it ends once its MCP calls have returned
+            response.deferred_end = (status, error, reason)
+            return
         err = None
         if status == "failed":
             err = {"type": "server_error", "code": ErrorCode.SERVER_ERROR, "message": error or "the model failed"}
@@ -158,6 +173,7 @@ class ResponseControl:
         response.finish(self._emit, status, error=err, reason=reason)  # type: ignore[arg-type]
         self.response = None
         self._arm_idle(response)
+        self._continue_after_mcp(response)
 
     def _live(self, response_id: str, epoch: int) -> Response | None:
         response = self.response

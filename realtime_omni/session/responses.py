@@ -47,6 +47,15 @@ class Response:
     outputs: list[Item] = field(default_factory=list)
     #: the function call whose arguments are streaming now
     _call: Item | None = field(default=None, repr=False)
+    #: the MCP tools the model was offered: function name → (server label, tool name, asks first)
+    mcp_routes: dict[str, tuple[str, str, bool]] = field(default_factory=dict)
+    #: mcp_call items whose arguments are complete, not yet handed to the driver; those running
+    mcp_ready: list[Item] = field(default_factory=list)
+    mcp_running: dict[str, Item] = field(default_factory=dict)
+    #: the model's end, held while MCP calls run: (status, error, reason)
+    deferred_end: tuple[str, str | None, str | None] | None = None
+    #: how a reply that used MCP results goes on: (params, tools, choice, replies so far)
+    continuation: tuple[dict[str, Any], list[Any], Any, int] | None = None
 
     @property
     def wants_audio(self) -> bool:
@@ -89,6 +98,11 @@ class Response:
         if not defer_message:
             self._open_message(emit)
 
+    def add_output(self, emit: EventSink, item: Item) -> None:
+        """A new output item (the message, a call): ``response.output_item.added`` and, in the
+        conversation, ``conversation.item.added``."""
+        self._add_output(emit, item)
+
     def _add_output(self, emit: EventSink, item: Item) -> None:
         self.outputs.append(item)
         emit(server_event("response.output_item.added", response_id=self.id, output_index=len(self.outputs) - 1,
@@ -109,10 +123,21 @@ class Response:
         """A piece of a function call: the first opens a ``function_call`` item, the last closes it."""
         call = self._call
         if call is None:
-            call = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
-                        call_id=new_id("call"), name=piece.name)
+            route = self.mcp_routes.get(piece.name)
+            if route is not None:
+                label, tool, asks = route
+                kind = "mcp_approval_request" if asks else "mcp_call"
+                call = Item(id=new_id("mcpr" if asks else "mcp"), role=None, type=kind, status="in_progress",
+                            name=tool, server_label=label)
+            else:
+                call = Item(id=new_id("item"), role=None, type="function_call", status="in_progress",
+                            call_id=new_id("call"), name=piece.name)
             self._call = call
-            self._add_output(emit, call)
+            if call.type != "mcp_approval_request":  # a request is announced whole, once its arguments are
+                self._add_output(emit, call)
+        if call.type != "function_call":
+            self._mcp_delta(emit, call, piece)
+            return
         ids = {"response_id": self.id, "item_id": call.id, "output_index": self._index(call), "call_id": call.call_id}
         if piece.delta:
             call.arguments += piece.delta
@@ -123,6 +148,44 @@ class Response:
             self._call = None
             emit(server_event("response.function_call_arguments.done", **ids, name=call.name, arguments=call.arguments))
             self._close_output(emit, call)
+
+    def _mcp_delta(self, emit: EventSink, call: Item, piece: ToolCallDelta) -> None:
+        """Arguments of an MCP call (streamed) or of an approval request (announced when done)."""
+        if piece.delta:
+            call.arguments += piece.delta
+            if call.type == "mcp_call":
+                emit(server_event("response.mcp_call_arguments.delta", response_id=self.id, item_id=call.id,
+                                  output_index=self._index(call), delta=piece.delta), epoch=self.epoch)
+        if not piece.done:
+            return
+        call.arguments = piece.arguments or call.arguments
+        self._call = None
+        if call.type == "mcp_approval_request":
+            call.status = "completed"
+            self._add_output(emit, call)
+            self._close_output(emit, call)
+            return
+        emit(server_event("response.mcp_call_arguments.done", response_id=self.id, item_id=call.id,
+                          output_index=self._index(call), arguments=call.arguments))
+        self.start_mcp_call(emit, call)
+
+    def start_mcp_call(self, emit: EventSink, call: Item) -> None:
+        """``response.mcp_call.in_progress``; the driver is asked to run it (``mcp_ready``)."""
+        emit(server_event("response.mcp_call.in_progress", item_id=call.id, output_index=self._index(call)))
+        self.mcp_ready.append(call)
+        self.mcp_running[call.id] = call
+
+    def end_mcp_call(self, emit: EventSink, item_id: str, output: str, error: dict[str, Any] | None) -> bool:
+        """A call's result: the item is closed (``completed`` / ``failed``). False: not running."""
+        call = self.mcp_running.pop(item_id, None)
+        if call is None:
+            return False
+        call.output, call.error = output, error
+        call.status = "completed" if error is None else "incomplete"
+        kind = "response.mcp_call.completed" if error is None else "response.mcp_call.failed"
+        emit(server_event(kind, item_id=call.id, output_index=self._index(call)))
+        self._close_output(emit, call)
+        return True
 
     def _close_output(self, emit: EventSink, item: Item) -> None:
         emit(server_event("response.output_item.done", response_id=self.id, output_index=self._index(item),
@@ -198,7 +261,12 @@ class Response:
         if self._call is not None:  # cut off while its arguments streamed: never called
             call, self._call = self._call, None
             call.status = "incomplete"
-            self._close_output(emit, call)
+            if self._index(call) >= 0:  # (an approval request is not announced until complete)
+                self._close_output(emit, call)
+        for call in list(self.mcp_running.values()):  # cut off while the server ran it
+            self.end_mcp_call(emit, call.id, "", {"type": "tool_execution_error",
+                                                  "message": "the response ended before the call returned"})
+        self.mcp_ready.clear()
         emit(server_event("response.done", response=self.to_dict()))
         return heard
 

@@ -287,6 +287,10 @@ class SessionRunner(ConnectionLink):
                 core.on_turn_end_verdict(check, complete, probability)
             case inp.Transcript(item_id, text, error):
                 core.on_transcription(item_id, text, error)
+            case inp.McpToolsListed(item_id, tools, error):
+                core.on_mcp_tools_listed(item_id, tools, error)
+            case inp.McpCallDone(response_id, epoch, item_id, output, error):
+                core.on_mcp_call_done(response_id, epoch, item_id, output, error)
             case inp.ResponseText() | inp.ResponseAudio() | inp.ResponseCall() | inp.ResponseUsage() | inp.ResponseEnd():
                 inp.deliver(core, message)
             case inp.Close(reason):

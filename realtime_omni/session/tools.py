@@ -17,6 +17,7 @@ import jsonschema
 
 from ..engines.base import ToolChoiceMode, ToolSpec
 from ..protocol.errors import ErrorCode, ProtocolError
+from ..mcp.servers import MAX_SERVERS, McpServer, parse_mcp_server
 
 MAX_TOOLS = 128
 #: the JSON text of one tool's parameters schema (it is rendered into the model's prompt)
@@ -41,24 +42,35 @@ class ToolChoice:
     mode: ToolChoiceMode = "auto"
     #: the one function to call when the choice named one (mode is then "required")
     name: str | None = None
+    #: an MCP server's tools to choose from (``{"type": "mcp", "server_label": ...}``)
+    server_label: str | None = None
 
     def to_dict(self) -> str | dict[str, str]:
+        if self.server_label is not None:
+            return {"type": "mcp", "server_label": self.server_label} | ({"name": self.name} if self.name else {})
         return {"type": "function", "name": self.name} if self.name else self.mode
 
 
-def parse_tools(value: Any, param: str) -> list[ToolSpec]:
-    """A ``tools`` list → specs. Raises ``unsupported_feature`` for MCP, ``invalid_value`` else."""
+def parse_tools(value: Any, param: str, mcp_urls: tuple[str, ...] = ()) -> tuple[list[ToolSpec], list[McpServer]]:
+    """A ``tools`` list → function specs and MCP servers (``invalid_value`` and the field at
+    fault otherwise). ``mcp_urls``: the server URLs the operator allows (none: MCP is refused)."""
     if not isinstance(value, list):
         raise ProtocolError(ErrorCode.INVALID_VALUE, "tools must be a list", param=param)
     if len(value) > MAX_TOOLS:
         raise ProtocolError(ErrorCode.INVALID_VALUE, f"at most {MAX_TOOLS} tools, got {len(value)}", param=param)
     specs: list[ToolSpec] = []
+    servers: list[McpServer] = []
     for index, tool in enumerate(value):
         at = f"{param}.{index}"
         match tool:
             case {"type": "mcp"}:
-                raise ProtocolError(ErrorCode.UNSUPPORTED, "MCP tools are not supported by this server; "
-                                    "declare the functions as type 'function'", param=f"{at}.type")
+                server = parse_mcp_server(tool, at, mcp_urls)
+                if any(s.label == server.label for s in servers):
+                    raise ProtocolError(ErrorCode.INVALID_VALUE, f"server_label {server.label!r} is declared twice",
+                                        param=f"{at}.server_label")
+                if len(servers) >= MAX_SERVERS:
+                    raise ProtocolError(ErrorCode.INVALID_VALUE, f"at most {MAX_SERVERS} MCP servers", param=at)
+                servers.append(server)
             case {"name": str(name)} if tool.get("type", "function") == "function":
                 specs.append(_function(tool, name, at))
             case _:
@@ -71,7 +83,12 @@ def parse_tools(value: Any, param: str) -> list[ToolSpec]:
     for index, name in enumerate(names):
         if name in names[:index]:
             raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool name {name!r} is declared twice", param=f"{param}.{index}.name")
-    return specs
+    return specs, servers
+
+
+def check_function(tool: dict[str, Any], name: str, at: str) -> ToolSpec:
+    """One function (or an MCP server's listed tool) checked as a client's function is."""
+    return _function(tool, name, at)
 
 
 def _function(tool: dict[str, Any], name: str, at: str) -> ToolSpec:
@@ -139,9 +156,11 @@ def _bounded_counts(schema: Any, param: str) -> None:
             stack.extend((value, f"{at}.{index}") for index, value in enumerate(node))
 
 
-def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str) -> ToolChoice:
-    """``auto`` / ``none`` / ``required`` / ``{"type": "function", "name": ...}`` → a choice; a named
-    one must be among the given tools."""
+def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str, servers: list[McpServer] = ()) -> ToolChoice:  # type: ignore[assignment]
+    """``auto`` / ``none`` / ``required`` / ``{"type": "function", "name": ...}`` /
+    ``{"type": "mcp", "server_label": ..., "name": ...}`` → a choice; a named function must be
+    among the given tools, an MCP choice's server among the servers (its tools are known once
+    listed: a response checks the name)."""
     match value:
         case "auto" | "none":
             return ToolChoice(value)
@@ -152,8 +171,14 @@ def parse_tool_choice(value: Any, tools: list[ToolSpec], param: str) -> ToolChoi
                 raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names {name!r}, which is not among the tools",
                                     param=f"{param}.name")
             return ToolChoice("required", name)
-        case {"type": "mcp"}:
-            raise ProtocolError(ErrorCode.UNSUPPORTED, "MCP tools are not supported by this server", param=param)
+        case {"type": "mcp", "server_label": str(label)}:
+            if label not in {server.label for server in servers}:
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool_choice names MCP server {label!r}, which is not "
+                                    "among the tools", param=f"{param}.server_label")
+            name = value.get("name")
+            if name is not None and not isinstance(name, str):
+                raise ProtocolError(ErrorCode.INVALID_VALUE, "name is a string", param=f"{param}.name")
+            return ToolChoice("required", name, label)
         case _:
             raise ProtocolError(ErrorCode.INVALID_VALUE, "tool_choice must be auto, none, required or a function",
                                 param=param)

@@ -170,7 +170,7 @@ def test_hostile_schemas_give_grammars_the_matcher_compiles(thinker, schema):
     from realtime_omni.engines.embedded.tool_calls import compile_call_grammar
     from realtime_omni.session.tools import parse_tools
 
-    spec = parse_tools([{"type": "function", "name": "f", "parameters": schema}], "tools")[0]
+    spec = parse_tools([{"type": "function", "name": "f", "parameters": schema}], "tools")[0][0]
     for named in (True, False):
         matcher = compile_call_grammar(call_grammar([spec], named=named), thinker._shared.runtime.guidance_tokenizer())
         assert not matcher.is_error()

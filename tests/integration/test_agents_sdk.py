@@ -138,7 +138,7 @@ async def test_hostile_tools_and_function_items_get_precise_errors(server):
             "invalid_value", "session.tools.0.parameters.properties.a.type")
         await expect_error(conn, lambda: conn.session.update(session={"type": "realtime", "tools": [
             {"type": "mcp", "server_label": "x", "server_url": "http://127.0.0.1:9"}]}),
-            "unsupported_feature", "session.tools.0.type")
+            "mcp_server_not_allowed", "session.tools.0.server_url")  # MCP is off until the operator lists servers
         await expect_error(conn, lambda: conn.session.update(session={"type": "realtime", "tools": [WEATHER],
                                                                       "tool_choice": {"type": "function", "name": "nope"}}),
                            "invalid_value", "session.tool_choice.name")

@@ -1,0 +1,214 @@
+"""MCP tools in the session core: listing a server's tools, offering them to the model, running
+the calls it makes (or asking the client first), and going on with the results. A mixin of
+:class:`~.core.RealtimeSession`, split out by topic like :mod:`.response_control`.
+
+The flow, as the Realtime protocol has it:
+
+- ``session.update`` names a server: an ``mcp_list_tools`` item joins the conversation,
+  ``mcp_list_tools.in_progress``, then ``.completed`` (the item lists the tools) or ``.failed``
+  (with an ``error`` event saying why). Listed tools are offered to the model like functions.
+- The model calls one: an ``mcp_call`` output item, its arguments streamed
+  (``response.mcp_call_arguments.delta/done``), ``response.mcp_call.in_progress``, the server
+  runs it, ``response.mcp_call.completed`` or ``.failed``. The response ends after its calls,
+  and a new one starts by itself so the model can answer with the results (at most
+  :data:`MAX_CONTINUATIONS` in a row, so a model that keeps calling cannot loop for ever).
+- A tool that needs approval (``require_approval``, "always" by default): the response ends with
+  an ``mcp_approval_request`` item; the client adds an ``mcp_approval_response`` item, and its
+  next ``response.create`` runs the approved call first, then lets the model answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..engines.base import ToolSpec
+from ..mcp.servers import McpServer
+from ..protocol.errors import ErrorCode, ProtocolError
+from ..protocol.server_events import server_event
+from . import actions as act
+from .conversation import Item, new_id
+from .tools import ToolChoice, check_function
+
+if TYPE_CHECKING:
+    from ..mcp.client import ListedTool
+    from .responses import Response
+
+#: replies started by themselves after MCP results, one after another
+MAX_CONTINUATIONS = 3
+
+#: a listed tool as the model sees it: (spec, tool name on its server, whether it asks first)
+Offered = tuple[ToolSpec, str, bool]
+
+
+class McpControl:
+    """Mixed into :class:`~.core.RealtimeSession` (``self`` is the session)."""
+
+    def _init_mcp(self, timeout_s: float) -> None:
+        self.mcp_timeout_s = timeout_s
+        #: server label → its listed tools, as offered to the model
+        self.mcp_offered: dict[str, list[Offered]] = {}
+        #: mcp_list_tools item id → the server being listed
+        self._mcp_listing: dict[str, McpServer] = {}
+
+    # ---------------------------------------------------------------- listing
+    def _mcp_servers_changed(self, before: list[McpServer]) -> None:
+        """After a session.update: list new or changed servers, forget removed ones."""
+        current = {server.label: server for server in self.config.mcp}
+        for server in before:
+            if current.get(server.label) != server:
+                self.mcp_offered.pop(server.label, None)
+        for server in self.config.mcp:
+            if server not in before:
+                self._list_mcp(server)
+
+    def _list_mcp(self, server: McpServer) -> None:
+        for item_id, listing in list(self._mcp_listing.items()):
+            if listing.label == server.label:
+                del self._mcp_listing[item_id]  # superseded: its answer is dropped
+        item = Item(id=new_id("mcpl"), role=None, type="mcp_list_tools", status="in_progress", server_label=server.label)
+        previous = self._add_item(item)
+        self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
+        self._emit(server_event("mcp_list_tools.in_progress", item_id=item.id))
+        self._mcp_listing[item.id] = server
+        self._actions.append(act.ListMcpTools(item.id, server, self.mcp_timeout_s))
+
+    def on_mcp_tools_listed(self, item_id: str, tools: tuple[ListedTool, ...], error: dict[str, Any] | None) -> None:
+        """Driver callback: a server's listing (or why there is none)."""
+        server = self._mcp_listing.pop(item_id, None)
+        if server is None or server not in self.config.mcp or self.closed:
+            return  # the server was removed or listed again meanwhile
+        item = self.conversation.get(item_id) if item_id in {i.id for i in self.conversation} else None
+        if error is not None:
+            if item is not None:
+                item.status = "incomplete"
+                self._emit(server_event("conversation.item.done", item=item.to_dict()))
+            self._emit(server_event("mcp_list_tools.failed", item_id=item_id))
+            self.error(ProtocolError(ErrorCode.MCP_LIST_TOOLS_FAILED, f"MCP server {server.label!r}: "
+                                     f"{error.get('message', 'listing its tools failed')}", param="session.tools",
+                                     type="server_error"))
+            return
+        offered, refused = self._offer(server, tools)
+        self.mcp_offered[server.label] = offered
+        if item is not None:
+            item.status = "completed"
+            item.tools = [tool.to_dict() for tool in tools if tool.name in {o[1] for o in offered}]
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
+        self._emit(server_event("mcp_list_tools.completed", item_id=item_id))
+        if refused:
+            self.error(ProtocolError(ErrorCode.INVALID_VALUE, f"MCP server {server.label!r}: tools left out: "
+                                     + "; ".join(refused)[:1000], param="session.tools", type="server_error"))
+
+    def _offer(self, server: McpServer, tools: tuple[ListedTool, ...]) -> tuple[list[Offered], list[str]]:
+        """The allowed tools that pass the checks a client's function passes, under names no
+        other tool of the session uses."""
+        taken = {tool.name for tool in self.config.tools}
+        for label, others in self.mcp_offered.items():
+            if label != server.label:
+                taken |= {spec.name for spec, _, _ in others}
+        offered: list[Offered] = []
+        refused: list[str] = []
+        for tool in tools:
+            if not server.allows(tool.name, tool.read_only):
+                continue
+            if tool.name in taken:
+                refused.append(f"{tool.name[:64]!r} has the name of another tool")
+                continue
+            try:
+                spec = check_function({"description": tool.description, "parameters": tool.input_schema},
+                                      tool.name, f"tools.{server.label}")
+            except ProtocolError as exc:
+                refused.append(f"{tool.name[:64]!r}: {exc.message}")
+                continue
+            taken.add(tool.name)
+            offered.append((spec, tool.name, server.needs_approval(tool.name, tool.read_only)))
+        return offered, refused
+
+    # ---------------------------------------------------------------- offering
+    def _with_mcp(self, tools: list[ToolSpec], choice: ToolChoice
+                  ) -> tuple[list[ToolSpec], ToolChoice, dict[str, tuple[str, str, bool]]]:
+        """The response's tools with the listed MCP tools added, and their routes (function name
+        → server label, tool name, whether it asks first); an MCP tool choice narrows the tools
+        to that server's (and names one, when it did)."""
+        offered = self.mcp_offered
+        if choice.server_label is not None:
+            mine = offered.get(choice.server_label, [])
+            if choice.name is not None and choice.name not in {name for _, name, _ in mine}:
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"MCP server {choice.server_label!r} has listed no tool "
+                                    f"{choice.name!r}", param="tool_choice.name")
+            if not mine:
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"MCP server {choice.server_label!r} has no tools listed "
+                                    "(yet)", param="tool_choice.server_label")
+            offered = {choice.server_label: mine}
+            tools, choice = [], ToolChoice("required", choice.name)
+        routes: dict[str, tuple[str, str, bool]] = {}
+        for label, listed in offered.items():
+            for spec, name, asks in listed:
+                routes[spec.name] = (label, name, asks)
+                tools = [*tools, spec]
+        return tools, choice, routes
+
+    # ---------------------------------------------------------------- calls
+    def _dispatch_mcp(self, response: Response) -> None:
+        """Hand the response's calls whose arguments are complete to the driver."""
+        servers = {server.label: server for server in self.config.mcp}
+        ready, response.mcp_ready = response.mcp_ready, []
+        for call in ready:
+            server = servers.get(call.server_label)
+            if server is None:
+                response.end_mcp_call(self._emit, call.id, "", {"type": "tool_execution_error", "message":
+                                      f"MCP server {call.server_label!r} is no longer among the session's tools"})
+                continue
+            self._actions.append(act.CallMcpTool(response.id, response.epoch, call.id, server, call.name,
+                                                 call.arguments, self.mcp_timeout_s))
+
+    def _run_approved(self, response: Response) -> None:
+        """At a response's start: the approved requests not yet run become its first calls."""
+        answered = {i.approval_request_id: i for i in self.conversation if i.type == "mcp_approval_response"}
+        done = {i.approval_request_id for i in self.conversation if i.type == "mcp_call" and i.approval_request_id}
+        for request in list(self.conversation):
+            answer = answered.get(request.id)
+            if request.type != "mcp_approval_request" or answer is None or not answer.approve or request.id in done:
+                continue
+            call = Item(id=new_id("mcp"), role=None, type="mcp_call", status="in_progress", name=request.name,
+                        server_label=request.server_label, arguments=request.arguments, approval_request_id=request.id)
+            response.add_output(self._emit, call)
+            response.start_mcp_call(self._emit, call)
+        self._dispatch_mcp(response)
+
+    def _check_approval(self, item: Item) -> None:
+        """An ``mcp_approval_response`` must answer a request of this session, once."""
+        request = self.conversation.get(item.approval_request_id, param="item.approval_request_id")
+        if request.type != "mcp_approval_request":
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"item {request.id!r} is not an mcp_approval_request",
+                                param="item.approval_request_id")
+        if any(i.type == "mcp_approval_response" and i.approval_request_id == request.id for i in self.conversation):
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"approval request {request.id!r} is already answered",
+                                param="item.approval_request_id")
+
+    def on_mcp_call_done(self, response_id: str, epoch: int, item_id: str, output: str,
+                         error: dict[str, Any] | None) -> None:
+        """Driver callback: a call's result. The last one ends the response if the model has
+        (and starts the next, to answer with it), or lets its model start."""
+        response = self._live(response_id, epoch)
+        if response is None or not response.end_mcp_call(self._emit, item_id, output, error):
+            return  # cancelled meanwhile: the item was closed when the response ended
+        if response.mcp_running:
+            return
+        if not response.pipeline_started:
+            self._maybe_start_pipeline()
+        elif response.deferred_end is not None:
+            status, message, reason = response.deferred_end
+            self.on_response_end(response.id, response.epoch, status, message, reason)
+
+    def _continue_after_mcp(self, response: Response) -> None:
+        """A completed response that ran MCP calls: the model answers with their results."""
+        # calls the model made (approved ones ran before it answered, in the same response)
+        ran = any(item.type == "mcp_call" and not item.approval_request_id for item in response.outputs)
+        if response.status != "completed" or not ran or response.continuation is None or self.closed:
+            return
+        params, tools, choice, count = response.continuation
+        if count >= MAX_CONTINUATIONS:
+            return
+        if choice.mode == "required":
+            choice = ToolChoice("auto")  # the call was made: now the answer
+        self._create_response(params, tools=tools, choice=choice, continued=count + 1)
