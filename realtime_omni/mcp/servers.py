@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..protocol.errors import ErrorCode, ProtocolError
 
@@ -27,9 +28,10 @@ _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
 
 
-@dataclass(frozen=True)
-class ToolFilter:
+class ToolFilter(BaseModel):
     """Tool names and/or the read-only hint (``annotations.readOnlyHint``) a tool must match."""
+
+    model_config = ConfigDict(frozen=True)
 
     names: frozenset[str] | None = None
     read_only: bool | None = None
@@ -48,13 +50,17 @@ class ToolFilter:
         return out
 
 
-@dataclass(frozen=True)
-class McpServer:
+class McpServer(BaseModel):
+    """A server a session named; part of its settings (and of what a store keeps of them)."""
+
+    model_config = ConfigDict(frozen=True)
+
     label: str
     url: str
     description: str = ""
-    #: sent with every request (``authorization`` becomes ``Authorization: Bearer ...``); never echoed
-    headers: dict[str, str] = field(default_factory=dict)
+    #: sent with every request (``authorization`` becomes ``Authorization: Bearer ...``); never
+    #: echoed, and not stored with the session (a resumed session's listing then goes without)
+    headers: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
     #: tools the model may see (None: all the server lists)
     allowed: ToolFilter | None = None
     #: "always"/"never", or filters: tools matching ``never`` run at once, the rest ask first
@@ -150,7 +156,8 @@ def parse_mcp_server(tool: dict[str, Any], at: str, allowed_urls: tuple[str, ...
         case _:
             raise ProtocolError(ErrorCode.INVALID_VALUE, "require_approval is 'always', 'never' or "
                                 "{always: filter, never: filter}", param=f"{at}.require_approval")
-    return McpServer(label, url, description, headers, allowed, approval, always, never)
+    return McpServer(label=label, url=url, description=description, headers=headers, allowed=allowed,
+                     approval=approval, approval_always=always, approval_never=never)
 
 
 def _headers(value: Any, authorization: Any, at: str) -> dict[str, str]:
@@ -190,4 +197,4 @@ def _filter(value: Any, at: str) -> ToolFilter:
             raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool names: a list of at most {MAX_FILTER_NAMES} names",
                                 param=at)
         names = frozenset(names)
-    return ToolFilter(names, read_only)
+    return ToolFilter(names=names, read_only=read_only)

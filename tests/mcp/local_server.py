@@ -27,6 +27,17 @@ def weather_server():  # noqa: ANN201 - the mcp package's server type
     def explode() -> str:
         raise RuntimeError("the tool broke")
 
+    @server.tool(description="Answers after a few seconds")
+    async def slow() -> str:
+        import asyncio
+
+        await asyncio.sleep(3)
+        return "late"
+
+    @server.tool(description="Answers with far too much text")
+    def flood() -> str:
+        return "x" * 300_000
+
     return server
 
 

@@ -77,9 +77,10 @@ def test_a_server_is_listed_and_its_tools_offered(url):
     assert [e["type"] for e in events] == ["conversation.item.done", "mcp_list_tools.completed", "error"]
     assert "get_weather" in events[2]["error"]["message"]
     listed = events[0]["item"]
-    assert listed["type"] == "mcp_list_tools" and [t["name"] for t in listed["tools"]] == ["get_time", "explode"]
+    assert listed["type"] == "mcp_list_tools" and [t["name"] for t in listed["tools"]] == ["get_time", "explode", "slow",
+                                                                                            "flood"]
     action = start(d)
-    assert [t.name for t in action.request.tools] == ["get_weather", "get_time", "explode"]
+    assert [t.name for t in action.request.tools] == ["get_weather", "get_time", "explode", "slow", "flood"]
     assert action.request.tools[0].description == WEATHER["description"]  # the function, not the server's tool
 
 
@@ -235,14 +236,14 @@ def test_a_named_mcp_choice_narrows_the_tools(url):
     d = session(url, require_approval="never")
     perform(d)
     action = start(d, tool_choice={"type": "mcp", "server_label": "weather", "name": "get_time"})
-    assert [t.name for t in action.request.tools] == ["get_weather", "get_time", "explode"]
+    assert [t.name for t in action.request.tools] == ["get_weather", "get_time", "explode", "slow", "flood"]
     assert (action.request.tool_choice, action.request.tool_name) == ("required", "get_time")
     d.s.on_response_end(action.response_id, action.epoch)
     d.pump()
     d = session(url, functions=(WEATHER,), require_approval="never")
     perform(d)
     action = start(d, tool_choice={"type": "mcp", "server_label": "weather"})
-    assert [t.name for t in action.request.tools] == ["get_time", "explode"]  # the server's only
+    assert [t.name for t in action.request.tools] == ["get_time", "explode", "slow", "flood"]  # the server's only
     assert (action.request.tool_choice, action.request.tool_name) == ("required", None)
 
 
@@ -251,3 +252,38 @@ def test_mcp_is_off_unless_the_operator_lists_the_server(url):
     assert [e["code"] for e in errors_of(d)] == ["mcp_server_not_allowed"]
     d = session(url + "x", allowed=(url,))  # a prefix must end at a path boundary
     assert [e["code"] for e in errors_of(d)] == ["mcp_server_not_allowed"]
+
+
+def test_a_slow_tool_times_out_and_a_flood_is_cut(url):
+    d = session(url, require_approval="never")
+    d.s.mcp_timeout_s = 0.5
+    perform(d)
+    d.take()
+    model_calls(d, start(d), "slow", "{}")
+    perform(d)
+    failed = next(e["item"] for e in d.take() if e["type"] == "response.output_item.done")
+    assert failed["error"] == {"type": "http_error", "code": 504, "message": "the MCP server did not answer in time"}
+    d.s.mcp_timeout_s = 10.0
+    action = [a for a in d.actions if isinstance(a, act.StartResponse)][-1]  # the reply that went on
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    d.take()
+    model_calls(d, start(d), "flood", "{}")
+    perform(d)
+    done = next(e["item"] for e in d.take() if e["type"] == "response.output_item.done")
+    assert done["error"] is None and len(done["output"]) == 64 * 1024
+
+
+def test_a_stored_session_keeps_no_token_and_lists_again(url):
+    d = session(url, authorization="secret-token", headers={"X-Key": "also-secret"})
+    perform(d)
+    snapshot = json.dumps(d.s.snapshot())
+    assert "secret" not in snapshot and url in snapshot
+    again = Driver(AGENT, has_vad=False)
+    again.s.config.mcp_urls = (url,)
+    again.s.restore(json.loads(snapshot))
+    again.pump()
+    assert [e["type"] for e in again.take()][-2:] == ["conversation.item.added", "mcp_list_tools.in_progress"]
+    perform(again)
+    assert again.types()[-1] == "mcp_list_tools.completed"
+    assert [t.name for t in start(again).request.tools] == ["get_weather", "get_time", "explode", "slow", "flood"]
