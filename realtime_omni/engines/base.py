@@ -170,6 +170,9 @@ class ModelSession(abc.ABC):
     #: token per codec frame): :meth:`talk_boundary` cuts after all that is pending, decided
     #: where the pipeline runs, without asking a worker that holds the session
     talks_every_output: bool = False
+    #: the talker takes a reply in one :meth:`talk_live` call, fed with :meth:`talk_more` as the
+    #: thinker's outputs come (instead of a :meth:`talk` call per output)
+    talks_live: bool = False
 
     def new_vad(self) -> VADStream | None:
         """A VAD stream for server-side turn detection, or None when the model has none."""
@@ -214,6 +217,16 @@ class ModelSession(abc.ABC):
     ) -> Iterator[TalkerOutput]:
         """Turn one segment of thinker output into audio (or codes), first chunk early, at
         ``speed`` times the voice's own rate where the talker can change it."""
+
+    def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
+        """With :attr:`talks_live`: hand the running reply's talker more thinker outputs
+        (``first``: the first of a new reply; ``final``: the reply's text has ended)."""
+        raise NotImplementedError
+
+    def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
+        """With :attr:`talks_live`: the reply's talker outputs, from what :meth:`talk_more`
+        hands it, until the reply's last chunk."""
+        raise NotImplementedError
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         """Codec stage: a talker output → int16 audio at ``ModelInfo.output_rate``."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -222,6 +223,12 @@ class ResponsePipeline:
                 "talker",
             )
 
+        if self.model.talks_live:
+            try:
+                await self._talk_live(request, inbox, forward)
+            finally:
+                await out.put(Chunk(epoch, segment_end=True))
+            return
         try:
             while True:
                 chunk = await inbox.get()
@@ -248,6 +255,46 @@ class ResponsePipeline:
                     return
         finally:
             await out.put(Chunk(epoch, segment_end=True))
+
+    async def _talk_live(self, request: ThinkRequest, inbox: asyncio.Queue[Chunk[ThinkerOutput]],
+                         forward: Callable[[TalkerOutput], Awaitable[None]]) -> None:
+        """One talker call for the whole reply, fed with each thinker output as it arrives
+        (``talk_more``): where the model runs in a worker process, a ``talk`` call per token
+        cost a round trip, and the token's frame often the batched talker's next step."""
+        loop = asyncio.get_running_loop()
+        speaking: asyncio.Task[None] | None = None
+        first = True
+        try:
+            while True:
+                chunk = await inbox.get()
+                if not self.is_current():
+                    return
+                segment = [] if chunk.payload is None else [chunk.payload]
+                while not inbox.empty():  # what else has arrived goes in the same hand-over
+                    more = inbox.get_nowait()
+                    if more.payload is not None:
+                        segment.append(more.payload)
+                    if more.segment_end:
+                        chunk = more
+                        break
+                final = chunk.segment_end
+                await asyncio.wait_for(loop.run_in_executor(
+                    self.executor, self.model.talk_more, segment, request.voice, final, first), self.settings.step_timeout_s)
+                first = False
+                if speaking is None:
+                    speaking = asyncio.create_task(self._iterate_in_thread(
+                        lambda: self.model.talk_live(request.cancelled), threading.Event(), forward, "talker"))
+                if final:
+                    await speaking
+                    return
+                if speaking.done():
+                    await speaking  # it failed (re-raised here) or the talker ended the reply itself
+                    return
+        finally:
+            if speaking is not None and not speaking.done():
+                speaking.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await speaking
 
     async def _codec(self, epoch: int, inbox: asyncio.Queue[Chunk[TalkerOutput]], rate: int, sink: Sink) -> None:
         loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -831,3 +832,81 @@ def test_token_rows_keep_the_newest_turn():
     assert rows.take(1, 5) is None and rows.take(2, 0) == "row of turn 2" and rows.take(2, 0) is None
     rows.put(3, 0, "row of turn 3")  # a newer turn drops the last one's
     assert rows.prompt(2) is None and rows.take(3, 0) == "row of turn 3"
+
+
+def live_turn(session, req, voice="alloy", cancel_after: int | None = None):
+    """Drive think → talk_live the way the pipeline does where the model talks live: one talker
+    call for the reply in its own thread, fed each thinker output as it comes."""
+    cancelled = threading.Event()
+    chunks: list = []
+    done = threading.Event()
+    errors: list = []
+
+    def speak():
+        try:
+            for out in session.talk_live(cancelled):
+                chunks.append(out)
+                if cancel_after is not None and len(chunks) >= cancel_after:
+                    cancelled.set()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            done.set()
+
+    speaker = None
+    outputs = []
+    for index, out in enumerate(session.think(req)):
+        outputs.append(out)
+        session.talk_more([out], voice, final=out.hidden.end, first=index == 0)
+        if speaker is None:
+            speaker = threading.Thread(target=speak, daemon=True)
+            speaker.start()
+        time.sleep(0.002)  # tokens arrive over time, as from a streaming thinker
+    assert done.wait(60), "the live talker did not finish"
+    assert not errors, errors
+    return outputs, chunks
+
+
+def test_a_live_talker_fed_token_by_token_makes_what_talk_calls_make(omni):
+    """One talk_live call fed each token makes the same codes (greedy) as a talk call per
+    boundary, chunk for chunk, and ends with the final chunk."""
+    req = request([TurnMessage(role="user", text="hello there", audio=user_audio(0.4))], max_tokens=12)
+    first = omni.open_session()
+    try:
+        _outs, by_calls, _audio, _events = run_turn(first, req)
+    finally:
+        first.close()
+    second = omni.open_session()
+    try:
+        _outs, live = live_turn(second, request(req.messages, max_tokens=12))
+    finally:
+        second.close()
+    codes = lambda chunks: [c.codes.codes.tolist() for c in chunks if isinstance(c.codes, CodeChunk) and len(c.codes)]  # noqa: E731
+    assert codes(live) == codes(by_calls) and codes(live)
+    assert live[-1].final and not any(c.final for c in live[:-1])
+
+
+def test_a_live_talker_stops_on_cancel_and_on_close(omni):
+    session = omni.open_session()
+    try:
+        _outs, live = live_turn(session, request([TurnMessage(role="user", text="talk on")], max_tokens=30),
+                                cancel_after=1)
+        assert len(live) == 1  # nothing after the cancel
+    finally:
+        session.close()
+    # a live talker waiting for tokens that never come ends when the reply is cancelled
+    session = omni.open_session()
+    try:
+        cancelled = threading.Event()
+        outs = list(session.think(request([TurnMessage(role="user", text="wait")], max_tokens=4)))
+        session.talk_more(outs[:1], "alloy", final=False, first=True)
+        talker = session.talk_live(cancelled)
+        ended = threading.Event()
+        threading.Thread(target=lambda: (list(talker), ended.set()), daemon=True).start()
+        time.sleep(0.2)
+        assert not ended.is_set()  # waiting for more of the reply
+        began = time.monotonic()
+        cancelled.set()
+        assert ended.wait(2) and time.monotonic() - began < 0.5
+    finally:
+        session.close()

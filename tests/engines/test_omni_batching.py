@@ -19,6 +19,7 @@ pytest.importorskip("transformers")
 from realtime_omni.engines.base import TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.loader import samples_per_code  # noqa: E402
+from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
 from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
 from realtime_omni.engines.omni.batching import (  # noqa: E402
     BatcherClosed,
@@ -32,6 +33,7 @@ from .test_omni import (  # noqa: E402, F401 - _one_thread: the module's autouse
     ARCHS,
     CHUNKS,
     _one_thread,
+    live_turn,
     request,
     run_turn,
     save_checkpoint,
@@ -786,3 +788,41 @@ def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback
         del codec.render
     assert stream.started is not None and before <= asked[0] <= stream.started
     assert len(later) >= 2 and all(a == pytest.approx(d) for a, d in later)
+
+
+def test_live_talkers_of_several_sessions_give_each_what_it_gets_alone(pair):
+    """Three replies at once, each one talk_live call fed token by token (the server's path
+    since the talker stopped being called once per token): the batched talker gives each the
+    codes and audio it gets alone."""
+    batched, alone = pair["batched"], pair["alone"]
+
+    def codes(chunks):
+        return [c.codes.codes.tolist() for c in chunks if isinstance(c.codes, CodeChunk) and len(c.codes)]
+
+    expected = {}
+    for i in range(3):
+        session = alone.open_session()
+        try:
+            expected[i] = codes(run_turn(session, request(_turns(i)[0], max_tokens=8))[1])
+        finally:
+            session.close()
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def converse(i: int) -> None:
+        session = batched.open_session()
+        try:
+            results[i] = codes(live_turn(session, request(_turns(i)[0], max_tokens=8))[1])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=converse, args=(i,)) for i in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not errors, errors
+    assert results == expected and all(expected.values())
+    assert batched.batching.stats()["in_use"] == 0

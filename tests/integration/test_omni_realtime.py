@@ -220,3 +220,36 @@ async def test_a_turn_committed_by_hand_is_evaluated_before_the_reply_is_asked_f
         usage = event.response.usage
         header = 3  # <|im_start|>assistant\n
         assert usage.input_token_details.cached_tokens == usage.input_tokens - header > 10
+
+
+async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, monkeypatch):
+    """The pipeline hands the omni talker each thinker token as it comes, in one talk_live call
+    per reply (a talk call per token cost a worker round trip each); the reply is whole."""
+    from realtime_omni.engines.omni.model import OmniSession
+
+    calls = {"talk": 0, "talk_live": 0, "talk_more": 0}
+    for name in calls:
+        original = getattr(OmniSession, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(OmniSession, name, counted)
+    srv, model_id = omni_server
+    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    async with client.realtime.connect(model=model_id) as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 10,
+                                           "audio": {"input": {"turn_detection": None}}})
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "hello"}]})
+        await conn.response.create()
+        audio = 0
+        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
+            if event.type == "response.output_audio.delta":
+                audio += len(base64.b64decode(event.delta))
+        assert event.response.status in ("completed", "incomplete") and audio > 0
+    assert calls["talk"] == 0 and calls["talk_live"] == 1
+    # the reply's outputs (10 tokens and the end mark) and the final hand-over, fewer when they queued
+    assert 1 <= calls["talk_more"] <= 12

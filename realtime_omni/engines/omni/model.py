@@ -323,6 +323,7 @@ class OmniSession(ModelSession):
     """Per-session state: the thinker's KV cache, the running talker, the codec streams."""
 
     talks_every_output = True  # the talker consumes one token per codec frame
+    talks_live = True  # ...in one call per reply, fed token by token
 
     def new_vad(self) -> VADStream | None:
         vad = getattr(self.model, "vad", None)
@@ -374,6 +375,15 @@ class OmniSession(ModelSession):
         if self.closed:
             return iter(())
         return self.talker.talk(segment, voice, cancelled, final)  # the codec has one rate: speed is not applied
+
+    def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
+        if not self.closed:
+            self.talker.feed(segment, voice, final, first)
+
+    def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
+        if self.closed:
+            return iter(())
+        return self.talker.talk_live(cancelled)
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         chunk = out.codes

@@ -40,6 +40,7 @@ audio input included). Where this differs from the reference:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -78,6 +79,10 @@ class OmniTalker:
         self.generator = generator
         self.stream: TalkerStream | None = None
         self.lock = threading.Lock()
+        # what :meth:`feed` handed :meth:`talk_live` for the reply being fed
+        self._fed = threading.Event()
+        self._fed_text = ""
+        self._fed_final = False
         self.kind: type[TalkerStream] = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         # per session, reused by every reply: the static KV cache with its captured step, and
         # (Qwen3) the code predictor's captured frame
@@ -147,28 +152,7 @@ class OmniTalker:
         with self.lock:
             if self.closed:  # a reply still draining after the session closed: nothing to say
                 return
-            for out in segment:
-                hidden = out.hidden
-                if not isinstance(hidden, TokenHidden):
-                    continue
-                if hidden.opens and hidden.prompt is None:
-                    hidden = dataclasses.replace(hidden, prompt=self.token_rows.prompt(hidden.turn))
-                    out = dataclasses.replace(out, hidden=hidden)
-                stream = self.stream
-                if stream is None or hidden.turn > stream.turn:
-                    speaker = self.loaded.speaker_for(voice)
-                    decoder, frames = self.parts()
-                    if stream is not None:
-                        stream.close()  # superseded: it takes no further step on the shared caches
-                    stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
-                                                     hidden.turn, hidden.prompt, speaker, decoder, frames)
-                    stream.step_lock = self.step_lock
-                    stream.prefix = self.prefix
-                    stream.rows = self.rows.talker if self.rows is not None else None
-                    stream.token_rows = self.token_rows
-                elif hidden.turn < stream.turn:
-                    continue  # a stale reply
-                stream.add(out)
+            self._add(segment, voice)
             stream = self.stream
         if stream is None:
             if final:
@@ -176,6 +160,72 @@ class OmniTalker:
             return
         with torch.inference_mode(), self._streaming():
             yield from stream.run(cancelled, final)
+
+    def feed(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
+        """More of the reply for :meth:`talk_live` (which runs in another thread): the thinker's
+        outputs as they come (``first``: a new reply's), and whether its text has ended."""
+        with self.lock:
+            if self.closed:
+                return
+            if first:
+                self._fed_text, self._fed_final = "", False
+            self._add(segment, voice)
+            self._fed_text += "".join(o.text for o in segment)
+            if final:
+                self._fed_final = True
+        self._fed.set()
+
+    def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
+        """One call for a whole reply, fed by :meth:`feed`: the talker takes each token the
+        moment it is fed, where :meth:`talk` is called again for it (through a worker process, a
+        round trip per token). Between tokens the batched talker does not wait for this session,
+        as between two :meth:`talk` calls."""
+        import torch
+
+        while not cancelled.is_set():
+            self._fed.clear()
+            with self.lock:
+                if self.closed:
+                    return
+                stream, final = self.stream, self._fed_final
+            if stream is not None:
+                with torch.inference_mode(), self._streaming():
+                    yield from stream.run(cancelled, final)
+                if final or stream is not self.stream:
+                    return  # the reply's last chunk is out, or a newer reply took over
+            elif final:  # no token reached the talker: nothing to speak
+                yield TalkerOutput(text=self._fed_text, final=True)
+                return
+            rows = self.rows
+            with rows.talker.batcher.activity.paused() if rows is not None else contextlib.nullcontext():
+                while not self._fed.wait(0.05) and not cancelled.is_set():
+                    pass
+
+    def _add(self, segment: list[ThinkerOutput], voice: str) -> None:
+        """Hand the thinker's outputs to the reply's talker stream (a new reply opens one);
+        called under :attr:`lock`."""
+        for out in segment:
+            hidden = out.hidden
+            if not isinstance(hidden, TokenHidden):
+                continue
+            if hidden.opens and hidden.prompt is None:
+                hidden = dataclasses.replace(hidden, prompt=self.token_rows.prompt(hidden.turn))
+                out = dataclasses.replace(out, hidden=hidden)
+            stream = self.stream
+            if stream is None or hidden.turn > stream.turn:
+                speaker = self.loaded.speaker_for(voice)
+                decoder, frames = self.parts()
+                if stream is not None:
+                    stream.close()  # superseded: it takes no further step on the shared caches
+                stream = self.stream = self.kind(self.loaded, self.settings, self.generator,
+                                                 hidden.turn, hidden.prompt, speaker, decoder, frames)
+                stream.step_lock = self.step_lock
+                stream.prefix = self.prefix
+                stream.rows = self.rows.talker if self.rows is not None else None
+                stream.token_rows = self.token_rows
+            elif hidden.turn < stream.turn:
+                continue  # a stale reply
+            stream.add(out)
 
     def _streaming(self):
         """Counted among the sessions the batched talker waits for while this runs."""

@@ -99,6 +99,7 @@ def session_traits(model: VoiceModel) -> p.Traits:
         custom_decode=cls.decode is not ModelSession.decode,
         vad_frame_samples=frame,
         talks_every_output=bool(cls.talks_every_output),
+        talks_live=bool(cls.talks_live),
     )
 
 
@@ -310,7 +311,7 @@ class WorkerHost:
         return self._dispatch(key, method, args)
 
     def stream_items(self, key: Any, method: str, args: tuple[Any, ...], cancelled: threading.Event) -> Iterator[Any]:
-        """The engine's iterator for a streamed call (``think`` or ``talk``) on session ``key``."""
+        """The engine's iterator for a streamed call (``think``, ``talk``, ``talk_live``) on session ``key``."""
         _entry, session = self._session(key)
         if method == "think":
             (request,) = args
@@ -319,6 +320,8 @@ class WorkerHost:
         if method == "talk":
             segment, voice, final, speed = args
             return session.talk(segment, voice, cancelled, final, speed)
+        if method == "talk_live":
+            return session.talk_live(cancelled)
         raise ValueError(f"unknown worker stream {method!r}")
 
     @property
@@ -356,7 +359,7 @@ class WorkerHost:
             if entry is None or entry.session is None:
                 return None  # state from a dead worker: nothing here to cut back
             return entry.session.confirm(*args)
-        if method in ("transcribe", "decode", "talk_boundary", "listen", "prefill"):
+        if method in ("transcribe", "decode", "talk_boundary", "listen", "prefill", "talk_more"):
             _entry, session = self._session(key)
             return getattr(session, method)(*args)
         raise ValueError(f"unknown worker call {method!r}")

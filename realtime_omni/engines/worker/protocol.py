@@ -77,6 +77,7 @@ class Traits:
     custom_decode: bool
     vad_frame_samples: int = 512
     talks_every_output: bool = False
+    talks_live: bool = False
 
 
 class WorkerError(RuntimeError):

@@ -31,6 +31,7 @@ class RemoteSession(ModelSession):
         self.closed = False
         self._traits = traits
         self.talks_every_output = traits.talks_every_output  # the base talk boundary reads it here
+        self.talks_live = traits.talks_live
         #: drop the audio of turns a model that does not hear audio never reads (less to send)
         self._strip_unheard_audio = strip_unheard_audio
         self._vad_keys = itertools.count(1)
@@ -87,6 +88,14 @@ class RemoteSession(ModelSession):
     ) -> Iterator[TalkerOutput]:
         self._check()
         return self._stream("talk", (segment, voice, final, speed), cancelled)
+
+    def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
+        self._check()
+        self._call("talk_more", (segment, voice, final, first))
+
+    def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
+        self._check()
+        return self._stream("talk_live", (), cancelled)
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         if not self._traits.custom_decode:
