@@ -74,6 +74,9 @@ class OmniSettings(_Section):
     #: playback (ms), so the batched steps serve replies that are starting or running dry
     #: first; 0: every reply as fast as the GPU goes
     pace_lead_ms: float = Field(default=1500.0, ge=0.0, le=600_000.0)
+    #: the pipeline feeds a reply's talker each thinker token in one call per reply (False: a talk
+    #: call per token, as before: a round trip per token through the worker process)
+    live_talker: bool = True
     #: None: the checkpoint's official system prompt (the talker's voice depends on it)
     system_prompt: str | None = None
     #: None: the checkpoint's generation config decides

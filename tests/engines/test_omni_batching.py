@@ -475,6 +475,14 @@ def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, mo
         # the outputs came through the pipe without tensors; the worker's talker still speaks them
         spoken = list(session.talk(outputs, "alloy", threading.Event(), True))
         assert spoken[-1].final and any(out.codes is not None and len(out.codes) for out in spoken)
+        # the same reply again, fed live: one talk_live stream, the outputs handed over by calls
+        assert session.talks_live  # the worker's traits carry the model's setting
+        outputs = list(session.think(request(messages, max_tokens=2)))
+        session.talk_more(outputs[:1], "alloy", final=False, first=True)
+        live = session.talk_live(threading.Event())
+        session.talk_more(outputs[1:], "alloy", final=True)
+        again = list(live)
+        assert again[-1].final and any(out.codes is not None and len(out.codes) for out in again)
         session.close()
     finally:
         model.close()

@@ -222,10 +222,15 @@ async def test_a_turn_committed_by_hand_is_evaluated_before_the_reply_is_asked_f
         assert usage.input_token_details.cached_tokens == usage.input_tokens - header > 10
 
 
-async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, monkeypatch):
+@pytest.mark.parametrize("live", [True, False])
+async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, monkeypatch, live):
     """The pipeline hands the omni talker each thinker token as it comes, in one talk_live call
-    per reply (a talk call per token cost a worker round trip each); the reply is whole."""
+    per reply (a talk call per token cost a worker round trip each); the reply is whole. With
+    ``live_talker`` off, a talk call per hand-over as before."""
     from realtime_omni.engines.omni.model import OmniSession
+
+    if not live:
+        monkeypatch.setattr(OmniSession, "talks_live", False)
 
     calls = {"talk": 0, "talk_live": 0, "talk_more": 0}
     for name in calls:
@@ -250,6 +255,9 @@ async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, mon
             if event.type == "response.output_audio.delta":
                 audio += len(base64.b64decode(event.delta))
         assert event.response.status in ("completed", "incomplete") and audio > 0
+    if not live:
+        assert calls["talk"] >= 1 and calls["talk_live"] == calls["talk_more"] == 0
+        return
     assert calls["talk"] == 0 and calls["talk_live"] == 1
     # the reply's outputs (10 tokens and the end mark) and the final hand-over, fewer when they queued
     assert 1 <= calls["talk_more"] <= 12

@@ -79,6 +79,8 @@ class OmniModel(VoiceModel):
     ) -> None:
         settings = settings if settings is not None else OmniSettings()
         self.settings = settings
+        #: its sessions' talkers take a reply in one call, fed token by token (the worker's traits read it)
+        self.talks_live = settings.live_talker
         device, dtype = settings.device, settings.resolved_dtype
         first_chunk_frames, chunk_frames = settings.first_chunk_frames, settings.chunk_frames
         left_context_frames, lookahead_frames = settings.left_context_frames, settings.lookahead_frames
@@ -323,7 +325,11 @@ class OmniSession(ModelSession):
     """Per-session state: the thinker's KV cache, the running talker, the codec streams."""
 
     talks_every_output = True  # the talker consumes one token per codec frame
-    talks_live = True  # ...in one call per reply, fed token by token
+
+    @property
+    def talks_live(self) -> bool:  # type: ignore[override]
+        """...in one call per reply, fed token by token (``live_talker``)."""
+        return self.model.talks_live
 
     def new_vad(self) -> VADStream | None:
         vad = getattr(self.model, "vad", None)

@@ -99,7 +99,8 @@ def session_traits(model: VoiceModel) -> p.Traits:
         custom_decode=cls.decode is not ModelSession.decode,
         vad_frame_samples=frame,
         talks_every_output=bool(cls.talks_every_output),
-        talks_live=bool(cls.talks_live),
+        # a model may decide it from its settings (omni: live_talker), else the session class does
+        talks_live=bool(getattr(model, "talks_live", cls.talks_live)),
     )
 
 
