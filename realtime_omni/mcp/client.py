@@ -1,9 +1,10 @@
 """Listing and calling the tools of a remote MCP server (streamable HTTP), with the ``mcp`` package.
 
 Each listing or call opens its own connection and closes it: a voice session calls a tool now
-and then, and nothing is held open between turns. Every request has a deadline, follows no
-redirect (the URL was checked against the operator's list; a redirect could leave it), and what
-comes back is bounded before it reaches the session. Failures become :class:`McpFailure` with
+and then, and nothing is held open between turns. Every request has a deadline and follows no redirect to
+another origin (the URL was checked against the operator's list: httpx follows none, and the
+``mcp`` transport only 307/308 within the same origin); what comes back is bounded before it
+reaches the session (its size only by the deadline while it downloads). Failures become :class:`McpFailure` with
 the error object the Realtime protocol puts on an ``mcp_call`` item.
 """
 
@@ -58,6 +59,18 @@ async def _client(server: McpServer, timeout_s: float) -> AsyncIterator[Any]:
         yield client
 
 
+def _reraise_cancel(exc: BaseException) -> None:
+    """A cancellation wrapped in a task group's exception group is still a cancellation."""
+    if isinstance(exc, BaseExceptionGroup):
+        cancelled, _rest = exc.split(asyncio.CancelledError)
+        if cancelled is not None:
+            raise asyncio.CancelledError from exc
+
+
+#: annotations kept from a listed tool (hints only: a title or other text is not echoed)
+_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
 def _failure(exc: BaseException) -> McpFailure:
     """Whatever went wrong, as the protocol's error object (an exception group: its first)."""
     import httpx2
@@ -90,8 +103,9 @@ async def list_tools(server: McpServer, timeout_s: float) -> list[ListedTool]:
                 while len(tools) < MAX_LISTED_TOOLS:
                     page = await client.list_tools(cursor=cursor)
                     for tool in page.tools:
-                        annotations = tool.annotations.model_dump(exclude_none=True) if tool.annotations else None
-                        read_only = bool((annotations or {}).get("read_only_hint") or (annotations or {}).get("readOnlyHint"))
+                        given = tool.annotations.model_dump(by_alias=True, exclude_none=True) if tool.annotations else {}
+                        annotations = {k: bool(given[k]) for k in _HINTS if k in given} or None
+                        read_only = bool((annotations or {}).get("readOnlyHint"))
                         tools.append(ListedTool(tool.name, tool.description or "", dict(tool.input_schema or {}),
                                                 read_only, annotations))
                     cursor = page.next_cursor
@@ -99,6 +113,7 @@ async def list_tools(server: McpServer, timeout_s: float) -> list[ListedTool]:
                         break
             return tools[:MAX_LISTED_TOOLS]
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001 - reported on the item, never raised past here
+        _reraise_cancel(exc)
         raise _failure(exc) from None
 
 
@@ -109,6 +124,7 @@ async def call_tool(server: McpServer, name: str, arguments: dict[str, Any], tim
             async with _client(server, timeout_s) as client:
                 result = await client.call_tool(name, arguments)
     except (Exception, BaseExceptionGroup) as exc:  # noqa: BLE001
+        _reraise_cancel(exc)
         raise _failure(exc) from None
     texts = [block.text for block in getattr(result, "content", None) or () if getattr(block, "type", "") == "text"]
     output = "\n".join(texts)

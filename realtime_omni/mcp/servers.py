@@ -2,8 +2,9 @@
 
 A ``{"type": "mcp", ...}`` tool names a remote MCP server (``server_url``) whose tools the model
 may call. The server makes every request itself, so a client could point it anywhere: only URLs
-under the operator's ``tools.mcp_allowed_urls`` are accepted (none by default: MCP is off), and
-requests never follow redirects (see :mod:`realtime_omni.mcp.client`).
+under the operator's ``tools.mcp_allowed_urls`` are accepted (none by default: MCP is off),
+compared by scheme, host, port and path (no dot segments), and requests leave that origin by no
+redirect (see :mod:`realtime_omni.mcp.client`).
 
 Here a tool dict becomes an :class:`McpServer`; listing, calling and the items and events they
 make live in :mod:`realtime_omni.session.mcp_control`.
@@ -26,6 +27,11 @@ MAX_HEADER_CHARS = 4096
 MAX_FILTER_NAMES = 128
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+#: headers a client may not set: they steer the connection or the request itself (a ``Host``
+#: could reach another virtual host behind an allowed proxy), or the MCP session
+_RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
+                               "trailer", "keep-alive", "expect", "cookie", "accept-encoding"})
+_RESERVED_PREFIXES = ("proxy-", "mcp-")
 
 
 class ToolFilter(BaseModel):
@@ -98,11 +104,35 @@ def mcp_available() -> bool:
     return importlib.util.find_spec("mcp") is not None
 
 
+def _origin_and_path(url: str) -> tuple[str, str, int | None, str] | None:
+    """(scheme, host, port, path) of an http(s) URL, lower-cased and with the default port; None
+    when it cannot be compared safely (no host, credentials, dot segments raw or encoded)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in ("http", "https") or not host or parts.username is not None or parts.password is not None:
+        return None
+    segments = parts.path.lower().replace("%2e", ".").split("/")
+    if any(segment in (".", "..") for segment in segments) or "\\" in url:
+        return None
+    return scheme, host, port if port is not None else (443 if scheme == "https" else 80), parts.path or "/"
+
+
 def url_allowed(url: str, allowed: tuple[str, ...]) -> bool:
-    """``url`` is one of the operator's prefixes or below one (at a path boundary)."""
+    """``url`` has the scheme, host and port of one of the operator's prefixes and its path is
+    that prefix's path or below it (at a ``/`` boundary)."""
+    target = _origin_and_path(url)
+    if target is None:
+        return False
     for prefix in allowed:
-        base = prefix.rstrip("/")
-        if url == base or url.startswith(base + "/") or url.startswith(base + "?"):
+        base = _origin_and_path(prefix)
+        if base is None or base[:3] != target[:3]:
+            continue
+        root = base[3].rstrip("/")
+        if not root or target[3] == root or target[3].startswith(root + "/"):
             return True
     return False
 
@@ -170,6 +200,9 @@ def _headers(value: Any, authorization: Any, at: str) -> dict[str, str]:
             if not isinstance(name, str) or not _HEADER_NAME.match(name):
                 raise ProtocolError(ErrorCode.INVALID_VALUE, "a header name is a token of at most 128 characters",
                                     param=f"{at}.headers")
+            if name.lower() in _RESERVED_HEADERS or name.lower().startswith(_RESERVED_PREFIXES):
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"header {name!r} cannot be set by a client",
+                                    param=f"{at}.headers.{name}")
             if not isinstance(text, str) or len(text) > MAX_HEADER_CHARS or any(c in text for c in "\r\n\0"):
                 raise ProtocolError(ErrorCode.INVALID_VALUE, f"header {name!r}: a single-line string of at most "
                                     f"{MAX_HEADER_CHARS} characters", param=f"{at}.headers.{name}")

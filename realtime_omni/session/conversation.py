@@ -67,6 +67,7 @@ class Item:
     def nbytes(self) -> int:
         """What this item holds in memory, roughly: its content, samples and pixels."""
         size = approx_bytes(self.content) + sum(int(image.nbytes) for image in self.images)
+        size += len(self.arguments) + len(self.output) + (approx_bytes(self.tools) if self.tools else 0)
         if self.audio16k is not None:
             size += int(self.audio16k.nbytes)
         return size + sum(len(span.text) for span in self.spans)

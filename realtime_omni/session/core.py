@@ -232,9 +232,10 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
                                        approval_request_id=data.get("approval_request_id") or "",
                                        approve=bool(data.get("approve")), reason=data.get("reason")))
         self.audio_started = any(i.role == "assistant" for i in self.conversation)
-        for server in self.config.mcp:  # listed tools are not stored: ask the servers again
-            if url_allowed(server.url, self.config.mcp_urls):
-                self._list_mcp(server)
+        # servers the operator no longer allows leave; listed tools are not stored: ask again
+        self.config.mcp = [s for s in self.config.mcp if url_allowed(s.url, self.config.mcp_urls)]
+        for server in self.config.mcp:
+            self._list_mcp(server)
 
     # ---------------------------------------------------------------- client events
     def receive(self, event: Any) -> None:

@@ -19,15 +19,16 @@ The flow, as the Realtime protocol has it:
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from ..engines.base import ToolSpec
-from ..mcp.servers import McpServer
+from ..mcp.servers import MAX_SERVERS, McpServer, url_allowed
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
 from .conversation import Item, new_id
-from .tools import ToolChoice, check_function
+from .tools import MAX_TOTAL_CHARS, ToolChoice, check_function
 
 if TYPE_CHECKING:
     from ..mcp.client import ListedTool
@@ -49,6 +50,8 @@ class McpControl:
         self.mcp_offered: dict[str, list[Offered]] = {}
         #: mcp_list_tools item id → the server being listed
         self._mcp_listing: dict[str, McpServer] = {}
+        #: approval requests whose call has been handed to the driver (each runs once)
+        self._mcp_ran: set[str] = set()
 
     # ---------------------------------------------------------------- listing
     def _mcp_servers_changed(self, before: list[McpServer]) -> None:
@@ -63,8 +66,13 @@ class McpControl:
 
     def _list_mcp(self, server: McpServer) -> None:
         for item_id, listing in list(self._mcp_listing.items()):
-            if listing.label == server.label:
-                del self._mcp_listing[item_id]  # superseded: its answer is dropped
+            if listing.label == server.label:  # superseded: its answer will be dropped
+                self._end_listing(item_id, failed=True)
+        if len(self._mcp_listing) >= MAX_SERVERS:  # bounded: a client cannot pile requests up
+            self.error(ProtocolError(ErrorCode.RATE_LIMIT_EXCEEDED, f"MCP server {server.label!r}: {MAX_SERVERS} "
+                                     "listings are already under way; update the session again once they end",
+                                     param="session.tools", type="rate_limit_error"))
+            return
         item = Item(id=new_id("mcpl"), role=None, type="mcp_list_tools", status="in_progress", server_label=server.label)
         previous = self._add_item(item)
         self._emit(server_event("conversation.item.added", previous_item_id=previous, item=item.to_dict()))
@@ -72,17 +80,25 @@ class McpControl:
         self._mcp_listing[item.id] = server
         self._actions.append(act.ListMcpTools(item.id, server, self.mcp_timeout_s))
 
+    def _end_listing(self, item_id: str, failed: bool) -> None:
+        """A listing no longer awaited: its item is closed (``incomplete``) and said to have failed."""
+        self._mcp_listing.pop(item_id, None)
+        item = next((i for i in self.conversation if i.id == item_id), None)
+        if item is not None and item.status == "in_progress":
+            item.status = "incomplete" if failed else "completed"
+            self._emit(server_event("conversation.item.done", item=item.to_dict()))
+        if failed:
+            self._emit(server_event("mcp_list_tools.failed", item_id=item_id))
+
     def on_mcp_tools_listed(self, item_id: str, tools: tuple[ListedTool, ...], error: dict[str, Any] | None) -> None:
         """Driver callback: a server's listing (or why there is none)."""
         server = self._mcp_listing.pop(item_id, None)
         if server is None or server not in self.config.mcp or self.closed:
             return  # the server was removed or listed again meanwhile
-        item = self.conversation.get(item_id) if item_id in {i.id for i in self.conversation} else None
+        item = next((i for i in self.conversation if i.id == item_id), None)
         if error is not None:
-            if item is not None:
-                item.status = "incomplete"
-                self._emit(server_event("conversation.item.done", item=item.to_dict()))
-            self._emit(server_event("mcp_list_tools.failed", item_id=item_id))
+            self._mcp_listing[item_id] = server
+            self._end_listing(item_id, failed=True)
             self.error(ProtocolError(ErrorCode.MCP_LIST_TOOLS_FAILED, f"MCP server {server.label!r}: "
                                      f"{error.get('message', 'listing its tools failed')}", param="session.tools",
                                      type="server_error"))
@@ -102,9 +118,12 @@ class McpControl:
         """The allowed tools that pass the checks a client's function passes, under names no
         other tool of the session uses."""
         taken = {tool.name for tool in self.config.tools}
+        # every response renders all the tools into the prompt: the functions' budget holds for all
+        used = sum(len(json.dumps(t.parameters)) + len(t.description) for t in self.config.tools)
         for label, others in self.mcp_offered.items():
             if label != server.label:
                 taken |= {spec.name for spec, _, _ in others}
+                used += sum(len(json.dumps(spec.parameters)) + len(spec.description) for spec, _, _ in others)
         offered: list[Offered] = []
         refused: list[str] = []
         for tool in tools:
@@ -116,9 +135,17 @@ class McpControl:
             try:
                 spec = check_function({"description": tool.description, "parameters": tool.input_schema},
                                       tool.name, f"tools.{server.label}")
+                size = len(json.dumps(spec.parameters)) + len(spec.description)
             except ProtocolError as exc:
                 refused.append(f"{tool.name[:64]!r}: {exc.message}")
                 continue
+            except Exception:  # noqa: BLE001 - a schema nested past the checker's recursion, say
+                refused.append(f"{tool.name[:64]!r}: its schema could not be checked")
+                continue
+            if used + size > MAX_TOTAL_CHARS:
+                refused.append(f"{tool.name[:64]!r}: the tools would pass {MAX_TOTAL_CHARS} characters in all")
+                continue
+            used += size
             taken.add(tool.name)
             offered.append((spec, tool.name, server.needs_approval(tool.name, tool.read_only)))
         return offered, refused
@@ -141,8 +168,11 @@ class McpControl:
             offered = {choice.server_label: mine}
             tools, choice = [], ToolChoice("required", choice.name)
         routes: dict[str, tuple[str, str, bool]] = {}
+        functions = {tool.name for tool in tools}
         for label, listed in offered.items():
             for spec, name, asks in listed:
+                if spec.name in functions:
+                    continue  # a function declared since the listing: the name stays the function's
                 routes[spec.name] = (label, name, asks)
                 tools = [*tools, spec]
         return tools, choice, routes
@@ -154,17 +184,21 @@ class McpControl:
         ready, response.mcp_ready = response.mcp_ready, []
         for call in ready:
             server = servers.get(call.server_label)
-            if server is None:
+            offered = {name for _, name, _ in self.mcp_offered.get(call.server_label, [])}
+            if server is None or call.name not in offered or not url_allowed(server.url, self.config.mcp_urls):
                 response.end_mcp_call(self._emit, call.id, "", {"type": "tool_execution_error", "message":
-                                      f"MCP server {call.server_label!r} is no longer among the session's tools"})
+                                      f"tool {call.name[:64]!r} of MCP server {call.server_label!r} is no longer "
+                                      "among the session's tools"})
                 continue
+            if call.approval_request_id:
+                self._mcp_ran.add(call.approval_request_id)
             self._actions.append(act.CallMcpTool(response.id, response.epoch, call.id, server, call.name,
                                                  call.arguments, self.mcp_timeout_s))
 
     def _run_approved(self, response: Response) -> None:
         """At a response's start: the approved requests not yet run become its first calls."""
         answered = {i.approval_request_id: i for i in self.conversation if i.type == "mcp_approval_response"}
-        done = {i.approval_request_id for i in self.conversation if i.type == "mcp_call" and i.approval_request_id}
+        done = self._mcp_ran | {i.approval_request_id for i in self.conversation if i.type == "mcp_call"}
         for request in list(self.conversation):
             answer = answered.get(request.id)
             if request.type != "mcp_approval_request" or answer is None or not answer.approve or request.id in done:
@@ -207,6 +241,8 @@ class McpControl:
         if response.status != "completed" or not ran or response.continuation is None or self.closed:
             return
         params, tools, choice, count = response.continuation
+        if not response.in_conversation or params.get("input") is not None:
+            return  # the result is not in what the next response would read: the client goes on
         if count >= MAX_CONTINUATIONS:
             return
         if choice.mode == "required":

@@ -206,6 +206,11 @@ class ActionPerformer:
         except McpFailure as exc:
             await self._host.mailbox.put(inp.McpToolsListed(action.item_id, (), exc.error))
             return
+        except Exception as exc:  # noqa: BLE001 - the listing must end either way
+            log.exception("MCP listing failed in session %s", self._host.core.id)
+            error = {"type": "http_error", "code": 500, "message": f"listing failed ({type(exc).__name__})"}
+            await self._host.mailbox.put(inp.McpToolsListed(action.item_id, (), error))
+            return
         await self._host.mailbox.put(inp.McpToolsListed(action.item_id, tuple(tools)))
 
     async def _call_mcp_tool(self, action: act.CallMcpTool) -> None:
@@ -218,10 +223,13 @@ class ActionPerformer:
             if not isinstance(arguments, dict):
                 raise ValueError("the arguments are not a JSON object")
             output = await call_tool(action.server, action.tool, arguments, action.timeout_s)
-        except ValueError as exc:
-            error = {"type": "tool_execution_error", "message": f"invalid arguments: {exc}"[:500]}
         except McpFailure as exc:
             error = exc.error
+        except ValueError as exc:
+            error = {"type": "tool_execution_error", "message": f"invalid arguments: {exc}"[:500]}
+        except Exception as exc:  # noqa: BLE001 - the response must hear back whatever happened
+            log.exception("MCP call failed in session %s", self._host.core.id)
+            error = {"type": "tool_execution_error", "message": f"the call failed ({type(exc).__name__})"}
         await self._host.mailbox.put(inp.McpCallDone(action.response_id, action.epoch, action.item_id, output, error))
 
     async def _respond(self, action: act.StartResponse) -> None:

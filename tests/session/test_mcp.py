@@ -28,6 +28,7 @@ def perform(d: Driver) -> None:
     while True:
         todo = [a for a in d.actions if isinstance(a, act.ListMcpTools | act.CallMcpTool)]
         d.actions = [a for a in d.actions if a not in todo]
+        d.performed = [*getattr(d, "performed", []), *todo]
         if not todo:
             return
         for action in todo:
@@ -287,3 +288,77 @@ def test_a_stored_session_keeps_no_token_and_lists_again(url):
     perform(again)
     assert again.types()[-1] == "mcp_list_tools.completed"
     assert [t.name for t in start(again).request.tools] == ["get_weather", "get_time", "explode", "slow", "flood"]
+
+
+def test_an_approved_call_runs_once_even_outside_the_conversation(url):
+    d = session(url)
+    perform(d)
+    model_calls(d, start(d), "get_weather", '{"city": "Kyiv"}')
+    request = next(e["item"] for e in d.take() if e["type"] == "response.output_item.added")
+    d.send(type="conversation.item.create", item={"type": "mcp_approval_response", "id": "apr_1",
+                                                  "approval_request_id": request["id"], "approve": True})
+    d.send(type="response.create", response={"conversation": "none"})  # out of band: its call item stays out
+    perform(d)
+    ran = [a for a in d.performed if isinstance(a, act.CallMcpTool)]
+    assert len(ran) == 1
+    action = [a for a in d.actions if isinstance(a, act.StartResponse)][-1]
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    assert "response.created" not in [e["type"] for e in d.take()[-3:]]  # out of band: no reply of its own after
+    d.send(type="response.create")
+    perform(d)
+    assert len([a for a in d.performed if isinstance(a, act.CallMcpTool)]) == 1  # not again
+
+
+def test_a_hostile_listing_is_bounded_and_the_session_goes_on(url):
+    from realtime_omni.mcp.client import ListedTool
+
+    d = session(url, require_approval="never")
+    listing = next(a for a in d.actions if isinstance(a, act.ListMcpTools))
+    d.actions.clear()
+    deep: dict = {"type": "object"}
+    for _ in range(200):  # past the schema checker's recursion
+        deep = {"type": "object", "properties": {"a": deep}}
+    tools = (ListedTool("deep", "", deep, False), ListedTool("bad name!", "", {"type": "object"}, False),
+             ListedTool("big", "x" * 4000, {"type": "object", "description": "y" * 15000}, False),
+             *(ListedTool(f"t{i}", "z" * 4000, {"type": "object"}, False) for i in range(40)),
+             ListedTool("ok", "fine", {"type": "object"}, True))
+    d.s.on_mcp_tools_listed(listing.item_id, tools, None)
+    d.pump()
+    errors = [e["error"] for e in d.take() if e["type"] == "error"]
+    assert len(errors) == 1 and "'deep'" in errors[0]["message"] and "'bad name!'" in errors[0]["message"]
+    offered = [t.name for t in start(d).request.tools]
+    assert "deep" not in offered and "bad name!" not in offered and "big" in offered
+    # past the budget of all tools together (128 KiB) the big ones are left out, and said so; a
+    # small one after them still fits
+    assert "would pass" in errors[0]["message"] and "ok" in offered
+    assert 20 < len(offered) < 40
+
+
+def test_a_function_declared_later_keeps_its_name(url):
+    d = session(url, require_approval="never", allowed_tools=["get_time"])
+    perform(d)
+    clock = {"type": "function", "name": "get_time", "description": "the client's own clock",
+             "parameters": {"type": "object"}}
+    d.send(type="session.update", session={"type": "realtime", "tools": [clock, {"type": "mcp", "server_label": "weather",
+            "server_url": url, "require_approval": "never", "allowed_tools": ["get_time"]}]})
+    perform(d)
+    action = start(d, tools=[clock])
+    assert [t.description for t in action.request.tools] == ["the client's own clock"]
+    model_calls(d, action, "get_time", "{}")
+    assert "response.function_call_arguments.done" in d.types()
+    assert not [a for a in d.actions if isinstance(a, act.CallMcpTool)]
+
+
+@pytest.mark.parametrize("tool", [
+    {"headers": {"Host": "internal.example"}}, {"headers": {"Proxy-Authorization": "x"}},
+    {"headers": {"Mcp-Session-Id": "x"}}, {"server_url_suffix": "/../admin"}, {"server_url_suffix": "/%2e%2e/admin"},
+])
+def test_headers_and_paths_that_would_leave_the_allowed_server_are_refused(url, tool):
+    tool = dict(tool)
+    if "server_url_suffix" in tool:
+        tool["server_url"] = url + tool.pop("server_url_suffix")
+    d = session(url, functions=(WEATHER,), **tool)
+    codes = [e["code"] for e in errors_of(d)]
+    assert codes in (["invalid_value"], ["mcp_server_not_allowed"])
+    assert not [a for a in d.actions if isinstance(a, act.ListMcpTools)]
