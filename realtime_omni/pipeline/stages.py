@@ -260,7 +260,9 @@ class ResponsePipeline:
                          forward: Callable[[TalkerOutput], Awaitable[None]]) -> None:
         """One talker call for the whole reply, fed with each thinker output as it arrives
         (``talk_more``): where the model runs in a worker process, a ``talk`` call per token
-        cost a round trip, and the token's frame often the batched talker's next step."""
+        cost a round trip, and the token's frame often the batched talker's next step. (The
+        talker's step times then include its waits for the thinker: a chunk's time is the time
+        to make it, as the listener sees it.)"""
         loop = asyncio.get_running_loop()
         speaking: asyncio.Task[None] | None = None
         first = True
