@@ -910,3 +910,28 @@ def test_a_live_talker_stops_on_cancel_and_on_close(omni):
         assert ended.wait(2) and time.monotonic() - began < 0.5
     finally:
         session.close()
+
+
+def test_a_live_talker_draws_what_talk_calls_draw_when_sampling(omni):
+    """Sampled (the server's default), a session's draws come from its own seeded generator in
+    the same order either way: the live talker's codes are the talk calls' codes."""
+    settings = omni.talker_settings
+    saved = settings.do_sample
+    settings.do_sample = True
+    try:
+        req = lambda: request([TurnMessage(role="user", text="sample this", audio=user_audio(0.4, seed=5))],  # noqa: E731
+                              max_tokens=12)
+        codes = lambda chunks: [c.codes.codes.tolist() for c in chunks if isinstance(c.codes, CodeChunk)]  # noqa: E731
+        first = omni.open_session()
+        try:
+            by_calls = codes(run_turn(first, req())[1])
+        finally:
+            first.close()
+        second = omni.open_session()
+        try:
+            live = codes(live_turn(second, req())[1])
+        finally:
+            second.close()
+        assert live == by_calls
+    finally:
+        settings.do_sample = saved
