@@ -207,7 +207,15 @@ class Conversation:
         return [m for item in self for m in self.messages_of(item)]
 
     def messages_of(self, item: Item) -> list[TurnMessage]:
-        """An item as the thinker reads it: an MCP call reads as a call and its result."""
+        """An item as the thinker reads it: an MCP call reads as a call and its result, a
+        declined approval request as a call and the refusal."""
+        if item.type == "mcp_approval_request":
+            answer = next((i for i in self if i.type == "mcp_approval_response" and i.approval_request_id == item.id), None)
+            if answer is None or answer.approve:
+                return []  # not answered yet, or approved: the mcp_call that ran it reads instead
+            refusal = "the user declined this call" + (f": {answer.reason}" if answer.reason else "")
+            return [TurnMessage(role="assistant", call=ToolCall(item.name, item.arguments, item.id)),
+                    TurnMessage(role="tool", text=refusal, tool_name=item.name)]
         if item.type == "mcp_call":
             if item.status != "completed" and item.error is None:
                 return []  # still running, or cut off before it ran

@@ -152,6 +152,8 @@ def test_a_refused_approval_runs_nothing(url):
     d.send(type="response.create")
     assert not [a for a in d.actions if isinstance(a, act.CallMcpTool)]
     assert isinstance(d.actions[-1], act.StartResponse)
+    call, refusal = d.actions[-1].request.messages[-2:]  # the model reads that it was declined, and why
+    assert call.call.name == "get_weather" and refusal.text == "the user declined this call: not now"
 
 
 def test_failures_are_reported_on_the_item_and_the_session_goes_on(url):
