@@ -38,3 +38,44 @@ def test_sdk_client_writes_where_it_is_told(server, tmp_path):
     run = _sdk_client(server, tmp_path, "--out", str(out))
     assert run.returncode == 0, run.stderr[-1000:]
     assert out.is_file() and f"wrote {out}" in run.stdout
+
+
+def test_mcp_example_lists_calls_and_answers_with_and_without_approval(registry, tmp_path):
+    import socket
+    import time
+
+    import pytest
+
+    pytest.importorskip("mcp")
+    from realtime_omni.server_thread import ServerThread
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    example = str(ROOT / "examples" / "mcp_tools.py")
+    tools = subprocess.Popen([sys.executable, example, "serve-tools", "--port", str(port)], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the example's MCP server did not start"
+                time.sleep(0.2)
+        mcp_url = f"http://127.0.0.1:{port}/mcp"
+        with ServerThread(registry, mcp_allowed_urls=[mcp_url]) as server:
+            for extra in ([], ["--approve"]):
+                run = subprocess.run([sys.executable, example, "ask", "What time is it in Oslo?", "--url", server.http,
+                                      "--mcp-url", mcp_url, *extra], cwd=tmp_path, capture_output=True, text=True,
+                                     timeout=120)
+                assert run.returncode == 0, run.stderr[-1000:]
+                assert "tools: get_time" in run.stdout
+                assert re.search(r"called get_time\(\{.*\}\) -> It is 10:30 in ", run.stdout), run.stdout
+                assert ("approval asked: get_time" in run.stdout) == bool(extra)
+                assert "answer:" in run.stdout
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        tools.terminate()
+        tools.wait(10)
