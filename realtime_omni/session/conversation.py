@@ -163,6 +163,10 @@ class Conversation:
     def last_id(self) -> str | None:
         return self._order[-1] if self._order else None
 
+    def find(self, item_id: str) -> Item | None:
+        """The item, or None when it is not (or no longer) in the conversation."""
+        return self._items.get(item_id)
+
     def get(self, item_id: str, param: str = "item_id", event_id: str | None = None) -> Item:
         item = self._items.get(item_id)
         if item is None:

@@ -19,7 +19,6 @@ The flow, as the Realtime protocol has it:
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from ..engines.base import ToolSpec
@@ -28,7 +27,7 @@ from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
 from .conversation import Item, new_id
-from .tools import MAX_TOTAL_CHARS, ToolChoice, check_function
+from .tools import MAX_TOTAL_CHARS, ToolChoice, check_function, prompt_chars
 
 if TYPE_CHECKING:
     from ..mcp.client import ListedTool
@@ -67,7 +66,7 @@ class McpControl:
     def _list_mcp(self, server: McpServer) -> None:
         for item_id, listing in list(self._mcp_listing.items()):
             if listing.label == server.label:  # superseded: its answer will be dropped
-                self._end_listing(item_id, failed=True)
+                self._fail_listing(item_id)
         if len(self._mcp_listing) >= MAX_SERVERS:  # bounded: a client cannot pile requests up
             self.error(ProtocolError(ErrorCode.RATE_LIMIT_EXCEEDED, f"MCP server {server.label!r}: {MAX_SERVERS} "
                                      "listings are already under way; update the session again once they end",
@@ -80,31 +79,29 @@ class McpControl:
         self._mcp_listing[item.id] = server
         self._actions.append(act.ListMcpTools(item.id, server, self.mcp_timeout_s))
 
-    def _end_listing(self, item_id: str, failed: bool) -> None:
-        """A listing no longer awaited: its item is closed (``incomplete``) and said to have failed."""
+    def _fail_listing(self, item_id: str) -> None:
+        """A listing that failed or is no longer awaited: its item is closed (``incomplete``)."""
         self._mcp_listing.pop(item_id, None)
-        item = next((i for i in self.conversation if i.id == item_id), None)
+        item = self.conversation.find(item_id)
         if item is not None and item.status == "in_progress":
-            item.status = "incomplete" if failed else "completed"
+            item.status = "incomplete"
             self._emit(server_event("conversation.item.done", item=item.to_dict()))
-        if failed:
-            self._emit(server_event("mcp_list_tools.failed", item_id=item_id))
+        self._emit(server_event("mcp_list_tools.failed", item_id=item_id))
 
     def on_mcp_tools_listed(self, item_id: str, tools: tuple[ListedTool, ...], error: dict[str, Any] | None) -> None:
         """Driver callback: a server's listing (or why there is none)."""
         server = self._mcp_listing.pop(item_id, None)
         if server is None or server not in self.config.mcp or self.closed:
             return  # the server was removed or listed again meanwhile
-        item = next((i for i in self.conversation if i.id == item_id), None)
         if error is not None:
-            self._mcp_listing[item_id] = server
-            self._end_listing(item_id, failed=True)
+            self._fail_listing(item_id)
             self.error(ProtocolError(ErrorCode.MCP_LIST_TOOLS_FAILED, f"MCP server {server.label!r}: "
                                      f"{error.get('message', 'listing its tools failed')}", param="session.tools",
                                      type="server_error"))
             return
         offered, refused = self._offer(server, tools)
         self.mcp_offered[server.label] = offered
+        item = self.conversation.find(item_id)
         if item is not None:
             item.status = "completed"
             item.tools = [tool.to_dict() for tool in tools if tool.name in {o[1] for o in offered}]
@@ -119,11 +116,11 @@ class McpControl:
         other tool of the session uses."""
         taken = {tool.name for tool in self.config.tools}
         # every response renders all the tools into the prompt: the functions' budget holds for all
-        used = sum(len(json.dumps(t.parameters)) + len(t.description) for t in self.config.tools)
+        used = sum(map(prompt_chars, self.config.tools))
         for label, others in self.mcp_offered.items():
             if label != server.label:
                 taken |= {spec.name for spec, _, _ in others}
-                used += sum(len(json.dumps(spec.parameters)) + len(spec.description) for spec, _, _ in others)
+                used += sum(prompt_chars(spec) for spec, _, _ in others)
         offered: list[Offered] = []
         refused: list[str] = []
         for tool in tools:
@@ -135,7 +132,7 @@ class McpControl:
             try:
                 spec = check_function({"description": tool.description, "parameters": tool.input_schema},
                                       tool.name, f"tools.{server.label}")
-                size = len(json.dumps(spec.parameters)) + len(spec.description)
+                size = prompt_chars(spec)
             except ProtocolError as exc:
                 refused.append(f"{tool.name[:64]!r}: {exc.message}")
                 continue

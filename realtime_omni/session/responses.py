@@ -101,9 +101,6 @@ class Response:
     def add_output(self, emit: EventSink, item: Item) -> None:
         """A new output item (the message, a call): ``response.output_item.added`` and, in the
         conversation, ``conversation.item.added``."""
-        self._add_output(emit, item)
-
-    def _add_output(self, emit: EventSink, item: Item) -> None:
         self.outputs.append(item)
         emit(server_event("response.output_item.added", response_id=self.id, output_index=len(self.outputs) - 1,
                           item=item.to_dict()))
@@ -113,7 +110,7 @@ class Response:
     def _open_message(self, emit: EventSink) -> None:
         if self._index(self.item) >= 0:
             return
-        self._add_output(emit, self.item)
+        self.add_output(emit, self.item)
         # Items use the output_* part types; the content_part events use plain audio/text (GA SDK).
         self.item.content = [{"type": "output_audio", "transcript": ""} if self.wants_audio else {"type": "output_text", "text": ""}]
         part = {"type": "audio", "transcript": ""} if self.wants_audio else {"type": "text", "text": ""}
@@ -134,7 +131,7 @@ class Response:
                             call_id=new_id("call"), name=piece.name)
             self._call = call
             if call.type != "mcp_approval_request":  # a request is announced whole, once its arguments are
-                self._add_output(emit, call)
+                self.add_output(emit, call)
         if call.type != "function_call":
             self._mcp_delta(emit, call, piece)
             return
@@ -162,7 +159,7 @@ class Response:
         self._call = None
         if call.type == "mcp_approval_request":
             call.status = "completed"
-            self._add_output(emit, call)
+            self.add_output(emit, call)
             self._close_output(emit, call)
             return
         emit(server_event("response.mcp_call_arguments.done", response_id=self.id, item_id=call.id,

@@ -75,7 +75,7 @@ def parse_tools(value: Any, param: str, mcp_urls: tuple[str, ...] = ()) -> tuple
                 specs.append(_function(tool, name, at))
             case _:
                 raise ProtocolError(ErrorCode.INVALID_VALUE, "a tool needs a string 'name' and type 'function'", param=at)
-    total = sum(len(json.dumps(spec.parameters)) + len(spec.description) for spec in specs)
+    total = sum(map(prompt_chars, specs))
     if total > MAX_TOTAL_CHARS:
         raise ProtocolError(ErrorCode.INVALID_VALUE, f"the tools take {total} characters; at most {MAX_TOTAL_CHARS} in all",
                             param=param)
@@ -84,6 +84,11 @@ def parse_tools(value: Any, param: str, mcp_urls: tuple[str, ...] = ()) -> tuple
         if name in names[:index]:
             raise ProtocolError(ErrorCode.INVALID_VALUE, f"tool name {name!r} is declared twice", param=f"{param}.{index}.name")
     return specs, servers
+
+
+def prompt_chars(spec: ToolSpec) -> int:
+    """What a tool adds to every response's prompt, counted against :data:`MAX_TOTAL_CHARS`."""
+    return len(json.dumps(spec.parameters)) + len(spec.description)
 
 
 def check_function(tool: dict[str, Any], name: str, at: str) -> ToolSpec:
