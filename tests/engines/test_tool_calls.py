@@ -11,13 +11,8 @@ pytest.importorskip("llguidance")
 
 from realtime_omni.engines.base import ThinkRequest, ToolCall, ToolSpec, TurnMessage
 from realtime_omni.engines.embedded.llm import LlamaThinkerModel
-from realtime_omni.engines.embedded.tool_calls import (
-    NAME_END,
-    CallParser,
-    ToolGrammarError,
-    call_grammar,
-    render_call,
-)
+from realtime_omni.engines.embedded.tool_calls import render_call
+from realtime_omni.engines.tool_calls import NAME_END, CallParser, ToolGrammarError, call_grammar
 from realtime_omni.engines.settings import EmbeddedSettings
 
 WEATHER = ToolSpec("get_weather", "Current weather of a city", {
@@ -167,7 +162,7 @@ HOSTILE_SCHEMAS = {
 
 @pytest.mark.parametrize("schema", HOSTILE_SCHEMAS.values(), ids=HOSTILE_SCHEMAS.keys())
 def test_hostile_schemas_give_grammars_the_matcher_compiles(thinker, schema):
-    from realtime_omni.engines.embedded.tool_calls import compile_call_grammar
+    from realtime_omni.engines.tool_calls import compile_call_grammar
     from realtime_omni.session.tools import parse_tools
 
     spec = parse_tools([{"type": "function", "name": "f", "parameters": schema}], "tools")[0][0]
@@ -194,7 +189,7 @@ def test_a_grammar_beyond_the_size_limit_is_refused():
 def test_declared_properties_are_the_only_ones_and_json_stays_on_one_line(thinker):
     """An object schema that lists its properties takes no others (JSON Schema's default would
     let a small model invent properties until the token limit), written as calls are rendered."""
-    from realtime_omni.engines.embedded.tool_calls import compile_call_grammar
+    from realtime_omni.engines.tool_calls import compile_call_grammar
 
     city = ToolSpec("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}}})
     tokenizer = thinker._shared.runtime.tokenizer
@@ -213,7 +208,7 @@ def test_declared_properties_are_the_only_ones_and_json_stays_on_one_line(thinke
 def test_a_free_string_argument_is_bounded_and_a_declared_bound_is_kept(thinker):
     """A string the schema leaves free takes at most FREE_STRING_CHARS characters (a small model
     could otherwise write one until the token limit, and the call would never close)."""
-    from realtime_omni.engines.embedded.tool_calls import FREE_STRING_CHARS, compile_call_grammar
+    from realtime_omni.engines.tool_calls import FREE_STRING_CHARS, compile_call_grammar
 
     note = ToolSpec("save_note", "", {"type": "object", "properties": {
         "text": {"type": "string"}, "tag": {"type": "string", "maxLength": 4},

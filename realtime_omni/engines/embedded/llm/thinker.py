@@ -21,16 +21,8 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ...base import ThinkerOutput, ThinkRequest, TurnMessage
-from ..tool_calls import (
-    CALL_PREFIX,
-    MARKER,
-    NAME_END,
-    CallParser,
-    call_grammar,
-    compile_call_grammar,
-    render_call,
-    tools_prompt,
-)
+from ...tool_calls import NAME_END, CallParser, call_grammar, compile_call_grammar
+from ..tool_calls import CALL_PREFIX, MARKER, render_call, tools_prompt
 from .model_file import locate_model_file
 from .runtime import ContextCache, DecoderRuntime
 from .sampling import Sampling, sample
