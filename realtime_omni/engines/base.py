@@ -116,6 +116,8 @@ class ThinkRequest:
     tool_choice: ToolChoiceMode = "auto"
     #: with ``tool_choice == "required"``: the one function that must be called, if named
     tool_name: str | None = None
+    #: whether one reply may call several functions (engines that make one call per reply ignore it)
+    parallel_tool_calls: bool = True
     #: speaking rate (``audio.output.speed``, 0.25-1.5); talkers that cannot change it ignore it
     speed: float = 1.0
 

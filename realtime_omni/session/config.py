@@ -64,6 +64,7 @@ class SessionConfig(BaseModel):
     #: MCP servers among the tools (their listed tools join ``tools`` for the model)
     mcp: list[McpServer] = []
     tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True
     #: the MCP server URLs the operator allows (``tools.mcp_allowed_urls``); not a client setting
     mcp_urls: tuple[str, ...] = Field(default=(), exclude=True)
 
@@ -99,6 +100,8 @@ class SessionConfig(BaseModel):
         if update.get("tools") is not None or update.get("tool_choice") is not None:
             self.tools, self.mcp, self.tool_choice = tools_of(update, self.tools, self.mcp, self.tool_choice, "session",
                                                               self.mcp_urls)
+        if update.get("parallel_tool_calls") is not None:
+            self.parallel_tool_calls = bool(update["parallel_tool_calls"])
         audio = update.get("audio") or {}
         audio_in = audio.get("input") or {}
         audio_out = audio.get("output") or {}
@@ -145,6 +148,7 @@ class SessionConfig(BaseModel):
             "instructions": self.instructions,
             "tools": [tool_dict(tool) for tool in self.tools] + [server.to_dict() for server in self.mcp],
             "tool_choice": self.tool_choice.to_dict(),
+            "parallel_tool_calls": self.parallel_tool_calls,
             "max_output_tokens": self.max_output_tokens,
             "tracing": None,
             "prompt": None,

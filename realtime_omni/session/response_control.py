@@ -69,6 +69,8 @@ class ResponseControl:
             self._emit(server_event("rate_limits.updated", rate_limits=self.rate_limits()))
         self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
                                                     response.wants_audio, tools, choice)
+        if params.get("parallel_tool_calls") is not None:
+            self._pending_request.parallel_tool_calls = bool(params["parallel_tool_calls"])
         self._pending_input = params.get("input")
         self._pending_refs = params.get("item_references", [])
         self._pending_spec = spec_id
@@ -87,6 +89,7 @@ class ResponseControl:
             tools=list(tools),
             tool_choice=choice.mode if tools else "none",  # a session may hold "required" before its tools
             tool_name=choice.name,
+            parallel_tool_calls=self.config.parallel_tool_calls,
         )
 
     def _messages(self, params_input: list[dict[str, Any]] | None, refs: list[tuple[int, str]]) -> list[TurnMessage]:

@@ -34,7 +34,8 @@ def same_request(a: ThinkRequest, b: ThinkRequest) -> bool:
         and a.voice == b.voice
         and a.speed == b.speed
         and a.max_output_tokens == b.max_output_tokens
-        and (a.tools, a.tool_choice, a.tool_name) == (b.tools, b.tool_choice, b.tool_name)
+        and (a.tools, a.tool_choice, a.tool_name, a.parallel_tool_calls) == (b.tools, b.tool_choice, b.tool_name,
+                                                                          b.parallel_tool_calls)
         and [(m.role, m.text.strip(), m.call) for m in a.messages] == [(m.role, m.text.strip(), m.call) for m in b.messages]
     )
 

@@ -35,6 +35,8 @@ SPECIAL = {
     "<|tts_pad|>": 272, "<|spk_chelsie|>": 273, "<|spk_ethan|>": 274,
 }
 WORDS = {"system": 267, "user": 268, "assistant": 269}
+#: the Qwen call tags: plain added tokens (not special), as in the released vocabularies
+TOOL_TAGS = {"<tool_call>": 275, "</tool_call>": 276}
 VOCAB = 288
 S = {k.strip("<|>").lower(): v for k, v in SPECIAL.items()}
 
@@ -60,7 +62,8 @@ def make_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    entries = sorted([(i, s, True) for s, i in SPECIAL.items()] + [(i, w, False) for w, i in WORDS.items()])
+    entries = sorted([(i, s, True) for s, i in SPECIAL.items()]
+                     + [(i, w, False) for w, i in {**WORDS, **TOOL_TAGS}.items()])
     for i, text, special in entries:
         while tok.get_vocab_size() < i:  # unused ids stay reserved
             tok.add_tokens([AddedToken(f"<|reserved_{tok.get_vocab_size()}|>", special=True)])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 
 import numpy as np
 import pytest
@@ -261,3 +262,49 @@ async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, mon
     assert calls["talk"] == 0 and calls["talk_live"] == 1
     # the reply's outputs (10 tokens and the end mark) and the final hand-over, fewer when they queued
     assert 1 <= calls["talk_more"] <= 12
+
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
+                "parameters": {"type": "object", "required": ["city"],
+                               "properties": {"city": {"enum": ["paris", "rome", "oslo"]}}}}
+
+
+async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_server):
+    """Through the SDK: a required call comes back as a ``function_call`` item with arguments
+    streamed and valid, nothing spoken; its output and ``response.create`` then get a spoken
+    answer that finds the call in the model's cache (cached input tokens)."""
+    srv, model_id = omni_server
+    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    async with client.realtime.connect(model=model_id) as conn:
+        created = await conn.recv()
+        assert "tools" in created.session.capabilities
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 120, "tools": [WEATHER_TOOL],
+                                           "tool_choice": "required", "audio": {"input": {"turn_detection": None}}})
+        noise = (np.random.default_rng(2).standard_normal(24_000) * 3000).astype("<i2")
+        await conn.input_audio_buffer.append(audio=base64.b64encode(noise.tobytes()).decode())
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        events = []
+        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
+            events.append(event)
+        kinds = [e.type for e in events]
+        assert "response.output_audio.delta" not in kinds
+        (call,) = [o for o in event.response.output if o.type == "function_call"]
+        assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("paris", "rome", "oslo")
+        streamed = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        assert streamed == call.arguments
+        await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call.call_id,
+                                                  "output": '{"temperature": 21}'})
+        await conn.session.update(session={"type": "realtime", "tool_choice": "none", "max_output_tokens": 6})
+        await conn.response.create()
+        audio = 0
+        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
+            if event.type == "response.output_audio.delta":
+                audio += len(base64.b64decode(event.delta))
+        assert event.response.status in ("completed", "incomplete") and audio > 0  # (6 tokens: the limit)
+        usage = event.response.usage
+        # the call stayed in the cache: evaluated were only its closing, the output (a token per
+        # byte with the test tokenizer) and the reply's header
+        evaluated = usage.input_tokens - usage.input_token_details.cached_tokens
+        output = len('<tool_response>\n{"temperature": 21}\n</tool_response>')
+        assert output < evaluated <= output + 16

@@ -271,3 +271,42 @@ def test_a_response_that_ends_inside_a_call_is_incomplete():
     assert (done["status"], done["status_details"]["reason"]) == ("incomplete", "max_output_tokens")
     assert done["output"][0]["status"] == "incomplete"
     assert "response.function_call_arguments.done" not in d.types()
+
+
+def test_parallel_tool_calls_is_kept_reported_and_carried_per_response():
+    d = agent()
+    action = start(d)
+    assert action.request.parallel_tool_calls is True  # the protocol's default
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    d.send(type="session.update", session={"type": "realtime", "parallel_tool_calls": False})
+    assert d.events[-1]["session"]["parallel_tool_calls"] is False
+    action = start(d)
+    assert action.request.parallel_tool_calls is False
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    assert start(d, parallel_tool_calls=True).request.parallel_tool_calls is True  # per response
+
+
+def test_several_calls_in_one_response_are_items_of_their_own():
+    d = agent()
+    action = start(d)
+    for name, args in (("get_weather", '{"city": "Paris"}'), ("get_time", "{}")):
+        d.s.on_response_call(action.response_id, action.epoch, ToolCallDelta(name=name))
+        d.s.on_response_call(action.response_id, action.epoch, ToolCallDelta(name=name, done=True, arguments=args))
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    output = d.take()[-1]["response"]["output"]
+    assert [(o["type"], o["name"], o["arguments"]) for o in output] == [
+        ("function_call", "get_weather", '{"city": "Paris"}'), ("function_call", "get_time", "{}")]
+    assert output[0]["call_id"] != output[1]["call_id"]
+
+
+@pytest.mark.parametrize("value", ["maybe", 2, [True], {"a": 1}])
+def test_a_parallel_tool_calls_that_is_not_a_boolean_is_refused_with_its_field(value):
+    d = agent(parallel_tool_calls=False)
+    with pytest.raises(ProtocolError) as refused:  # (the transport sends it as an error event)
+        d.send(type="session.update", session={"type": "realtime", "parallel_tool_calls": value})
+    assert (refused.value.code, refused.value.param) == ("invalid_event", "session.parallel_tool_calls")
+    d.send(type="session.update", session={"type": "realtime", "parallel_tool_calls": None})  # null: unchanged
+    assert d.events[-1]["session"]["parallel_tool_calls"] is False

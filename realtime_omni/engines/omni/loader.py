@@ -36,6 +36,7 @@ from .assets import (
     placeholder_speakers,
     special_tokens,
 )
+from .tool_calls import ToolSupport
 
 #: model_type / architectures spellings that map to each supported architecture
 _MODEL_TYPES: dict[str, Arch] = {"qwen2_5_omni": "qwen2_5_omni", "qwen3_omni_moe": "qwen3_omni_moe"}
@@ -136,6 +137,8 @@ class LoadedOmni:
     speakers: dict[str, Any] = field(default_factory=dict)
     default_speaker: str = ""
     cache_kwarg: str = "cache"
+    #: the model's function-call format (None: the model takes no tools)
+    tools: ToolSupport | None = None
 
     @property
     def thinker(self):
@@ -332,10 +335,11 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
     params = inspect.signature(model.thinker.model.forward).parameters
     cache_kwarg = "cache" if "cache" in params else "past_key_values"
     tokens = special_tokens(arch, model.config, tokenizer)
+    tools = ToolSupport.of(tokenizer, vocab=int(model.thinker.lm_head.weight.shape[0]))
     return LoadedOmni(
         arch=arch, path=root, model=model, config=model.config, tokenizer=tokenizer,
         feature_extractor=fe, image_processor=ip, device=torch.device(device), dtype=torch_dtype,
-        tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg,
+        tokens=tokens, speakers=speakers, default_speaker=default, cache_kwarg=cache_kwarg, tools=tools,
     )
 
 

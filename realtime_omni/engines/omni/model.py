@@ -155,6 +155,7 @@ class OmniModel(VoiceModel):
         self._lock = threading.Lock()
         if loaded is not None:
             self._setup_codec()
+            self._note_tools()
 
     @classmethod
     def random(cls, config: Any, settings: OmniSettings, model_id: str | None = None) -> OmniModel:
@@ -207,7 +208,15 @@ class OmniModel(VoiceModel):
         self.vad = _optional_vad(progress)
         if self.vad is not None:
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
+        self._note_tools(progress)
         self.warm_graphs(progress)
+
+    def _note_tools(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        """Function calls where the vocabulary has the Qwen call tokens (and llguidance is there)."""
+        if self.loaded is not None and self.loaded.tools is not None:
+            self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"tools"})
+        else:
+            progress("function calls off: the tokenizer has no <tool_call> token, or llguidance is not installed")
 
     def warm_graphs(self, progress: Callable[[str], None] = lambda _msg: None) -> dict[str, bool]:
         """On CUDA: check every step for host syncs and capture it once (a throw-away session and

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..base import TurnMessage
 from .loader import LoadedOmni, audio_token_count
+from .tool_calls import call_body, response_text
 
 #: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
 MIN_AUDIO_SAMPLES = 1_600
@@ -37,6 +38,8 @@ def _digest(array: np.ndarray) -> str:
 
 
 def fingerprint(message: TurnMessage) -> tuple:
+    if message.role == "assistant" and message.call is not None:
+        return ("assistant", "call", norm_text(call_body(message.call)))
     if message.role == "assistant":
         return ("assistant", norm_text(message.text))
     audio = _digest(message.audio) if message.audio is not None and len(message.audio) else ""
@@ -61,6 +64,10 @@ class PromptRenderer:
         return [self.tok.im_end, *self.tok.newline]
 
     def render(self, message: TurnMessage) -> Rendered:
+        if message.role == "assistant" and message.call is not None:
+            return self._call(message)
+        if message.role == "tool":  # a function's output comes back as a user message
+            return Rendered(ids=self.header("user") + self.encode(response_text(message.text)) + self.closing())
         out = Rendered(ids=self.header(message.role))
         if message.role == "user":
             for image in message.images:
@@ -70,6 +77,15 @@ class PromptRenderer:
         out.ids += self.encode(message.text)
         out.ids += self.closing()
         return out
+
+    def _call(self, message: TurnMessage) -> Rendered:
+        """A function call the model made (or a client replayed), as the model writes one."""
+        tools = self.loaded.tools
+        if tools is None:
+            raise ValueError("this omni checkpoint has no function-call tokens; the conversation holds a call")
+        assert message.call is not None
+        body = self.encode(call_body(message.call))
+        return Rendered(ids=self.header("assistant") + [tools.open, *body, tools.close] + self.closing())
 
     def _audio(self, out: Rendered, pcm16k: np.ndarray) -> None:
         import torch

@@ -43,7 +43,9 @@ from .prompt import PromptRenderer, norm_text
 from .sampling import TokenSampler
 from .talker_reads import TalkerReads
 from .talker_stream import CodeSampling
+from .thinker_calls import ThinkerCalls, ban_ids
 from .thinker_prefill import ThinkerPrefill
+from .tool_calls import call_mode, tools_block
 
 if TYPE_CHECKING:
     from .batching.batcher import Lookahead
@@ -100,7 +102,7 @@ def thinker_sampling(loaded: LoadedOmni, settings: ThinkerSettings) -> CodeSampl
     )
 
 
-class StreamingThinker(ThinkerPrefill):
+class StreamingThinker(ThinkerPrefill, ThinkerCalls):
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
     def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None,
@@ -253,6 +255,10 @@ class StreamingThinker(ThinkerPrefill):
             system = base + "\n\n" + system
         elif base:
             system = base
+        if self.loaded.tools is not None and request.tools:
+            # declared under every tool_choice (``none`` only keeps the call tags out of the reply):
+            # a session switching its choice keeps its context
+            system = (system + "\n\n" if system else "") + tools_block(request.tools)
         target: list[TurnMessage] = []
         if system:
             target.append(TurnMessage(role="system", text=system))
@@ -275,6 +281,9 @@ class StreamingThinker(ThinkerPrefill):
             self.last_prefill_tokens = prefilled
             self.last_prompt_tokens = prompt
             snapshot = talker_prompt(self.ctx, self.loaded, turn)
+            mode = call_mode(request, loaded.tools)
+            banned = self._banned(request)
+            token = self._first_token(logits, mode, request)
         log.info("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
 
         def out(text: str, hidden: TokenHidden) -> ThinkerOutput:
@@ -295,13 +304,16 @@ class StreamingThinker(ThinkerPrefill):
                 first = False
             return hidden
 
-        token = self._sampler(logits, all_ids)
         next_rows: tuple[Any, Any] | None = None  # Qwen3, batched: the token's embedding and talker part
         batched = self.rows is not None
         rows_stream = loaded.stream("token rows")  # where the talker's rows are copied (see settled_copies)
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
-            self.rows.state.load(self.rows.slot, self.ctx.ids)
+            self.rows.state.load(self.rows.slot, self.ctx.ids, banned)
         try:
+            if mode != "none" and token == loaded.tools.open:  # the reply is a function call
+                yield from self._call(request, turn, reply, {"prefilled_tokens": prefilled, "prompt_tokens": prompt},
+                                      max_new)
+                return
             while True:
                 if not self._alive(turn, request):
                     return
@@ -347,7 +359,7 @@ class StreamingThinker(ThinkerPrefill):
                     token = picked
                 else:
                     all_ids = torch.cat([all_ids, torch.tensor([[token]])], dim=1)
-                    token = self._sampler(logits, all_ids)
+                    token = self._sampler(ban_ids(logits, banned), all_ids)
         finally:
             with self.lock:
                 self._drain_ahead()

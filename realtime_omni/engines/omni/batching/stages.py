@@ -55,6 +55,8 @@ class ThinkerTokens:
     step picked (``last``); it then picks the next token with the model's sampling rule
     (repetition penalty over ``seen``: the session's whole context and reply so far, as the
     per-session sampler's history). A session can thus queue steps ahead of reading their tokens.
+    Each slot also has its own suppressed ids (``suppress``): the tool-call tags outside a call,
+    and, while a function call is written, every token its grammar does not allow next.
     """
 
     def __init__(self, loaded: LoadedOmni, pool: SlotPool, rule: CodeSampling) -> None:
@@ -70,10 +72,11 @@ class ThinkerTokens:
         self.lock = threading.Lock()
         self.last = torch.zeros((pool.slots,), dtype=torch.long, device=device)
         self.seen = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
-        self.suppress = torch.zeros((vocab,), dtype=torch.bool, device=device)
+        self.suppress = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
 
-    def load(self, slot: int, history: list[int]) -> None:
-        """At the start of a reply: the ids the repetition penalty covers (the context so far)."""
+    def load(self, slot: int, history: list[int], banned: list[int] | tuple[int, ...] = ()) -> None:
+        """At the start of a reply: the ids the repetition penalty covers (the context so far),
+        and the ids the reply may not pick."""
         import torch
 
         from ..graphs import on_stream
@@ -83,6 +86,20 @@ class ThinkerTokens:
             ids = [i for i in set(history) if 0 <= i < self.seen.shape[1]]
             if ids:
                 self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
+            self.suppress[slot].zero_()
+            if banned:
+                self.suppress[slot, torch.tensor(list(banned), device=self.seen.device)] = True
+
+    def restrict(self, slot: int, allowed: Any) -> None:
+        """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool
+        array, padded with False to the head's size); before the step that picks them is queued."""
+        import torch
+
+        from ..graphs import on_stream
+
+        mask = torch.as_tensor(allowed, dtype=torch.bool)
+        with self.lock, on_stream(self.loaded.stream("thinker")):
+            self.suppress[slot].copy_(~mask.to(self.suppress.device), non_blocking=False)
 
     def noise(self, generator: Any) -> Any:
         """One step's uniform draws (zeros when the rule is greedy)."""
@@ -110,7 +127,7 @@ class ThinkerTokens:
         ids, pos, chain, noise = inputs
         cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
-        last_s, seen_s = self.last[:bucket], self.seen[:bucket]
+        last_s, seen_s, suppress_s = self.last[:bucket], self.seen[:bucket], self.suppress[:bucket]
 
         def step():
             active = write_pos < self.pool.length  # rows without work this step keep their state
@@ -120,7 +137,7 @@ class ThinkerTokens:
             out = lm(inputs_embeds=embeds, position_ids=_positions(pos), attention_mask=cache.mask(),
                      use_cache=True, return_dict=True, **{loaded.cache_kwarg: cache})
             last = out.last_hidden_state[:, -1, :]
-            picked = pick_codes(head(last).float(), seen_s, self.suppress, noise, self.rule)
+            picked = pick_codes(head(last).float(), seen_s, suppress_s, noise, self.rule)
             last_s.copy_(torch.where(active, picked, last_s))
             # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
             if qwen25:
