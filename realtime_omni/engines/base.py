@@ -172,6 +172,9 @@ class ModelSession(abc.ABC):
     #: token per codec frame): :meth:`talk_boundary` cuts after all that is pending, decided
     #: where the pipeline runs, without asking a worker that holds the session
     talks_every_output: bool = False
+    #: :meth:`listen` is cheap enough to run on the event loop (a copy, no inference): the session
+    #: calls it there instead of handing every 20 ms of audio to a worker thread and back
+    listens_inline: bool = False
     #: the talker takes a reply in one :meth:`talk_live` call, fed with :meth:`talk_more` as the
     #: thinker's outputs come (instead of a :meth:`talk` call per output)
     talks_live: bool = False

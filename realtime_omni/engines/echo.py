@@ -22,6 +22,8 @@ from .base import (
 
 
 class EchoSession(ModelSession):
+    listens_inline = True
+
     def listen(self, audio: Pcm) -> Pcm:
         return audio  # the same samples: the session resamples only if its output rate differs
 

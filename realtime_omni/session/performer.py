@@ -125,6 +125,11 @@ class ActionPerformer:
         host = self._host
         if host.model is None:
             return
+        if host.model.listens_inline:
+            said = host.model.listen(action.audio)
+            if said is not None:
+                host.core.on_model_audio(said)
+            return
         try:
             said = await asyncio.wait_for(
                 asyncio.get_running_loop().run_in_executor(host.vad_executor, host.model.listen, action.audio),

@@ -233,9 +233,13 @@ class SessionRunner(ConnectionLink):
                     await self._flush()
                     break
                 wake = min(self._expires_at(), warn_at or deadline)
-                try:
-                    message = await asyncio.wait_for(self.mailbox.get(), max(wake - now, 0.0))
-                except asyncio.TimeoutError:
+                try:  # (a deadline, not wait_for: no task wrapped around every message)
+                    if self.mailbox.empty():
+                        async with asyncio.timeout(max(wake - now, 0.0)):
+                            message = await self.mailbox.get()
+                    else:
+                        message = self.mailbox.get_nowait()
+                except TimeoutError:
                     continue
                 size = inp.payload_bytes(message)
                 if size:

@@ -107,6 +107,8 @@ def frame_clock() -> FrameClock:
 
 
 _ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+#: the server's outgoing Opus (see :class:`OpusPacketEncoder`)
+SERVER_OPUS = {"application": "lowdelay", "complexity": 5}
 
 
 class OpusPacketEncoder:
@@ -117,18 +119,23 @@ class OpusPacketEncoder:
     reused without calling libopus until the next sound: an idle track (between responses, most
     of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
     resampling leave in silence) counts as silence and goes out as digital silence.
-    ``complexity`` is libopus's 0–10; its default (10) measured cheaper here than 5, which also
-    stops emitting its 3-byte silence packets."""
+
+    ``application`` and ``complexity`` are libopus's. The server's tracks use
+    :data:`SERVER_OPUS`: CELT only (``lowdelay``) at complexity 5. Measured here on Piper speech at
+    48 kbit/s against ``voip`` at its default complexity (the browser's choice): 75 against
+    225 µs a frame, 2.5 against 6.4 ms of look-ahead, 22.6 against 12.6 dB waveform SNR; its
+    silence settles after 12 frames. Every Opus decoder plays every mode.
+    """
 
     SILENCE_PEAK = 4
 
-    def __init__(self, bitrate: int = 48_000, complexity: int | None = None) -> None:
+    def __init__(self, bitrate: int = 48_000, complexity: int | None = None, application: str = "voip") -> None:
         codec = CodecContext.create("libopus", "w")
         codec.format = "s16"
         codec.layout = "mono"
         codec.sample_rate = RATE
         codec.bit_rate = bitrate
-        options = {"application": "voip"}
+        options = {"application": application}
         if complexity is not None:
             options["compression_level"] = str(complexity)
         codec.options = options
@@ -437,7 +444,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._frames += 1
         self.frames_sent += 1
         if self._encoder is None:
-            self._encoder = OpusPacketEncoder()
+            self._encoder = OpusPacketEncoder(**SERVER_OPUS)
         packet = self._encoder.encode(samples, pts)
         if packet is not None:
             return packet
