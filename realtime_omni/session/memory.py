@@ -24,8 +24,13 @@ def approx_bytes(value: Any, depth: int = 0) -> int:
         return int(value.nbytes)
     if depth >= _MAX_DEPTH:
         return ENTRY_BYTES
-    if isinstance(value, dict):
-        return sum(ENTRY_BYTES + len(k) + approx_bytes(v, depth + 1) for k, v in value.items())
+    total = 0
+    if isinstance(value, dict):  # loops, not generators: this runs for every event sent
+        for key, item in value.items():
+            total += ENTRY_BYTES + len(key) + approx_bytes(item, depth + 1)
+        return total
     if isinstance(value, list | tuple):
-        return sum(ENTRY_BYTES + approx_bytes(v, depth + 1) for v in value)
+        for item in value:
+            total += ENTRY_BYTES + approx_bytes(item, depth + 1)
+        return total
     return ENTRY_BYTES

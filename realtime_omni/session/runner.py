@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from ..audio import Pcm
 from ..audio.end_of_turn import EndOfTurnModel
@@ -34,6 +34,9 @@ from .performer import ActionPerformer
 from .speculation import SpeculativeTurns
 
 log = logging.getLogger(__name__)
+
+#: an outgoing event fenced off after it was queued (skipped, never sent)
+STALE = object()
 
 
 class SessionRunner(ConnectionLink):
@@ -179,16 +182,31 @@ class SessionRunner(ConnectionLink):
     async def next_outgoing(self) -> Outgoing | None:
         """The next event to send; None when the session is over. Stale audio is skipped."""
         while True:
-            out = await self.outbox.get()
-            if out is None:
-                return None
-            self.outbox_bytes -= out.nbytes
-            self._outbox_room.set()
-            if out.epoch is not None and out.epoch != self.core.epoch:
-                continue  # fenced off by a cancel/barge-in after it was queued
-            self.meter.handed_over(out.event, time.monotonic())
-            self.journal.record(out)
-            return out
+            out = self._take(await self.outbox.get())
+            if out is not STALE:
+                return out  # type: ignore[return-value]
+
+    def next_outgoing_nowait(self) -> Outgoing | None | Literal["empty"]:
+        """As :meth:`next_outgoing` without waiting: ``"empty"`` when nothing is queued (a
+        writer then takes a queued event without a task and a wait set per event)."""
+        while True:
+            try:
+                out = self._take(self.outbox.get_nowait())
+            except asyncio.QueueEmpty:
+                return "empty"
+            if out is not STALE:
+                return out  # type: ignore[return-value]
+
+    def _take(self, out: Outgoing | None) -> Outgoing | None | object:
+        if out is None:
+            return None
+        self.outbox_bytes -= out.nbytes
+        self._outbox_room.set()
+        if out.epoch is not None and out.epoch != self.core.epoch:
+            return STALE  # fenced off by a cancel/barge-in after it was queued
+        self.meter.handed_over(out.event, time.monotonic())
+        self.journal.record(out)
+        return out
 
     async def close(self, reason: str = "client_closed") -> None:
         """Request a clean close; returns when everything the session held is released."""

@@ -265,6 +265,19 @@ class Peer:
         try:
             while True:
                 if out_task is None:
+                    # what is queued already goes out without a task and a wait set per event;
+                    # the channel's opening and the notes keep their place in the order
+                    if open_task is not None and open_task.done():
+                        open_task = None
+                        await self._send_early()
+                    if self._notes_ready.is_set():
+                        await self._send_notes()
+                    out = runner.next_outgoing_nowait()
+                    if out is None:
+                        break
+                    if not isinstance(out, str):  # (not "empty")
+                        await self._handle(out)
+                        continue
                     out_task = asyncio.ensure_future(runner.next_outgoing())
                 if note_task is None:
                     note_task = asyncio.ensure_future(self._notes_ready.wait())
@@ -272,13 +285,10 @@ class Peer:
                 done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if open_task in done:
                     open_task = None
-                    while self._early:
-                        await self._send(self._early.popleft())
+                    await self._send_early()
                 if note_task in done:
                     note_task = None
-                    self._notes_ready.clear()
-                    while self._notes:
-                        await self._send(self._notes.popleft())
+                    await self._send_notes()
                 if out_task in done:
                     out = out_task.result()
                     out_task = None
@@ -290,9 +300,17 @@ class Peer:
                 if task is not None:
                     task.cancel()
         # The session ended (idle timeout, expiry, close): say what is left, then hang up.
+        await self._send_notes()
+        self.hangup(self.hangup_reason or "session_closed")
+
+    async def _send_early(self) -> None:
+        while self._early:
+            await self._send(self._early.popleft())
+
+    async def _send_notes(self) -> None:
+        self._notes_ready.clear()
         while self._notes:
             await self._send(self._notes.popleft())
-        self.hangup(self.hangup_reason or "session_closed")
 
     async def _handle(self, out: Any) -> None:
         event = out.event
