@@ -275,10 +275,10 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
             )
         old_vad, old_servers = self.config.turn_detection, self.config.mcp
         self.config = config
-        self._mcp_servers_changed(old_servers)
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
+        self._mcp_servers_changed(old_servers)  # the update is acknowledged, then the listing starts
 
     def _check_type_change(self, kind: str) -> None:
         if kind == "transcription" and "transcription" not in self.model.capabilities:

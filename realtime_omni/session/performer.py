@@ -65,6 +65,8 @@ class ActionPerformer:
         self.response_task: asyncio.Task[None] | None = None
         #: transcriptions in flight
         self.side_tasks: set[asyncio.Task[None]] = set()
+        #: MCP calls in flight, by response (a cancelled response stops its calls)
+        self._mcp_calls: dict[str, set[asyncio.Task[None]]] = {}
 
     def running(self) -> list[asyncio.Task[None]]:
         """The tasks still running (the runner cancels them when the session ends)."""
@@ -95,16 +97,20 @@ class ActionPerformer:
                     self.response_task = adopted.task
                 else:
                     self.response_task = asyncio.create_task(self._respond(action))
-            case act.CancelResponse():
+            case act.CancelResponse(response_id):
                 task = self.response_task
                 if task is not None and not task.done():
                     task.cancel()
+                for call in self._mcp_calls.pop(response_id, set()):
+                    call.cancel()  # the server is told, and its answer is not waited for
             case act.ConfirmHeard(text):
                 await self._confirm(text)
             case act.ListMcpTools():
                 self._spawn(self._list_mcp_tools(action))
             case act.CallMcpTool():
-                self._spawn(self._call_mcp_tool(action))
+                task = self._spawn(self._call_mcp_tool(action))
+                self._mcp_calls.setdefault(action.response_id, set()).add(task)
+                task.add_done_callback(lambda done, rid=action.response_id: self._mcp_call_ended(rid, done))
             case act.CloseSession():
                 pass  # the loop in SessionRunner._run sees core.closed
 
@@ -150,10 +156,18 @@ class ActionPerformer:
         except Exception:  # noqa: BLE001 - the next turn re-sends the whole conversation
             log.exception("confirm failed in session %s", self._host.core.id)
 
-    def _spawn(self, coro: Any) -> None:
+    def _mcp_call_ended(self, response_id: str, task: asyncio.Task[None]) -> None:
+        calls = self._mcp_calls.get(response_id)
+        if calls is not None:
+            calls.discard(task)
+            if not calls:
+                del self._mcp_calls[response_id]
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self.side_tasks.add(task)
         task.add_done_callback(self.side_tasks.discard)
+        return task
 
     async def _check_turn_end(self, action: act.CheckTurnEnd) -> None:
         """Ask the end-of-turn model about the user's pause; without an answer (no model, a

@@ -76,3 +76,31 @@ async def test_an_mcp_server_the_operator_did_not_list_is_refused_and_the_sessio
         error = next(e for e in await until(conn, "error") if e.type == "error").error
         assert (error.code, error.param) == ("mcp_server_not_allowed", "session.tools.0.server_url")
         await configure(conn, instructions="still here")
+
+
+async def test_a_cancelled_response_stops_its_running_mcp_call(mcp_server, mcp_url):
+    """``response.cancel`` while the MCP server runs a call: the response ends at once and the
+    call is cancelled on the server too (it never finishes there)."""
+    from tests.mcp.local_server import SLOW_CALLS
+
+    SLOW_CALLS.clear()
+    tool = {"type": "mcp", "server_label": "slowpoke", "server_url": mcp_url, "require_approval": "never",
+            "allowed_tools": ["slow"]}
+    async with client(mcp_server).realtime.connect(model="embedded") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 40, "tools": [tool],
+                                           "output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}})
+        await until(conn, "mcp_list_tools.completed")
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Take your time."}]})
+        await conn.response.create(response={"tool_choice": {"type": "mcp", "server_label": "slowpoke", "name": "slow"}})
+        await until(conn, "response.mcp_call.in_progress")
+        for _ in range(100):  # the call has reached the server
+            if SLOW_CALLS:
+                break
+            await asyncio.sleep(0.02)
+        await conn.response.cancel()
+        done = (await until(conn, "response.done"))[-1]
+        assert done.response.status == "cancelled"
+        await asyncio.sleep(4)  # longer than the tool takes
+    assert SLOW_CALLS == ["started", "cancelled"]

@@ -9,6 +9,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+#: how each call of the ``slow`` tool went ("started", then "cancelled" or "finished")
+SLOW_CALLS: list[str] = []
+
+
 def weather_server():  # noqa: ANN201 - the mcp package's server type
     from mcp.server.mcpserver import MCPServer
     from mcp.types import ToolAnnotations
@@ -31,7 +35,13 @@ def weather_server():  # noqa: ANN201 - the mcp package's server type
     async def slow() -> str:
         import asyncio
 
-        await asyncio.sleep(3)
+        SLOW_CALLS.append("started")
+        try:
+            await asyncio.sleep(3)
+        except asyncio.CancelledError:
+            SLOW_CALLS.append("cancelled")
+            raise
+        SLOW_CALLS.append("finished")
         return "late"
 
     @server.tool(description="Answers with far too much text")

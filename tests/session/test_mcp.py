@@ -69,8 +69,8 @@ def model_calls(d: Driver, action: act.StartResponse, name: str, arguments: str,
 def test_a_server_is_listed_and_its_tools_offered(url):
     d = session(url, functions=(WEATHER,), authorization="secret-token", headers={"X-Tenant": "a"})
     events = d.take()
-    assert [e["type"] for e in events] == ["conversation.item.added", "mcp_list_tools.in_progress", "session.updated"]
-    reported = events[-1]["session"]["tools"][1]
+    assert [e["type"] for e in events] == ["session.updated", "conversation.item.added", "mcp_list_tools.in_progress"]
+    reported = events[0]["session"]["tools"][1]
     assert reported["server_label"] == "weather" and "authorization" not in reported and "headers" not in reported
     perform(d)
     events = d.take()
