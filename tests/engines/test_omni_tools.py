@@ -222,3 +222,14 @@ def test_parallel_calls_follow_one_another_and_the_next_turn_reads_them_as_a_fre
         fresh_session.close()
     assert [o.text for o in kept] == [o.text for o in fresh]
     assert kept[0].prefilled_tokens < fresh[0].prefilled_tokens  # the user's turn stayed in the cache
+
+
+def test_a_reply_makes_at_most_eight_calls(omni):
+    from realtime_omni.engines.omni.thinker_calls import MAX_CALLS
+
+    session = omni.open_session()
+    try:
+        outputs = list(session.think(ask("required", "get_weather", parallel=True, max_tokens=2000)))
+    finally:
+        session.close()
+    assert len(calls_of(outputs)) == MAX_CALLS == 8

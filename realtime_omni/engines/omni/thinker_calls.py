@@ -59,7 +59,7 @@ class ThinkerCalls:
 
         ends = sorted(set(self.loaded.tokens.eos))
         made: list[ToolCall] = []
-        while len(made) < MAX_CALLS:
+        while True:
             decoding = tools.decoding(request)
             for delta in decoding.opening():
                 yield out(delta)
@@ -78,9 +78,9 @@ class ThinkerCalls:
             made.append(ToolCall(deltas[-1].name, deltas[-1].arguments))
             with self.lock:
                 reply.record.fingerprint = _calls_fingerprint(made)
-            if not request.parallel_tool_calls or len(tools.newline) != 1 or len(reply.ids) + 8 > max_new:
-                # one call only (or no room to ask for another): the closing enters with the next
-                # turn's prefill
+            if (not request.parallel_tool_calls or len(made) >= MAX_CALLS or len(tools.newline) != 1
+                    or len(reply.ids) + 8 > max_new):
+                # no other call (or no room for one): the closing enters with the next turn's prefill
                 for token in (*tools.newline, tools.close):
                     self._emit(reply, token)
                 return
