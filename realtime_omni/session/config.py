@@ -68,6 +68,15 @@ class SessionConfig(BaseModel):
     #: the MCP server URLs the operator allows (``tools.mcp_allowed_urls``); not a client setting
     mcp_urls: tuple[str, ...] = Field(default=(), exclude=True)
 
+    def voice_for(self, value: str | dict[str, Any], audio_started: bool, param: str) -> str:
+        """The voice a session or response update names (a name, or ``{"id": ...}``); it may
+        differ from the session's only until the session has produced audio (as in the reference)."""
+        voice = voice_name(value)
+        if voice != self.voice and audio_started:
+            raise ProtocolError(ErrorCode.INVALID_VALUE, "voice cannot change once the session has produced audio",
+                                param=param)
+        return voice
+
     @property
     def wants_audio(self) -> bool:
         return "audio" in self.output_modalities
@@ -116,15 +125,7 @@ class SessionConfig(BaseModel):
         if "noise_reduction" in audio_in:
             self.noise_reduction = _noise_reduction(audio_in["noise_reduction"])
         if audio_out.get("voice") is not None:
-            voice = audio_out["voice"]
-            voice = voice.get("id", "") if isinstance(voice, dict) else str(voice)
-            if voice != self.voice and audio_started:
-                raise ProtocolError(
-                    ErrorCode.INVALID_VALUE,
-                    "voice cannot change once the session has produced audio",
-                    param="session.audio.output.voice",
-                )
-            self.voice = voice
+            self.voice = self.voice_for(audio_out["voice"], audio_started, "session.audio.output.voice")
         if audio_out.get("speed") is not None:
             self.speed = float(audio_out["speed"])
 
@@ -158,6 +159,11 @@ class SessionConfig(BaseModel):
                 "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
             },
         }
+
+
+def voice_name(value: str | dict[str, Any]) -> str:
+    """A voice as the protocol names it: a name, or a custom voice's ``{"id": ...}``."""
+    return value.get("id", "") if isinstance(value, dict) else str(value)
 
 
 def tools_of(params: dict[str, Any], tools: list[ToolSpec], servers: list[McpServer], choice: ToolChoice,

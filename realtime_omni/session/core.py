@@ -419,6 +419,9 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
             )
         params = event.response.model_dump(exclude_unset=True) if event.response else {}
         _check_metadata(params.get("metadata"))
+        voice = ((params.get("audio") or {}).get("output") or {}).get("voice")
+        if voice is not None:
+            self.config.voice_for(voice, self.audio_started, "response.audio.output.voice")
         if params.get("prompt"):
             raise ProtocolError(ErrorCode.UNSUPPORTED, "stored prompts are not supported by this server; send the text "
                                 "as instructions", param="response.prompt")

@@ -12,7 +12,7 @@ from ..engines.base import ThinkRequest, ToolCallDelta, ToolSpec, TurnMessage
 from ..protocol.errors import ErrorCode, ProtocolError
 from ..protocol.server_events import server_event
 from . import actions as act
-from .config import parse_format
+from .config import parse_format, voice_name
 from .conversation import Item, item_from_client, new_id
 from .input_buffer import MODEL_RATE
 from .responses import Response
@@ -39,6 +39,7 @@ class ResponseControl:
         modalities = ["audio"] if "audio" in modalities else ["text"]
         output_format = cfg.output_format
         audio = (params.get("audio") or {}).get("output") or {}
+        voice = cfg.voice if audio.get("voice") is None else voice_name(audio["voice"])
         if audio.get("format"):
             output_format = parse_format(audio["format"], "response.audio.output.format")
         in_conversation = params.get("conversation") not in ("none",)
@@ -50,7 +51,7 @@ class ResponseControl:
             item=item,
             modalities=modalities,
             output_format=output_format,
-            voice=cfg.voice,
+            voice=voice,
             max_output_tokens=params.get("max_output_tokens") or cfg.max_output_tokens,
             in_conversation=in_conversation,
             metadata=params.get("metadata"),
@@ -64,11 +65,12 @@ class ResponseControl:
         self.ledger.begin(response.id, response)
         if "audio" in modalities:
             self.audio_started = True
+            cfg.voice = voice  # the voice it speaks with is the session's from now on
         response.start_events(self._emit, defer_message=bool(tools) and choice.mode != "none")
         if self.rate_limits is not None:
             self._emit(server_event("rate_limits.updated", rate_limits=self.rate_limits()))
         self._pending_request = self._think_request(params.get("instructions"), response.max_output_tokens,
-                                                    response.wants_audio, tools, choice)
+                                                    response.wants_audio, tools, choice, voice)
         if params.get("parallel_tool_calls") is not None:
             self._pending_request.parallel_tool_calls = bool(params["parallel_tool_calls"])
         self._pending_input = params.get("input")
@@ -78,12 +80,12 @@ class ResponseControl:
         self._maybe_start_pipeline()
 
     def _think_request(self, instructions: str | None, limit: int | str, want_audio: bool,
-                       tools: list[ToolSpec], choice: ToolChoice) -> ThinkRequest:
+                       tools: list[ToolSpec], choice: ToolChoice, voice: str | None = None) -> ThinkRequest:
         return ThinkRequest(
             instructions=self.config.instructions if instructions is None else instructions,
             messages=[],  # filled when the pipeline starts, after pending transcripts arrive
             max_output_tokens=None if limit == "inf" else int(limit),
-            voice=self.config.voice,
+            voice=self.config.voice if voice is None else voice,
             want_audio=want_audio,
             speed=self.config.speed,
             tools=list(tools),

@@ -938,3 +938,19 @@ def test_a_live_talker_draws_what_talk_calls_draw_when_sampling(omni):
         assert live == by_calls
     finally:
         settings.do_sample = saved
+
+
+def test_a_reply_speaks_with_the_speaker_its_voice_names(omni):
+    """The voice of a request (a session's, or one response's) picks the checkpoint's speaker by
+    name, case aside, for the talker and the codec; other names take the default speaker."""
+    spoken = {}
+    for voice in ("chelsie", "Ethan", "alloy"):
+        session = omni.open_session()
+        try:
+            _outs, chunks = live_turn(session, request([TurnMessage(role="user", text="hello there")], max_tokens=6),
+                                      voice=voice)
+        finally:
+            session.close()
+        chunks = [c.codes for c in chunks if isinstance(c.codes, CodeChunk) and len(c.codes)]
+        spoken[voice] = {c.speaker.lower() for c in chunks}
+    assert spoken == {"chelsie": {"chelsie"}, "Ethan": {"ethan"}, "alloy": {omni.loaded.default_speaker.lower()}}

@@ -146,3 +146,33 @@ def test_stored_prompts_are_refused_rather_than_ignored():
     assert errors_of(d) == [("unsupported_feature", "session.prompt")]
     assert start(d, prompt={"id": "pmpt_123"}) is None
     assert errors_of(d) == [("unsupported_feature", "response.prompt")]
+
+
+def test_a_response_speaks_with_its_own_voice_which_the_session_keeps_once_heard():
+    d = Driver(has_vad=False)
+    d.take()
+    text = start(d, output_modalities=["text"], audio={"output": {"voice": "verse"}})  # no audio: nothing fixed
+    d.s.on_response_end(text.response_id, text.epoch)
+    d.pump()
+    d.take()
+    action = start(d, audio={"output": {"voice": "ethan"}})
+    assert action.request.voice == "ethan"
+    created = next(e for e in d.take() if e["type"] == "response.created")
+    assert created["response"]["audio"]["output"]["voice"] == "ethan"
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    assert start(d).request.voice == "ethan"  # the voice the session has been heard with
+    custom = Driver(has_vad=False)
+    assert start(custom, audio={"output": {"voice": {"id": "chelsie"}}}).request.voice == "chelsie"  # a custom voice
+
+
+def test_a_responses_voice_cannot_change_once_the_session_has_spoken():
+    d = Driver(has_vad=False)
+    d.take()
+    action = start(d)  # audio out: the session has now spoken with its voice
+    d.s.on_response_end(action.response_id, action.epoch)
+    d.pump()
+    d.take()
+    assert start(d, audio={"output": {"voice": "ethan"}}) is None
+    assert errors_of(d) == [("invalid_value", "response.audio.output.voice")]
+    assert start(d, audio={"output": {"voice": "alloy"}}).request.voice == "alloy"  # the same one is fine
