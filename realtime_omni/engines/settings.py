@@ -52,6 +52,10 @@ class OmniSettings(_Section):
     #: frames held back at a chunk's end and cross-faded into the next (Qwen2.5's DiT codec)
     lookahead_frames: int | None = Field(default=None, ge=0)
     crossfade_ms: float | None = Field(default=None, ge=0.0)
+    #: Qwen2.5's codec (token2wav): flow-matching steps per window. The release's 10 by default;
+    #: fewer make the codec, where Qwen2.5 spends most of its time, that much cheaper, at a cost
+    #: in quality to check by ear on a real checkpoint. Qwen3's codec has no steps.
+    dit_steps: int = Field(default=10, ge=1, le=64)
     #: longest reply in thinker tokens
     max_new_tokens: int = Field(default=1024, ge=1)
     #: longest spoken reply in codec frames (Qwen2.5: 20 ms, Qwen3: 80 ms each)

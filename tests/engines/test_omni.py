@@ -954,3 +954,31 @@ def test_a_reply_speaks_with_the_speaker_its_voice_names(omni):
         chunks = [c.codes for c in chunks if isinstance(c.codes, CodeChunk) and len(c.codes)]
         spoken[voice] = {c.speaker.lower() for c in chunks}
     assert spoken == {"chelsie": {"chelsie"}, "Ethan": {"ethan"}, "alloy": {omni.loaded.default_speaker.lower()}}
+
+
+def test_the_qwen25_codec_takes_its_flow_matching_steps_from_the_settings(omni):
+    """``dit_steps`` reaches the codec a model builds, and is what its DiT runs: the reference
+    token2wav at that step count gives the same audio."""
+    if omni.loaded.arch != "qwen2_5_omni":
+        pytest.skip("only Qwen2.5-Omni's codec has flow-matching steps")
+    model = OmniModel(omni.path, OmniSettings(talker_do_sample=False, seed=0, dit_steps=3, **CHUNKS[omni.loaded.arch]))
+    model.load()
+    try:
+        loaded, codec = model.loaded, model.codec
+        assert codec.settings.dit_steps == 3
+        codes = torch.randint(0, 60, (24,), generator=torch.Generator().manual_seed(5))
+        spk = loaded.speakers[loaded.default_speaker]
+        torch.manual_seed(11)
+        with torch.inference_mode():
+            ref = loaded.model.token2wav(codes[None], conditioning=spk["cond"][None], reference_mel=spk["ref_mel"],
+                                         num_steps=3)
+        torch.manual_seed(11)
+        noise = torch.randn(1, codes.numel() * 2, codec.mel_dim)[0]
+        mine = codec.render(codes, 0, loaded.default_speaker, noise=noise)
+        # (the tiny codec's waveform peaks near 2e-8: compare relative to it)
+        scale = float(np.abs(ref).max())
+        assert scale > 0 and float(np.abs(mine - ref.reshape(-1).numpy()).max()) <= 1e-6 * scale
+        ten = omni.codec.render(codes, 0, loaded.default_speaker, noise=noise)  # the fixture's: 10 steps
+        assert float(np.abs(mine - ten).max()) > 1e-6 * scale
+    finally:
+        model.close()

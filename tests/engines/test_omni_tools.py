@@ -77,6 +77,15 @@ def calls_of(outputs) -> list[ToolCall]:
     return calls
 
 
+def reply_alone(model: OmniModel, req: ThinkRequest) -> list:
+    """The reply of a new session, which evaluates the whole conversation at once."""
+    session = model.open_session()
+    try:
+        return list(session.think(req))
+    finally:
+        session.close()
+
+
 def call_of(outputs) -> ToolCall:
     calls = calls_of(outputs)
     assert len(calls) == 1, outputs
@@ -115,11 +124,7 @@ def test_after_the_functions_output_the_cached_call_reads_as_a_fresh_prefill_wou
         kept = list(session.think(ask("auto", messages=turn, max_tokens=8)))
     finally:
         session.close()
-    fresh_session = omni.open_session()
-    try:
-        fresh = list(fresh_session.think(ask("auto", messages=turn, max_tokens=8)))
-    finally:
-        fresh_session.close()
+    fresh = reply_alone(omni, ask("auto", messages=turn, max_tokens=8))
     assert [o.text for o in kept] == [o.text for o in fresh] and "".join(o.text for o in kept)
     assert kept[0].prompt_tokens == fresh[0].prompt_tokens
     output_tokens = len(omni.loaded.tokenizer.encode('<tool_response>\n{"temperature": 21}\n</tool_response>'))
@@ -131,22 +136,14 @@ def test_auto_lets_the_model_open_a_call_and_other_choices_keep_the_tags_out_of_
     reply becomes a call; under ``none`` (and without tools) the tag is never picked."""
     head = omni.loaded.thinker.lm_head.weight
     saved = head[[OPEN, CLOSE]].clone()
-    probe = omni.open_session()
-    try:
-        text = list(probe.think(ask("none", max_tokens=1)))
-    finally:
-        probe.close()
+    text = reply_alone(omni, ask("none", max_tokens=1))
     first = omni.loaded.tokenizer.encode(text[0].text)[0]
     try:
         with torch.no_grad():
             head[OPEN] = head[first] * 3  # (the first token's logit is the largest, and positive)
             head[CLOSE] = head[first] * 2
         for choice, calls in (("auto", True), ("none", False)):
-            session = omni.open_session()
-            try:
-                outputs = list(session.think(ask(choice, max_tokens=200 if calls else 12)))
-            finally:
-                session.close()
+            outputs = reply_alone(omni, ask(choice, max_tokens=200 if calls else 12))
             ids = [o.hidden.token_id for o in outputs if o.hidden is not None]
             if calls:
                 call_of(outputs)
@@ -215,11 +212,7 @@ def test_parallel_calls_follow_one_another_and_the_next_turn_reads_them_as_a_fre
         kept = list(session.think(ask("none", messages=turn, max_tokens=6)))
     finally:
         session.close()
-    fresh_session = omni.open_session()
-    try:
-        fresh = list(fresh_session.think(ask("none", messages=turn, max_tokens=6)))
-    finally:
-        fresh_session.close()
+    fresh = reply_alone(omni, ask("none", messages=turn, max_tokens=6))
     assert [o.text for o in kept] == [o.text for o in fresh]
     assert kept[0].prefilled_tokens < fresh[0].prefilled_tokens  # the user's turn stayed in the cache
 
@@ -227,9 +220,5 @@ def test_parallel_calls_follow_one_another_and_the_next_turn_reads_them_as_a_fre
 def test_a_reply_makes_at_most_eight_calls(omni):
     from realtime_omni.engines.omni.thinker_calls import MAX_CALLS
 
-    session = omni.open_session()
-    try:
-        outputs = list(session.think(ask("required", "get_weather", parallel=True, max_tokens=2000)))
-    finally:
-        session.close()
+    outputs = reply_alone(omni, ask("required", "get_weather", parallel=True, max_tokens=2000))
     assert len(calls_of(outputs)) == MAX_CALLS == 8

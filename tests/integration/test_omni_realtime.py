@@ -279,7 +279,8 @@ async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_se
         created = await conn.recv()
         assert "tools" in created.session.capabilities
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 120, "tools": [WEATHER_TOOL],
-                                           "tool_choice": "required", "audio": {"input": {"turn_detection": None}}})
+                                           "tool_choice": "required", "parallel_tool_calls": False,
+                                           "audio": {"input": {"turn_detection": None}}})
         noise = (np.random.default_rng(2).standard_normal(24_000) * 3000).astype("<i2")
         await conn.input_audio_buffer.append(audio=base64.b64encode(noise.tobytes()).decode())
         await conn.input_audio_buffer.commit()
