@@ -72,6 +72,9 @@ class SessionConfig(BaseModel):
         """The voice a session or response update names (a name, or ``{"id": ...}``); it may
         differ from the session's only until the session has produced audio (as in the reference)."""
         voice = voice_name(value)
+        if not voice or len(voice) > MAX_VOICE_CHARS:
+            raise ProtocolError(ErrorCode.INVALID_VALUE, f"a voice is a name of 1 to {MAX_VOICE_CHARS} characters",
+                                param=param)
         if voice != self.voice and audio_started:
             raise ProtocolError(ErrorCode.INVALID_VALUE, "voice cannot change once the session has produced audio",
                                 param=param)
@@ -159,6 +162,10 @@ class SessionConfig(BaseModel):
                 "output": {"format": _format_dict(self.output_format), "voice": self.voice, "speed": self.speed},
             },
         }
+
+
+#: the longest voice name (or custom voice id) a session or response may give
+MAX_VOICE_CHARS = 64
 
 
 def voice_name(value: str | dict[str, Any]) -> str:

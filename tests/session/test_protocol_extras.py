@@ -176,3 +176,14 @@ def test_a_responses_voice_cannot_change_once_the_session_has_spoken():
     assert start(d, audio={"output": {"voice": "ethan"}}) is None
     assert errors_of(d) == [("invalid_value", "response.audio.output.voice")]
     assert start(d, audio={"output": {"voice": "alloy"}}).request.voice == "alloy"  # the same one is fine
+
+
+@pytest.mark.parametrize("voice", ["", "v" * 65, {"id": ""}, {"id": "v" * 65}])
+def test_a_voice_outside_one_to_64_characters_is_refused_for_the_session_and_a_response(voice):
+    d = Driver(has_vad=False)
+    d.take()
+    d.send(type="session.update", session={"type": "realtime", "audio": {"output": {"voice": voice}}})
+    assert errors_of(d) == [("invalid_value", "session.audio.output.voice")]
+    assert start(d, audio={"output": {"voice": voice}}) is None
+    assert errors_of(d) == [("invalid_value", "response.audio.output.voice")]
+    assert start(d, audio={"output": {"voice": "v" * 64}}).request.voice == "v" * 64  # the session goes on
