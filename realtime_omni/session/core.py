@@ -174,6 +174,11 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
         if self.resume_token is not None:
             session["resume_token"] = self.resume_token
         self._emit(server_event("session.created", session=session))
+        self._prefill_ahead()  # a model's own system prompt, before anything is asked
+
+    def _prompt_settings(self) -> tuple:
+        """The settings a reply's prompt opens with (instructions and the functions declared)."""
+        return self.config.instructions, tuple(self.config.tools)
 
     def session_dict(self) -> dict[str, Any]:
         session = self.config.to_dict(self.id, self.expires_at)
@@ -273,12 +278,16 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
                 f"model {self.model.id!r} has no voice activity detector; set turn_detection to null",
                 param="session.audio.input.turn_detection",
             )
-        old_vad, old_servers = self.config.turn_detection, self.config.mcp
+        old_vad, old_servers, old_prompt = self.config.turn_detection, self.config.mcp, self._prompt_settings()
         self.config = config
         if old_vad != config.turn_detection:
             self._reset_detector()
         self._emit(server_event("session.updated", session=self.session_dict()))
         self._mcp_servers_changed(old_servers)  # the update is acknowledged, then the listing starts
+        if self._prompt_settings() != old_prompt:
+            # what every reply's prompt starts with changed: the model may evaluate it now, so
+            # that the first reply after it evaluates only the user's turn
+            self._prefill_ahead()
 
     def _check_type_change(self, kind: str) -> None:
         if kind == "transcription" and "transcription" not in self.model.capabilities:

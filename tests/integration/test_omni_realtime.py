@@ -309,3 +309,25 @@ async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_se
         evaluated = usage.input_tokens - usage.input_token_details.cached_tokens
         output = len('<tool_response>\n{"temperature": 21}\n</tool_response>')
         assert output < evaluated <= output + 16
+
+
+async def test_new_instructions_and_tools_are_evaluated_before_the_first_reply(omni_server):
+    """A session.update that changes what every prompt opens with (instructions, tools) has the
+    model evaluate it at once: the first reply after it finds it in the cache."""
+    srv, model_id = omni_server
+    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    instructions = "Answer as a ship's captain would, in short sentences. " * 6
+    async with client.realtime.connect(model=model_id) as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "max_output_tokens": 4, "instructions": instructions,
+                                           "tools": [WEATHER_TOOL], "audio": {"input": {"turn_detection": None}}})
+        await asyncio.sleep(3)  # evaluated meanwhile (tens of ms here)
+        await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "Hello there."}]})
+        await conn.response.create(response={"tool_choice": "none"})
+        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
+            pass
+        usage = event.response.usage
+        # a token per byte with the test tokenizer: the instructions alone are more than 300
+        assert usage.input_token_details.cached_tokens > len(instructions.encode())
+        assert usage.input_tokens - usage.input_token_details.cached_tokens < 40  # the user's turn, the header
