@@ -183,12 +183,17 @@ async def test_demo_page_talks_to_the_embedded_model(browser_server, say, tmp_pa
             assert time.monotonic() < deadline, "no audio for the typed message"
             await asyncio.sleep(0.1)
         assert not await cdp.evaluate("document.getElementById('interrupt').disabled")
+        speaking = await face_motion(cdp)  # the face's mouth follows the reply it hears
         pressed = await cdp.evaluate("window.demoState.interrupts")
         await cdp.evaluate("document.getElementById('interrupt').click()")
         deadline = time.monotonic() + 20
         while not await cdp.evaluate("document.querySelectorAll('#transcript li.assistant.interrupted').length"):
             assert time.monotonic() < deadline, "Interrupt did not stop the reply"
             await asyncio.sleep(0.1)
+        await asyncio.sleep(0.8)  # what was already in flight plays out
+        cut = await face_motion(cdp)
+        # it moved while spoken (measured here 1.4-2.5 grey levels a frame), and froze after the cut (0-0.002)
+        assert speaking > 0.3 and cut < 0.05, (speaking, cut)
         state = await cdp.evaluate("JSON.parse(JSON.stringify(window.demoState))")
         assert state["typed"] == ["Tell me a long story about a dragon and a knight."] and state["interrupts"] == pressed + 1
         assert len(state["assistantTranscripts"]) >= 2 and not state["errors"], state
@@ -204,6 +209,28 @@ async def test_demo_page_talks_to_the_embedded_model(browser_server, say, tmp_pa
             assert time.monotonic() < deadline, "the call was not released after Disconnect"
             await asyncio.sleep(0.1)
         assert not browser_server.manager.sessions
+
+
+#: the face video as the page shows it, 80x60 grey levels (drawn through a canvas)
+FACE_PIXELS = """(() => {
+  const v = document.getElementById("face"), c = document.createElement("canvas");
+  c.width = 80; c.height = 60;
+  const g = c.getContext("2d", {willReadFrequently: true});
+  g.drawImage(v, 0, 0, 80, 60);
+  const d = g.getImageData(0, 0, 80, 60).data, out = [];
+  for (let i = 0; i < d.length; i += 4) out.push((d[i] + d[i + 1] + d[i + 2]) / 3);
+  return out;
+})()"""
+
+
+async def face_motion(cdp, samples: int = 6, every_s: float = 0.1) -> float:
+    """How much the face the page shows changes: the largest mean absolute difference in grey
+    levels between consecutive frames sampled ``every_s`` apart."""
+    frames = []
+    for _ in range(samples):
+        frames.append(np.asarray(await cdp.evaluate(FACE_PIXELS), dtype=np.float32))
+        await asyncio.sleep(every_s)
+    return max(float(np.abs(a - b).mean()) for a, b in zip(frames, frames[1:]))
 
 
 #: (name, width, height, device scale, mobile)
