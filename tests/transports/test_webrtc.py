@@ -604,19 +604,25 @@ async def test_a_caller_who_asks_for_video_sees_a_face_that_speaks_the_reply(ech
     try:
         video = [m for m in client.pc.remoteDescription.sdp.split("m=")[1:] if m.startswith("video")]
         assert video and "a=sendonly" in video[0], "the answer should send video to a caller who receives it"
-        await wait_until(lambda: len(seen) >= 15, timeout=15)  # a second of frames, in silence
-        quiet = [share for _, share in seen[-10:]]
+        await wait_until(lambda: len(seen) >= 3, timeout=15)  # in silence: a still picture, kept fresh
+        quiet_start = seen[0][0]
+        quiet = [share for _, share in seen]
         started = time.monotonic()
         client.source.play(chirp(1.5))
         await client.wait_for("output_audio_buffer.started", timeout=5)
         await asyncio.sleep(1.0)
-        speaking = [share for t, share in seen if t > started + 0.3]
-        await asyncio.sleep(2.0)  # the 1.5 s chirp has been played back by now
-        after = [share for t, share in seen if t > started + 2.6]
+        speaking = [share for t, share in seen if t > started]
+        await wait_until(lambda: seen[-1][0] > started + 2.2, timeout=5)  # the chirp has played by now
+        after = [share for t, share in seen if t > started + 2.2]
         assert max(quiet) < 0.25 and max(speaking) > 2 * max(quiet) + 0.15, (quiet, speaking)
         assert after and min(after) < 0.25, after
-        elapsed = seen[-1][0] - seen[0][0]
-        assert 10 <= (len(seen) - 1) / elapsed <= 20, f"{len(seen)} frames in {elapsed:.1f} s (15 fps expected)"
+        # while the mouth moves, frames come at the frame rate (15 fps); a still picture is sent
+        # again about once a second (a chirp's steady loudness holds the mouth still too)
+        moving = [t for (t, share), (_, before) in zip(seen[1:], seen) if abs(share - before) > 0.01]
+        gaps = [b - a for a, b in zip(moving, moving[1:]) if b - a < 0.5]
+        assert gaps and max(gaps) < 0.2, moving
+        still = [t for t, _ in seen if t < started]
+        assert 0.5 <= (len(still) - 1) / (still[-1] - quiet_start) <= 2.5, still
     finally:
         for task in reader:
             task.cancel()

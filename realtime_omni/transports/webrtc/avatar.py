@@ -7,6 +7,11 @@ it closes in silence, at once on a barge-in (the audio queue is dropped), and st
 the reply. Frames are raw RGB; aiortc encodes them with the codec the caller negotiated (VP8 or
 H.264) and paces them by their timestamps. An engine that renders its own frames can hand them in
 through :meth:`AvatarTrack.show` instead.
+
+A picture that has not changed is not sent again at the frame rate: the track looks at the voice
+every frame period, but sends a frame only when the mouth (or the engine's frame) changed, or
+after ``still_interval_s`` so the caller's decoder keeps a recent frame. A call is silent most of
+the time (the caller is speaking, or thinking), and each frame costs a draw and an encode.
 """
 
 from __future__ import annotations
@@ -31,14 +36,18 @@ def _disc(height: int, width: int, cy: float, cx: float, ry: float, rx: float) -
 class AvatarTrack(MediaStreamTrack):
     kind = "video"
 
-    def __init__(self, level: Callable[[], float], width: int = 320, height: int = 240, fps: float = 15.0) -> None:
+    def __init__(self, level: Callable[[], float], width: int = 320, height: int = 240, fps: float = 15.0,
+                 still_interval_s: float = 1.0) -> None:
         super().__init__()
         self._level = level
         self.width, self.height, self.fps = width - width % 2, height - height % 2, fps  # even: yuv420p
+        self.still_interval_s = still_interval_s
         self._start: float | None = None
         self._index = 0
         self._open = 0.0  # smoothed mouth opening, 0..1
         self._frame_from_engine: np.ndarray | None = None
+        self._sent: tuple[object, ...] | None = None  # what the last frame sent showed
+        self._sent_at = 0.0
         self.frames_sent = 0
         h, w = self.height, self.width
         face = np.empty((h, w, 3), np.uint8)
@@ -64,35 +73,49 @@ class AvatarTrack(MediaStreamTrack):
             raise ValueError(f"frames must be {self.height}x{self.width} RGB, got {rgb.shape}")
         self._frame_from_engine = rgb
 
-    def _draw(self) -> np.ndarray:
+    def _step(self) -> tuple[object, ...]:
+        """Follow the voice one frame period on; what the picture would show now."""
         if self._frame_from_engine is not None:
-            return self._frame_from_engine
+            return ("engine", id(self._frame_from_engine))
         target = min(1.0, max(0.0, self._level()))
         # open fast, close a little slower: speech looks like speech, not like a flicker
         self._open += (target - self._open) * (0.8 if target > self._open else 0.5)
+        top, bottom = self._mouth_box[:2]
+        ry = max(1.5, (bottom - top) / 2 * (0.12 + 0.88 * self._open))
+        return ("mouth", round(ry * 4) / 4)  # a quarter pixel: the drawing cannot show less
+
+    def _draw(self, shown: tuple[object, ...]) -> np.ndarray:
+        if shown[0] == "engine" and self._frame_from_engine is not None:
+            return self._frame_from_engine
         frame = self._face.copy()
         top, bottom, left, right = self._mouth_box
         cy, cx = (top + bottom) / 2, (left + right) / 2
-        ry = max(1.5, (bottom - top) / 2 * (0.12 + 0.88 * self._open))
-        rx = (right - left) / 2
+        ry, rx = float(shown[1]) if shown[0] == "mouth" else 1.5, (right - left) / 2  # type: ignore[arg-type]
         inside = ((self._mouth_y - cy) / ry) ** 2 + ((self._mouth_x - cx) / rx) ** 2 <= 1.0
         frame[top:bottom, left:right][inside] = (90, 20, 30)
         return frame
 
     async def recv(self) -> VideoFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        due = self._start + self._index / self.fps
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -1.0:  # fell behind (a stalled sender): skip ahead, timestamps stay monotonic
-            self._start = time.monotonic() - self._index / self.fps
-        frame = VideoFrame.from_ndarray(self._draw(), format="rgb24")
-        frame.pts = int(self._index * VIDEO_CLOCK / self.fps)
-        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
-        self._index += 1
-        self.frames_sent += 1
-        return frame
+        while True:
+            if self.readyState != "live":
+                raise MediaStreamError
+            if self._start is None:
+                self._start = time.monotonic()
+            due = self._start + self._index / self.fps
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -1.0:  # fell behind (a stalled sender): skip ahead, timestamps stay monotonic
+                self._start = time.monotonic() - self._index / self.fps
+            index = self._index
+            self._index += 1
+            shown = self._step()
+            now = time.monotonic()
+            if shown == self._sent and now - self._sent_at < self.still_interval_s:
+                continue  # the same picture: the caller already has it
+            self._sent, self._sent_at = shown, now
+            frame = VideoFrame.from_ndarray(self._draw(shown), format="rgb24")
+            frame.pts = int(index * VIDEO_CLOCK / self.fps)
+            frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+            self.frames_sent += 1
+            return frame
