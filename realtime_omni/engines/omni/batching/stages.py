@@ -73,6 +73,8 @@ class ThinkerTokens:
         self.last = torch.zeros((pool.slots,), dtype=torch.long, device=device)
         self.seen = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
         self.suppress = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
+        #: per slot, the host buffer a call's masks are staged in (see :meth:`restrict`)
+        self._staged: dict[int, Any] = {}
 
     def load(self, slot: int, history: list[int], banned: list[int] | tuple[int, ...] = ()) -> None:
         """At the start of a reply: the ids the repetition penalty covers (the context so far),
@@ -91,15 +93,26 @@ class ThinkerTokens:
                 self.suppress[slot, torch.tensor(list(banned), device=self.seen.device)] = True
 
     def restrict(self, slot: int, allowed: Any) -> None:
-        """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool
-        array, padded with False to the head's size); before the step that picks them is queued."""
+        """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool numpy
+        array, padded with False to the head's size); before the step that picks them is queued.
+
+        On CUDA the mask goes through a pinned buffer of the slot's, copied without waiting on
+        the thinker stream, which may be running a step: a pageable copy there would hold this
+        lock, and so the stage's loop, until that step ended. The buffer is written again only
+        after the step that used it has been read back (the session's next token)."""
+        import numpy as np
         import torch
 
         from ..graphs import on_stream
 
-        mask = torch.as_tensor(allowed, dtype=torch.bool)
+        suppress = np.logical_not(np.asarray(allowed, dtype=bool))
+        staged = self._staged.get(slot)
+        if staged is None:
+            staged = self._staged[slot] = torch.empty(suppress.shape, dtype=torch.bool,
+                                                      pin_memory=self.suppress.is_cuda)
+        staged.numpy()[:] = suppress
         with self.lock, on_stream(self.loaded.stream("thinker")):
-            self.suppress[slot].copy_(~mask.to(self.suppress.device), non_blocking=False)
+            self.suppress[slot].copy_(staged, non_blocking=self.suppress.is_cuda)
 
     def noise(self, generator: Any) -> Any:
         """One step's uniform draws (zeros when the rule is greedy)."""
