@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 
 import llguidance
+import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from .base import ToolCallDelta, ToolSpec
 
@@ -93,6 +95,28 @@ def compile_call_grammar(grammar: str, tokenizer: llguidance.LLTokenizer) -> llg
     if matcher.is_error():
         raise ToolGrammarError(f"the tools' grammar does not compile: {matcher.get_error().strip()}")
     return matcher
+
+
+class AllowedTokens:
+    """What a call's matcher lets the model pick next, as a bool array over the token ids (one
+    bitmask buffer, filled again for every token)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+        self._matcher = matcher
+        self._vocab = vocab
+        self._bits = allocate_token_bitmask(1, vocab)
+
+    def __call__(self, size: int | None = None) -> np.ndarray:
+        """``(size,)`` bools (default: the tokenizer's vocabulary); ids past the tokenizer's
+        vocabulary, a model head's padding, are never allowed."""
+        fill_next_token_bitmask(self._matcher, self._bits)
+        mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab].astype(bool)
+        if size is None or size == self._vocab:
+            return mask
+        out = np.zeros((size,), dtype=bool)
+        n = min(size, self._vocab)
+        out[:n] = mask[:n]
+        return out
 
 
 def _literal(text: str) -> str:

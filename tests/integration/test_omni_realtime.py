@@ -40,9 +40,25 @@ def omni_server(request, tmp_path_factory):
     registry.close()
 
 
+def sdk(srv) -> AsyncOpenAI:
+    return AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+
+
+async def until_done(conn) -> list:
+    """The events up to and with the next ``response.done``."""
+    events = []
+    while not events or events[-1].type != "response.done":
+        events.append(await asyncio.wait_for(conn.recv(), 120))
+    return events
+
+
+def audio_bytes(events: list) -> int:
+    return sum(len(base64.b64decode(e.delta)) for e in events if e.type == "response.output_audio.delta")
+
+
 async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
     srv, model_id = omni_server
-    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    client = sdk(srv)
     async with client.realtime.connect(model=model_id) as conn:
         created = await conn.recv()
         assert "audio_in" in created.session.capabilities
@@ -54,12 +70,7 @@ async def test_audio_in_audio_out_event_order_and_epochs(omni_server):
             await conn.input_audio_buffer.append(audio=base64.b64encode(noise[offset:offset + 480].tobytes()).decode())
         await conn.input_audio_buffer.commit()
         await conn.response.create()
-        events = []
-        while True:
-            event = await asyncio.wait_for(conn.recv(), 120)
-            events.append(event)
-            if event.type == "response.done":
-                break
+        events = await until_done(conn)
         types = [e.type for e in events]
         order = ["input_audio_buffer.committed", "response.created", "response.output_item.added",
                  "response.content_part.added", "response.output_audio.delta", "response.output_audio.done",
@@ -119,7 +130,7 @@ async def test_concurrent_clients_share_the_batched_stages(omni_server):
     before = await scrape()
 
     async def one(i: int) -> tuple[str, float]:
-        client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+        client = sdk(srv)
         async with client.realtime.connect(model=model_id) as conn:
             await conn.recv()  # session.created
             await conn.session.update(session={"type": "realtime", "max_output_tokens": 8,
@@ -127,13 +138,8 @@ async def test_concurrent_clients_share_the_batched_stages(omni_server):
             await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                       "content": [{"type": "input_text", "text": f"hello {i}"}]})
             await conn.response.create()
-            audio = 0
-            while True:
-                event = await asyncio.wait_for(conn.recv(), 120)
-                if event.type == "response.output_audio.delta":
-                    audio += len(base64.b64decode(event.delta)) / 2 / 24_000
-                if event.type == "response.done":
-                    return event.response.status, audio
+            events = await until_done(conn)
+            return events[-1].response.status, audio_bytes(events) / 2 / 24_000
 
     results = await asyncio.gather(*(one(i) for i in range(6)))
     assert all(status in ("completed", "incomplete") and audio > 0 for status, audio in results), results
@@ -206,7 +212,7 @@ async def test_a_turn_committed_by_hand_is_evaluated_before_the_reply_is_asked_f
     """An omni session evaluates a committed audio turn at once: a reply asked for a moment later
     finds it in the cache (reported as cached input tokens) and evaluates only its header."""
     srv, model_id = omni_server
-    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    client = sdk(srv)
     async with client.realtime.connect(model=model_id) as conn:
         await conn.recv()
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 4,
@@ -216,8 +222,7 @@ async def test_a_turn_committed_by_hand_is_evaluated_before_the_reply_is_asked_f
         await conn.input_audio_buffer.commit()
         await asyncio.sleep(3)  # the user's turn is evaluated meanwhile (tens of ms here)
         await conn.response.create()
-        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
-            pass
+        event = (await until_done(conn))[-1]
         usage = event.response.usage
         header = 3  # <|im_start|>assistant\n
         assert usage.input_token_details.cached_tokens == usage.input_tokens - header > 10
@@ -243,7 +248,7 @@ async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, mon
 
         monkeypatch.setattr(OmniSession, name, counted)
     srv, model_id = omni_server
-    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    client = sdk(srv)
     async with client.realtime.connect(model=model_id) as conn:
         await conn.recv()
         await conn.session.update(session={"type": "realtime", "max_output_tokens": 10,
@@ -251,10 +256,8 @@ async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, mon
         await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": "hello"}]})
         await conn.response.create()
-        audio = 0
-        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
-            if event.type == "response.output_audio.delta":
-                audio += len(base64.b64decode(event.delta))
+        events = await until_done(conn)
+        event, audio = events[-1], audio_bytes(events)
         assert event.response.status in ("completed", "incomplete") and audio > 0
     if not live:
         assert calls["talk"] >= 1 and calls["talk_live"] == calls["talk_more"] == 0
@@ -274,7 +277,7 @@ async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_se
     streamed and valid, nothing spoken; its output and ``response.create`` then get a spoken
     answer that finds the call in the model's cache (cached input tokens)."""
     srv, model_id = omni_server
-    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    client = sdk(srv)
     async with client.realtime.connect(model=model_id) as conn:
         created = await conn.recv()
         assert "tools" in created.session.capabilities
@@ -285,9 +288,8 @@ async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_se
         await conn.input_audio_buffer.append(audio=base64.b64encode(noise.tobytes()).decode())
         await conn.input_audio_buffer.commit()
         await conn.response.create()
-        events = []
-        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
-            events.append(event)
+        events = await until_done(conn)
+        event = events[-1]
         kinds = [e.type for e in events]
         assert "response.output_audio.delta" not in kinds
         (call,) = [o for o in event.response.output if o.type == "function_call"]
@@ -298,10 +300,8 @@ async def test_a_function_call_its_output_and_the_spoken_answer_after_it(omni_se
                                                   "output": '{"temperature": 21}'})
         await conn.session.update(session={"type": "realtime", "tool_choice": "none", "max_output_tokens": 6})
         await conn.response.create()
-        audio = 0
-        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
-            if event.type == "response.output_audio.delta":
-                audio += len(base64.b64decode(event.delta))
+        events = await until_done(conn)
+        event, audio = events[-1], audio_bytes(events)
         assert event.response.status in ("completed", "incomplete") and audio > 0  # (6 tokens: the limit)
         usage = event.response.usage
         # the call stayed in the cache: evaluated were only its closing, the output (a token per
@@ -315,7 +315,7 @@ async def test_new_instructions_and_tools_are_evaluated_before_the_first_reply(o
     """A session.update that changes what every prompt opens with (instructions, tools) has the
     model evaluate it at once: the first reply after it finds it in the cache."""
     srv, model_id = omni_server
-    client = AsyncOpenAI(api_key="x", base_url=f"{srv.http}/v1", websocket_base_url=f"{srv.ws}/v1")
+    client = sdk(srv)
     instructions = "Answer as a ship's captain would, in short sentences. " * 6
     async with client.realtime.connect(model=model_id) as conn:
         await conn.recv()
@@ -325,8 +325,7 @@ async def test_new_instructions_and_tools_are_evaluated_before_the_first_reply(o
         await conn.conversation.item.create(item={"type": "message", "role": "user",
                                                   "content": [{"type": "input_text", "text": "Hello there."}]})
         await conn.response.create(response={"tool_choice": "none"})
-        while (event := await asyncio.wait_for(conn.recv(), 120)).type != "response.done":
-            pass
+        event = (await until_done(conn))[-1]
         usage = event.response.usage
         # a token per byte with the test tokenizer: the instructions alone are more than 300
         assert usage.input_token_details.cached_tokens > len(instructions.encode())

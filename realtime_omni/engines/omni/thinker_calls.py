@@ -32,11 +32,9 @@ class ThinkerCalls:
         import torch
 
         tools = self.loaded.tools
-        if mode == "required" and tools is not None:
+        if mode == "required":  # (a mode other than none means the model has the call tokens)
             return tools.open
-        banned = self._banned(request)
-        if mode == "auto":
-            banned = [i for i in banned if tools is None or i != tools.open]
+        banned = [tools.close] if mode == "auto" else self._banned(request)
         return self._sampler(ban_ids(logits, banned), torch.tensor([self.ctx.ids], dtype=torch.long))
 
     def _call(self, request: ThinkRequest, turn: int, reply: ReplyState, counts: dict[str, int],

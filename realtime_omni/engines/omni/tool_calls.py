@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..base import ThinkRequest, ToolCall, ToolCallDelta, ToolSpec
-from ..tool_calls import NAME_END, CallParser, call_grammar, compile_call_grammar
+from ..tool_calls import NAME_END, AllowedTokens, CallParser, call_grammar, compile_call_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -122,7 +122,7 @@ class CallDecoding:
         self._matcher = compile_call_grammar(call_grammar(tools, named=named is not None), guidance)
         self._parser = CallParser([t.name for t in tools])
         self._vocab = support.vocab
-        self._grammar_vocab = int(guidance.vocab_size)
+        self._allowed = AllowedTokens(self._matcher, int(guidance.vocab_size))
         self._head = BODY_PREFIX + (named + NAME_END if named else "")
         self._named = named
         self._ids: list[int] = []  # the constrained tokens so far
@@ -137,17 +137,8 @@ class CallDecoding:
         return self._parser.feed(self._named + NAME_END) if self._named else []
 
     def allowed(self) -> np.ndarray:
-        """(vocab,) bool: the tokens the grammar lets the model pick next (ids past the
-        tokenizer's vocabulary, the padding of the model's head, never)."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-
-        bits = allocate_token_bitmask(1, self._grammar_vocab)
-        fill_next_token_bitmask(self._matcher, bits)
-        mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self._grammar_vocab].astype(bool)
-        out = np.zeros((self._vocab,), dtype=bool)
-        n = min(self._vocab, mask.size)
-        out[:n] = mask[:n]
-        return out
+        """(vocab,) bool over the model's head: the tokens the grammar lets it pick next."""
+        return self._allowed(self._vocab)
 
     def take(self, token: int) -> list[ToolCallDelta]:
         """The picked ``token``: the call's new deltas; the last one when the call closed."""

@@ -85,12 +85,13 @@ class AvatarTrack(MediaStreamTrack):
         return ("mouth", round(ry * 4) / 4)  # a quarter pixel: the drawing cannot show less
 
     def _draw(self, shown: tuple[object, ...]) -> np.ndarray:
-        if shown[0] == "engine" and self._frame_from_engine is not None:
-            return self._frame_from_engine
+        kind, value = shown
+        if kind == "engine":  # (the frame _step just saw)
+            return self._frame_from_engine  # type: ignore[return-value]
         frame = self._face.copy()
         top, bottom, left, right = self._mouth_box
         cy, cx = (top + bottom) / 2, (left + right) / 2
-        ry, rx = float(shown[1]) if shown[0] == "mouth" else 1.5, (right - left) / 2  # type: ignore[arg-type]
+        ry, rx = float(value), (right - left) / 2  # type: ignore[arg-type]
         inside = ((self._mouth_y - cy) / ry) ** 2 + ((self._mouth_x - cx) / rx) ** 2 <= 1.0
         frame[top:bottom, left:right][inside] = (90, 20, 30)
         return frame

@@ -18,10 +18,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import numpy as np
-from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from ...base import ThinkerOutput, ThinkRequest, TurnMessage
-from ...tool_calls import NAME_END, CallParser, call_grammar, compile_call_grammar
+from ...tool_calls import NAME_END, AllowedTokens, CallParser, call_grammar, compile_call_grammar
 from ..tool_calls import CALL_PREFIX, MARKER, render_call, tools_prompt
 from .model_file import locate_model_file
 from .runtime import ContextCache, DecoderRuntime
@@ -214,13 +213,10 @@ class LlamaThinker:
         forced = CALL_PREFIX + (named + NAME_END if named else "")
         matcher = compile_call_grammar(call_grammar(tools, named=named is not None),
                                        self._shared.runtime.guidance_tokenizer())
-        vocab = self._shared.runtime.tokenizer.vocab_size
-        bitmask = allocate_token_bitmask(1, vocab)
+        allowed_tokens = AllowedTokens(matcher, self._shared.runtime.tokenizer.vocab_size)
 
         def pick(logits: np.ndarray, recent: list[int]) -> int:
-            fill_next_token_bitmask(matcher, bitmask)
-            allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
-            token = sample(logits, recent, CALL_SAMPLING, self._rng, allowed)
+            token = sample(logits, recent, CALL_SAMPLING, self._rng, allowed_tokens())
             matcher.consume_token(token)
             return token
 
