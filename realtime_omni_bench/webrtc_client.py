@@ -82,7 +82,7 @@ class PcmSource(MediaStreamTrack):
         # Encoded here, as the server's track does: aiortc only packs the packet (no thread hop,
         # no pure-Python audio level), so the clients cost less than the server they measure.
         if self._encoder is None:
-            self._encoder = OpusPacketEncoder()
+            self._encoder = OpusPacketEncoder(rate=RATE)  # a browser microphone: 48 kHz
         packet = self._encoder.encode(samples, self._index * FRAME)
         self._index += 1
         assert packet is not None  # libopus returns one packet per 20 ms frame

@@ -27,7 +27,13 @@ def approx_bytes(value: Any, depth: int = 0) -> int:
     total = 0
     if isinstance(value, dict):  # loops, not generators: this runs for every event sent
         for key, item in value.items():
-            total += ENTRY_BYTES + len(key) + approx_bytes(item, depth + 1)
+            kind = type(item)
+            if kind is str:  # the leaves of most events: no call per field
+                total += ENTRY_BYTES + len(key) + len(item)
+            elif kind is int or kind is float or kind is bool or item is None:
+                total += 2 * ENTRY_BYTES + len(key)
+            else:
+                total += ENTRY_BYTES + len(key) + approx_bytes(item, depth + 1)
         return total
     if isinstance(value, list | tuple):
         for item in value:

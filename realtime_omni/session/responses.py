@@ -85,7 +85,10 @@ class Response:
 
     def _index(self, item: Item) -> int:
         """The output index of ``item`` (by identity), or -1 while it is not an output."""
-        return next((index for index, output in enumerate(self.outputs) if output is item), -1)
+        for index, output in enumerate(self.outputs):  # (a loop: this runs twice per audio delta)
+            if output is item:
+                return index
+        return -1
 
     def _ids(self) -> dict[str, Any]:
         return {"response_id": self.id, "item_id": self.item.id, "output_index": self._index(self.item),

@@ -39,6 +39,21 @@ log = logging.getLogger(__name__)
 STALE = object()
 
 
+class Outbox(asyncio.Queue["Outgoing | None"]):
+    """The events a session has for its transport. ``on_put``, when a writer sets it, is called
+    for each one queued: a writer that also waits on other things (a call's data channel and
+    track) then wakes on one event instead of a task and a wait set per event."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.on_put: Callable[[], None] | None = None
+
+    def _put(self, item: Outgoing | None) -> None:  # (asyncio.Queue's hook under put/put_nowait)
+        super()._put(item)  # type: ignore[misc]
+        if self.on_put is not None:
+            self.on_put()
+
+
 class SessionRunner(ConnectionLink):
     def __init__(
         self,
@@ -70,7 +85,7 @@ class SessionRunner(ConnectionLink):
         self.meter = TurnMeter(self.observer)
         self.close_reason: str | None = None
         self.mailbox: asyncio.Queue[inp.SessionInput] = asyncio.Queue(self.limits.mailbox_size)
-        self.outbox: asyncio.Queue[Outgoing | None] = asyncio.Queue(self.limits.outbox_size)
+        self.outbox = Outbox(self.limits.outbox_size)
         self.vad: VADStream | None = None
         self._task: asyncio.Task[None] | None = None
         self.closed = asyncio.Event()

@@ -530,21 +530,22 @@ def test_video_sampler_keeps_only_the_newest_sample() -> None:
 def test_opus_encoder_reuses_one_packet_for_silence_and_settles_after_sound() -> None:
     from av import CodecContext, Packet
 
-    from realtime_omni.transports.webrtc.tracks import FRAME_SAMPLES, OpusPacketEncoder
+    from realtime_omni.transports.webrtc.tracks import CLOCK_FRAME, FRAME_SAMPLES, OpusPacketEncoder
 
-    encoder = OpusPacketEncoder()
+    encoder = OpusPacketEncoder()  # 24 kHz samples: the session's, encoded as they are
     tone = (np.sin(np.arange(FRAME_SAMPLES) / 5) * 8000).astype(np.int16)
     hiss = np.full(FRAME_SAMPLES, 3, np.int16)  # within SILENCE_PEAK: goes out as silence
     frames = [tone] * 5 + [hiss] * 20 + [tone] * 3 + [hiss] * 20
-    packets = [encoder.encode(f, i * FRAME_SAMPLES) for i, f in enumerate(frames)]
+    packets = [encoder.encode(f, i * CLOCK_FRAME) for i, f in enumerate(frames)]
     assert all(p is not None for p in packets)
-    assert [p.pts for p in packets] == [i * FRAME_SAMPLES for i in range(len(frames))]  # RTP time is ours
+    assert [p.pts for p in packets] == [i * CLOCK_FRAME for i in range(len(frames))]  # RTP time is ours (48 kHz)
     # after each sound, silence goes through libopus only until its packet stops changing
     assert encoder.reused >= 20 and encoder.encoded + encoder.reused == len(frames)
     decoder = CodecContext.create("libopus", "r")
     decoder.format, decoder.layout, decoder.sample_rate = "s16", "mono", 48_000
     pcm = np.concatenate([f.to_ndarray().reshape(-1) for p in packets for f in decoder.decode(Packet(bytes(p)))])
     heard = pcm.reshape(len(frames), -1)
+    assert heard.shape[1] == CLOCK_FRAME  # any Opus decoder plays it back at 48 kHz
     assert np.abs(heard[2]).max() > 4000  # the tone is audible
     assert np.abs(heard[15:25]).max() == 0 and np.abs(heard[40:]).max() == 0  # silence is silent
 

@@ -99,7 +99,9 @@ class Peer:
         self.hangup_reason: str | None = None
         self.closed = asyncio.Event()
         self._notes: deque[dict[str, Any]] = deque(maxlen=256)
-        self._notes_ready = asyncio.Event()
+        #: set when the writer has something to do: the session queued an event, the track noted
+        #: one, the data channel opened (one wake-up per event, not a task and a wait set)
+        self._wake = asyncio.Event()
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(_INBOX)
         self._channel_open = asyncio.Event()
         self._connected = asyncio.Event()
@@ -186,6 +188,7 @@ class Peer:
             channel.on("message", self._on_message)
             channel.on("close", lambda: self.hangup("data_channel_closed"))
             self._channel_open.set()
+            self._wake.set()
             return
         why = (
             f"only one {EVENTS_LABEL!r} data channel is supported"
@@ -225,7 +228,7 @@ class Peer:
 
     def _note(self, event: dict[str, Any]) -> None:
         self._notes.append(event)
-        self._notes_ready.set()
+        self._wake.set()
 
     # ------------------------------------------------------------------ tasks
     async def _reader(self) -> None:
@@ -258,47 +261,26 @@ class Peer:
 
     async def _writer(self) -> None:
         """The only task that sends on the data channel."""
-        runner = self.runner
-        out_task: asyncio.Task[Any] | None = None
-        note_task: asyncio.Task[Any] | None = None
-        open_task: asyncio.Task[Any] | None = asyncio.ensure_future(self._channel_open.wait())
+        runner, wake = self.runner, self._wake
+        runner.outbox.on_put = wake.set
+        opened = False
         try:
             while True:
-                if out_task is None:
-                    # what is queued already goes out without a task and a wait set per event;
-                    # the channel's opening and the notes keep their place in the order
-                    if open_task is not None and open_task.done():
-                        open_task = None
-                        await self._send_early()
-                    if self._notes_ready.is_set():
-                        await self._send_notes()
-                    out = runner.next_outgoing_nowait()
-                    if out is None:
-                        break
-                    if not isinstance(out, str):  # (not "empty")
-                        await self._handle(out)
-                        continue
-                    out_task = asyncio.ensure_future(runner.next_outgoing())
-                if note_task is None:
-                    note_task = asyncio.ensure_future(self._notes_ready.wait())
-                waiting = {out_task, note_task} | ({open_task} if open_task else set())
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if open_task in done:
-                    open_task = None
+                wake.clear()  # every source is looked at after this: what comes later sets it again
+                if not opened and self._channel_open.is_set():
+                    opened = True
                     await self._send_early()
-                if note_task in done:
-                    note_task = None
+                if self._notes:
                     await self._send_notes()
-                if out_task in done:
-                    out = out_task.result()
-                    out_task = None
-                    if out is None:
-                        break
-                    await self._handle(out)
+                out = runner.next_outgoing_nowait()
+                if out is None:
+                    break
+                if isinstance(out, str):  # "empty": nothing queued anywhere
+                    await wake.wait()
+                    continue
+                await self._handle(out)
         finally:
-            for task in (out_task, note_task, open_task):
-                if task is not None:
-                    task.cancel()
+            runner.outbox.on_put = None
         # The session ended (idle timeout, expiry, close): say what is left, then hang up.
         await self._send_notes()
         self.hangup(self.hangup_reason or "session_closed")
@@ -308,7 +290,6 @@ class Peer:
             await self._send(self._early.popleft())
 
     async def _send_notes(self) -> None:
-        self._notes_ready.clear()
         while self._notes:
             await self._send(self._notes.popleft())
 

@@ -2,10 +2,11 @@
 
 Incoming (the microphone): see :mod:`.incoming`.
 
-Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms,
-48 kHz mono frame per tick of the loop's shared :class:`FrameClock` (one timer for every call, not
-a sleep per track), with ``pts`` advancing by exactly 960 each frame, so RTP timestamps never
-jump: silence fills the gaps between responses and any underrun. It hands aiortc an Opus
+Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms
+mono frame at the session's 24 kHz per tick of the loop's shared :class:`FrameClock` (one timer
+for every call, not a sleep per track), encoded at that rate (Opus takes 24 kHz input as is: no
+resampling on the way out), with ``pts`` advancing by exactly 960 of the 48 kHz RTP clock each
+frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun. It hands aiortc an Opus
 ``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
 which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
 pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
@@ -36,16 +37,20 @@ from ...session.runner import SessionRunner
 
 log = logging.getLogger(__name__)
 
-RATE = 48_000
+RATE = 48_000  # Opus's RTP clock (and the rate its decoders give)
 FRAME_MS = 20
-FRAME_SAMPLES = RATE * FRAME_MS // 1000  # 960
+CLOCK_FRAME = RATE * FRAME_MS // 1000  # 960: one frame's step of the RTP clock
 TIME_BASE = fractions.Fraction(1, RATE)
+WIRE_RATE = 24_000  # the session's audio/pcm rate
+#: the outgoing track's PCM: the session's rate, handed to the Opus encoder as it is (at 48 kHz it
+#: took a resampler per call and 30 % more encoder time for the same 12 kHz of audio band)
+TRACK_RATE = WIRE_RATE
+FRAME_SAMPLES = TRACK_RATE * FRAME_MS // 1000  # 480
 # live streams (echo): the playout buffer's window, the cushion it keeps above one frame, and the
 # least spare audio worth skipping
 LIVE_WINDOW = 25  # frames (0.5 s)
-LIVE_CUSHION = RATE * 5 // 1000  # 5 ms
-LIVE_SPARE = RATE * 10 // 1000  # 10 ms
-WIRE_RATE = 24_000  # the session's audio/pcm rate
+LIVE_CUSHION = TRACK_RATE * 5 // 1000  # 5 ms
+LIVE_SPARE = TRACK_RATE * 10 // 1000  # 10 ms
 
 
 class FrameClock:
@@ -106,14 +111,13 @@ def frame_clock() -> FrameClock:
     return clock
 
 
-_ZEROS = np.zeros(FRAME_SAMPLES, dtype=np.int16)
 #: the server's outgoing Opus (see :class:`OpusPacketEncoder`)
 SERVER_OPUS = {"application": "lowdelay", "complexity": 5}
 
 
 class OpusPacketEncoder:
-    """20 ms, 48 kHz mono int16 frames → Opus packets (libopus through PyAV), in the caller's
-    thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
+    """20 ms mono int16 frames at ``rate`` (24 kHz: the session's) → Opus packets (libopus
+    through PyAV), in the caller's thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
     packets. After any sound, silence is encoded until the encoder's packet for it stops
     changing (its state, and so the listener's decoder state, has settled); that packet is then
     reused without calling libopus until the next sound: an idle track (between responses, most
@@ -129,17 +133,20 @@ class OpusPacketEncoder:
 
     SILENCE_PEAK = 4
 
-    def __init__(self, bitrate: int = 48_000, complexity: int | None = None, application: str = "voip") -> None:
+    def __init__(self, bitrate: int = 48_000, complexity: int | None = None, application: str = "voip",
+                 rate: int = TRACK_RATE) -> None:
         codec = CodecContext.create("libopus", "w")
         codec.format = "s16"
         codec.layout = "mono"
-        codec.sample_rate = RATE
+        codec.sample_rate = rate
         codec.bit_rate = bitrate
         options = {"application": application}
         if complexity is not None:
             options["compression_level"] = str(complexity)
         codec.options = options
-        codec.time_base = TIME_BASE
+        codec.time_base = fractions.Fraction(1, rate)
+        self.rate = rate
+        self._zeros = np.zeros(rate * FRAME_MS // 1000, dtype=np.int16)
         self._codec = codec
         self._last_silent: bytes | None = None
         self._settled = False  # this silence has reached the steady packet
@@ -148,20 +155,21 @@ class OpusPacketEncoder:
         self.reused = 0
 
     def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
+        """One frame; ``pts`` is its RTP time (48 kHz clock), whatever the rate of its samples."""
         peak = self.SILENCE_PEAK
         silent = int(samples.max()) <= peak and int(samples.min()) >= -peak
         if silent:
             if self._settled:
                 self.reused += 1
                 return self._packet(Packet(self._silence), pts)  # type: ignore[arg-type]
-            samples = _ZEROS
+            samples = self._zeros
         else:
             self._settled = False
             self._last_silent = None
         frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = RATE
-        frame.pts = pts
-        frame.time_base = TIME_BASE
+        frame.sample_rate = self.rate
+        frame.pts = pts * self.rate // RATE
+        frame.time_base = self._codec.time_base
         packets = self._codec.encode(frame)
         self.encoded += 1
         if not packets:
@@ -183,18 +191,6 @@ class OpusPacketEncoder:
         return packet
 
 
-#: soxr quality of a call's 48 ↔ 24 kHz conversions. soxr's HQ (the project's default) works in
-#: blocks: between 48 and 24 kHz it returns 0 samples for one 20 ms frame and 830 for the next,
-#: holding back 13–27 ms per direction on average. LQ returns every frame's samples at once
-#: (0.4 ms held) at about the same CPU; its passband ends near 9.5 kHz instead of 11 kHz.
-CALL_RESAMPLER_QUALITY = "LQ"
-
-
-def call_resampler(in_rate: int, out_rate: int) -> StreamResampler:
-    """The resampler for one direction of a call's audio (low delay, see above)."""
-    return StreamResampler(in_rate, out_rate, quality=CALL_RESAMPLER_QUALITY)
-
-
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "event_id": f"event_{uuid.uuid4().hex[:20]}", **fields}
 
@@ -203,7 +199,7 @@ def server_event(kind: str, **fields: Any) -> dict[str, Any]:
 class _Chunk:
     response_id: str
     epoch: int
-    pcm: np.ndarray  # int16 at 48 kHz
+    pcm: np.ndarray  # int16 at TRACK_RATE
     pos: int = 0
 
 
@@ -228,7 +224,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         #: a live stream (the echo model) arrives at real time, not ahead of it: every late input
         #: frame would leave 20 ms more backlog for good. Past ``live_max_ms`` the oldest audio is
         #: skipped back to two frames of cushion (a playout buffer that shrinks, not only grows).
-        self._live_max = None if live_max_ms is None else int(RATE * live_max_ms / 1000)
+        self._live_max = None if live_max_ms is None else int(TRACK_RATE * live_max_ms / 1000)
         # ... and below that cap, a playout buffer that follows the input: the least audio queued
         # at a frame's send time over the last LIVE_WINDOW frames is cushion that was never
         # needed; past LIVE_SPARE of it, it is skipped (every frame of it is latency for good).
@@ -237,14 +233,11 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self.skipped_ms = 0.0
         self._runner = runner
         self._notify = notify
-        self._max_samples = int(RATE * max_queue_ms / 1000)
+        self._max_samples = int(TRACK_RATE * max_queue_ms / 1000)
         self._chunks: deque[_Chunk] = deque()
         self._queued = 0
         self._room = asyncio.Event()
         self._room.set()
-        self._resampler = call_resampler(WIRE_RATE, RATE)
-        self._resampler_rid: str | None = None
-        self._resampler_epoch = 0
         self._tick: int | None = None  # the clock tick of the next frame
         self._frames = 0
         self._encoder = encoder
@@ -273,7 +266,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
     # ------------------------------------------------------------------ writer side
     @property
     def queued_ms(self) -> float:
-        return 1000.0 * self._queued / RATE
+        return 1000.0 * self._queued / TRACK_RATE
 
     async def push(self, pcm24k: np.ndarray, response_id: str, epoch: int) -> None:
         """Queue one audio delta (24 kHz int16). Waits while the queue is full (backpressure)."""
@@ -284,17 +277,13 @@ class OutgoingAudioTrack(MediaStreamTrack):
             await self._room.wait()
             if self.readyState != "live":
                 return
-        if response_id != self._resampler_rid:
-            self._flush_resampler()
-            self._resampler.reset()
-            self._resampler_rid, self._resampler_epoch = response_id, epoch
-        self._append(response_id, epoch, self._resampler.process(pcm24k))
+        if len(pcm24k):
+            self._chunks.append(_Chunk(response_id, epoch, pcm24k))
+            self._queued += len(pcm24k)
 
     def finish(self, response_id: str) -> None:
-        """All of ``response_id``'s audio is queued: drain the resampler; ``stopped`` follows
-        once the last frame has gone out."""
-        if response_id == self._resampler_rid:
-            self._flush_resampler()
+        """All of ``response_id``'s audio is queued; ``stopped`` follows once the last frame has
+        gone out."""
         self._complete[response_id] = None
         while len(self._complete) > 16:  # bounded: only recent responses matter
             del self._complete[next(iter(self._complete))]
@@ -312,8 +301,6 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._chunks.clear()
         self._queued = 0
         self._room.set()
-        self._resampler.reset()
-        self._resampler_rid = None
         self._playing = None
         if cut:
             self.cleared += 1
@@ -326,18 +313,6 @@ class OutgoingAudioTrack(MediaStreamTrack):
         return self._playing
 
     # ------------------------------------------------------------------ internals
-    def _flush_resampler(self) -> None:
-        if self._resampler_rid is not None:
-            tail = self._resampler.flush()
-            if len(tail):
-                self._append(self._resampler_rid, self._resampler_epoch, tail)
-            self._resampler_rid = None
-
-    def _append(self, response_id: str, epoch: int, pcm48k: np.ndarray) -> None:
-        if len(pcm48k):
-            self._chunks.append(_Chunk(response_id, epoch, pcm48k))
-            self._queued += len(pcm48k)
-
     def _stop_playing(self) -> None:
         rid, self._playing = self._playing, None
         self._notify(server_event("output_audio_buffer.stopped", response_id=rid))
@@ -362,7 +337,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
             self._live_low, self._live_seen = None, 0
 
     def _skip_backlog(self, excess: int) -> None:
-        self.skipped_ms += 1000.0 * excess / RATE
+        self.skipped_ms += 1000.0 * excess / TRACK_RATE
         while excess > 0 and self._chunks:
             chunk = self._chunks[0]
             n = min(excess, len(chunk.pcm) - chunk.pos)
@@ -412,7 +387,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self._queued < self._max_samples:
             self._room.set()
         for rid, samples in played.items():
-            self._runner.played(rid, 1000.0 * samples / RATE)  # playback truth: what went out
+            self._runner.played(rid, 1000.0 * samples / TRACK_RATE)  # playback truth: what went out
         if self._playing is not None and self._playing in self._complete and not self._chunks:
             self._stop_playing()
         elif filled < FRAME_SAMPLES and self._playing not in self._complete:
@@ -440,7 +415,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         samples = self.last_frame = self._next_samples()
-        pts = self._frames * FRAME_SAMPLES
+        pts = self._frames * CLOCK_FRAME
         self._frames += 1
         self.frames_sent += 1
         if self._encoder is None:
@@ -449,10 +424,10 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if packet is not None:
             return packet
         # the encoder held the frame back (never seen with libopus): hand aiortc the raw frame
-        frame = AudioFrame.from_ndarray(np.repeat(samples, 2).reshape(1, -1), format="s16", layout="stereo")
-        frame.sample_rate = RATE
-        frame.pts = pts
-        frame.time_base = TIME_BASE
+        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = TRACK_RATE
+        frame.pts = pts * TRACK_RATE // RATE
+        frame.time_base = fractions.Fraction(1, TRACK_RATE)
         return frame
 
     def stop(self) -> None:
