@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -71,6 +72,12 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             store_transcripts=settings.store.transcripts, end_of_turn=end_of_turn,
         )
         app.state.manager.start()
+        if registry is None:  # a serving process (not an app around a caller's models)
+            # What start-up built (modules, models: ~200 k objects) lives as long as the process:
+            # out of the collector's sight, a full collection no longer stops the loop for 80–170 ms
+            # with 50 calls live (every call's audio halts meanwhile), but for what calls hold.
+            gc.collect()  # (before the first call: a pause nobody hears)
+            gc.freeze()
         log.info("realtime-omni ready on ws://%s:%d/v1/realtime", settings.server.host, settings.server.port)
         try:
             yield

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from .engines.registry import OPENAI_MODEL_ALIASES
 from .engines.settings import EmbeddedSettings, EngineSettings, OmniSettings
@@ -119,6 +119,16 @@ class WebRTCSection(_Section):
     peer_timeout_s: float = Field(default=10.0, ge=0)
     #: bound of the outgoing audio queued on a call's track
     max_queue_ms: float = Field(default=5000.0, gt=0)
+    #: audio in each outgoing Opus packet: 40 halves the packets (and the CPU of RTP, SRTP and
+    #: the sockets) for 20 ms more delay (docs/benchmarks/webrtc.md)
+    audio_packet_ms: int = 20
+
+    @field_validator("audio_packet_ms")
+    @classmethod
+    def _packet_ms(cls, value: int) -> int:
+        if value not in (20, 40, 60):
+            raise ValueError("an Opus packet holds 20, 40 or 60 ms of audio here")
+        return value
 
 
 class TwilioSection(_Section):

@@ -73,6 +73,7 @@ FLAT_NAMES: dict[str, str] = {
     "webrtc_connect_timeout_s": "transports.webrtc.connect_timeout_s",
     "webrtc_peer_timeout_s": "transports.webrtc.peer_timeout_s",
     "webrtc_max_queue_ms": "transports.webrtc.max_queue_ms",
+    "webrtc_audio_packet_ms": "transports.webrtc.audio_packet_ms",
     "twilio_auth_token": "transports.twilio.auth_token",
     "mcp_allowed_urls": "tools.mcp_allowed_urls",
     "mcp_timeout_s": "tools.mcp_timeout_s",

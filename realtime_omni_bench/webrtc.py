@@ -59,7 +59,7 @@ class BurstProbe:
     def __init__(self) -> None:
         self.sent: list[float] = []
         self.received: list[float] = []
-        self.send_lag: list[float] = []
+        self.client_skipped = 0  # frames the client was too late to send (its process stalled)
         self._in_burst = False
         self._last_rx = 0.0
         self.gaps = 0  # received-frame gaps > 60 ms (the client's playout would stall)
@@ -151,6 +151,7 @@ async def _open_call(url: ServerURL, probe: BurstProbe, prefetch: int | None, lo
 
     class Source(PcmSource):
         async def recv(self):  # type: ignore[no-untyped-def]
+            probe.client_skipped += self.catch_up()
             self.play(probe.make_frame(self._index))
             return await super().recv()
 
@@ -233,6 +234,7 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
         "underruns": underruns,
         "underrun_pct": round(100.0 * underruns / out_frames, 3) if out_frames else None,
         "client_rx_gaps": gaps,
+        "client_frames_skipped": sum(p.client_skipped for p in probes),
         "missing_per_call": per_call_missing,
         "server_cpu_pct": None if server_pct is None else round(server_pct, 1),
         "server_cpu_pct_per_session": None if server_pct is None else round(server_pct / max(len(clients), 1), 2),
@@ -362,6 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at every call count (default: %(default)s)")
     parser.add_argument("--jitter-ms", type=float, default=0.0,
                         help="each RTP packet delayed by a uniform 0..this many ms, each direction (reorders them)")
+    parser.add_argument("--packet-ms", type=int, default=20, choices=(20, 40, 60),
+                        help="audio per Opus packet the server sends (REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS)")
     parser.add_argument("--server-prefetch", type=int, default=0,
                         help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH; 0: decode each packet on arrival)")
 
@@ -382,7 +386,8 @@ def main(args: argparse.Namespace) -> int:
     levels: list[dict[str, Any]] = []
     turns: dict[str, Any] | None = None
     server_argv: list[str] | None = None
-    env = {"REALTIME_OMNI_WEBRTC_JITTER_PREFETCH": str(args.server_prefetch), "REALTIME_OMNI_SESSION_STORE": "none"}
+    env = {"REALTIME_OMNI_WEBRTC_JITTER_PREFETCH": str(args.server_prefetch), "REALTIME_OMNI_SESSION_STORE": "none",
+           "REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS": str(args.packet_ms)}
     with pinned(pin_client):
         if ladder:
             server = ServerProcess(models=("echo",), cpus=pin_server, env=env) if args.url is None else None
@@ -413,9 +418,9 @@ def main(args: argparse.Namespace) -> int:
                 if server:
                     server.stop()
 
-    columns = ["calls", "loss %", "ok", "client rx gaps", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
+    columns = ["calls", "packet ms", "loss %", "ok", "client rx gaps", "client frames skipped", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
                "CPU %/call", "client CPU %", "other procs (cores)"]
-    rows = [[lv["sessions"], lv["loss_pct"], lv["sessions_ok"], lv["client_rx_gaps"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
+    rows = [[lv["sessions"], args.packet_ms, lv["loss_pct"], lv["sessions_ok"], lv["client_rx_gaps"], lv["client_frames_skipped"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
              lv["missing_pct"], lv["underrun_pct"], lv["server_cpu_pct"], lv["server_cpu_pct_per_session"],
              lv["client_cpu_pct"], lv["machine_load"].get("other_processes_cores")] for lv in levels]
     healthy = [lv for lv in levels if lv["sessions_failed"] == 0 and (lv["missing_pct"] or 0) < 0.5 and not lv["loss_pct"]]
@@ -446,6 +451,7 @@ def main(args: argparse.Namespace) -> int:
         command=command_line(), config={"ladder": ladder, "loss_pct": losses, "jitter_ms": args.jitter_ms,
                                         "seconds": args.seconds, "client_prefetch": args.client_prefetch,
                                         "server_prefetch": args.server_prefetch, "server_cpus": args.server_cpus,
+                                        "packet_ms": args.packet_ms,
                                         "client_cpus": args.client_cpus, "server": server_argv},
         summary={"levels": [{k: v for k, v in lv.items() if k != "latency_samples_ms"} for lv in levels], "turns": turns},
         samples={"latency_ms": {_level_key(lv): lv["latency_samples_ms"] for lv in levels}},

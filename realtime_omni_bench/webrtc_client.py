@@ -46,11 +46,33 @@ class PcmSource(MediaStreamTrack):
         self._index = 0
         self._on_frame = on_frame
         self._encoder: OpusPacketEncoder | None = None
+        self.skipped_frames = 0  # frames this client was too late to send (see catch_up)
 
     def play(self, pcm48k: np.ndarray) -> float:
         """Queue audio; returns its duration in seconds."""
         self._pending.append(np.asarray(pcm48k, dtype=np.int16))
         return len(pcm48k) / RATE
+
+    def catch_up(self, max_late_s: float = 0.06) -> int:
+        """Skip the frames whose time passed more than ``max_late_s`` ago, as a microphone does
+        when its reader stalls (a browser's audio thread never sends a catch-up burst; a loaded
+        benchmark process would, and the server's live playout would drop the backlog). Returns
+        how many were skipped; their queued audio is dropped with them."""
+        if self._start is None:
+            return 0
+        late = time.monotonic() - (self._start + self._index * FRAME / RATE)
+        if late <= max_late_s:
+            return 0
+        skip = int(late * RATE / FRAME)
+        self._index += skip
+        self.skipped_frames += skip
+        drop = skip * FRAME
+        while drop > 0 and (len(self._buffer) or self._pending):
+            if not len(self._buffer):
+                self._buffer = self._pending.popleft()
+            n = min(drop, len(self._buffer))
+            self._buffer, drop = self._buffer[n:], drop - n
+        return skip
 
     @property
     def queued_s(self) -> float:

@@ -145,6 +145,44 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
     await wait_until(lambda: live_calls(echo_server) == 0 and not echo_server.manager.sessions)
 
 
+async def test_forty_ms_packets_carry_the_same_echo_in_half_the_packets() -> None:
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    sizes: list[int] = []
+    try:
+        with ServerThread(registry, models=["echo"], webrtc_audio_packet_ms=40, **FAST) as server:
+            client = WebRTCClient(server.http, model="echo", session=NO_VAD,
+                                  on_frame_received=lambda at, pcm: sizes.append(len(pcm)))
+            await client.connect()
+            try:
+                await client.wait_for("output_audio_buffer.started", timeout=5)
+                await asyncio.sleep(0.5)
+                sent = chirp(1.0)
+                t0 = time.monotonic()
+                client.source.play(sent)
+                await asyncio.sleep(1.6)
+                got = client.audio_since(t0)
+                assert rms(got) > 0.5 * rms(sent), (rms(got), rms(sent))
+                lag, peak = best_alignment(got, sent[:9600])
+                assert peak > 0.8 and 0 < lag / 48 < 400, (peak, lag / 48)
+                assert the_peer(server).track.packet_ms == 40
+            finally:
+                await client.close()
+    finally:
+        registry.close()
+    # each received packet is 40 ms: 1920 samples once decoded at 48 kHz
+    assert len(sizes) > 20 and set(sizes[5:]) == {1920}, sorted(set(sizes))
+
+
+def test_an_opus_packet_of_any_other_length_is_refused() -> None:
+    from realtime_omni.config_sources import SettingsError, load_settings
+
+    assert load_settings(environ={"REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS": "60"}).transports.webrtc.audio_packet_ms == 60
+    for hostile in ("30", "0", "-20", "1e9", "forty"):
+        with pytest.raises(SettingsError, match="audio_packet_ms"):
+            load_settings(environ={"REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS": hostile})
+
+
 async def test_second_data_channel_is_refused_with_an_error_event(echo_server) -> None:
     client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
     await client.connect()

@@ -80,6 +80,7 @@ def options_from_settings(settings: ServerSettings | None) -> WebRTCOptions:
         connect_timeout_s=rtc.connect_timeout_s,
         peer_timeout_s=rtc.peer_timeout_s,
         max_queue_ms=rtc.max_queue_ms,
+        audio_packet_ms=rtc.audio_packet_ms,
     )
 
 

@@ -69,6 +69,8 @@ class WebRTCOptions:
     max_queue_ms: float = 5000.0
     #: live streams (echo) keep at most this much backlog on the track
     live_max_ms: float = 100.0
+    #: audio per outgoing Opus packet (20, 40 or 60 ms)
+    audio_packet_ms: int = 20
 
 
 class Peer:
@@ -86,7 +88,8 @@ class Peer:
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
         live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
-        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live)
+        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live,
+                                        packet_ms=options.audio_packet_ms)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         #: the video sent back, when the caller's offer asks to receive video (see answer)
         self.avatar: AvatarTrack | None = None

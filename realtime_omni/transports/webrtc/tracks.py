@@ -134,19 +134,19 @@ class OpusPacketEncoder:
     SILENCE_PEAK = 4
 
     def __init__(self, bitrate: int = 48_000, complexity: int | None = None, application: str = "voip",
-                 rate: int = TRACK_RATE) -> None:
+                 rate: int = TRACK_RATE, frame_ms: int = FRAME_MS) -> None:
         codec = CodecContext.create("libopus", "w")
         codec.format = "s16"
         codec.layout = "mono"
         codec.sample_rate = rate
         codec.bit_rate = bitrate
-        options = {"application": application}
+        options = {"application": application, "frame_duration": str(frame_ms)}
         if complexity is not None:
             options["compression_level"] = str(complexity)
         codec.options = options
         codec.time_base = fractions.Fraction(1, rate)
         self.rate = rate
-        self._zeros = np.zeros(rate * FRAME_MS // 1000, dtype=np.int16)
+        self._zeros = np.zeros(rate * frame_ms // 1000, dtype=np.int16)
         self._codec = codec
         self._last_silent: bytes | None = None
         self._settled = False  # this silence has reached the steady packet
@@ -206,6 +206,9 @@ class _Chunk:
 class OutgoingAudioTrack(MediaStreamTrack):
     """The assistant's voice: a bounded queue of response audio, paced at 20 ms per frame.
 
+    ``packet_ms`` (20, 40 or 60) is the audio in each Opus packet: 40 ms halves the packets, and
+    so the per-packet work of RTP, SRTP and the sockets, for 20 ms more delay on the way out.
+
     ``notify`` receives ``output_audio_buffer.started/stopped/cleared`` events; it must not send
     anything itself (the call's single writer does), only queue.
     """
@@ -219,8 +222,14 @@ class OutgoingAudioTrack(MediaStreamTrack):
         max_queue_ms: float = 5000.0,
         live_max_ms: float | None = None,
         encoder: OpusPacketEncoder | None = None,
+        packet_ms: int = FRAME_MS,
     ) -> None:
         super().__init__()
+        if packet_ms not in (20, 40, 60):
+            raise ValueError(f"packet_ms must be 20, 40 or 60, not {packet_ms}")
+        self.packet_ms = packet_ms
+        self._frame = TRACK_RATE * packet_ms // 1000  # samples of one packet
+        self._ticks = packet_ms // FRAME_MS  # clock ticks per packet
         #: a live stream (the echo model) arrives at real time, not ahead of it: every late input
         #: frame would leave 20 ms more backlog for good. Past ``live_max_ms`` the oldest audio is
         #: skipped back to two frames of cushion (a playout buffer that shrinks, not only grows).
@@ -243,7 +252,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._encoder = encoder
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
-        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self._silence = np.zeros(self._frame, dtype=np.int16)
         #: the frame that went out last: what the listener hears now (the avatar's mouth follows
         #: its loudness; silence, a barge-in and a hang-up all bring it to 0). A reference, no copy.
         self.last_frame: np.ndarray = self._silence
@@ -325,13 +334,13 @@ class OutgoingAudioTrack(MediaStreamTrack):
     def _follow_live(self) -> None:
         assert self._live_max is not None
         if self._queued > self._live_max:
-            self._skip_backlog(self._queued - FRAME_SAMPLES * 2)
+            self._skip_backlog(self._queued - self._frame * 2)
             self._live_low, self._live_seen = None, 0
             return
         self._live_low = self._queued if self._live_low is None else min(self._live_low, self._queued)
         self._live_seen += 1
         if self._live_seen >= LIVE_WINDOW:
-            spare = self._live_low - FRAME_SAMPLES - LIVE_CUSHION
+            spare = self._live_low - self._frame - LIVE_CUSHION
             if spare >= LIVE_SPARE:
                 self._skip_backlog(spare)
             self._live_low, self._live_seen = None, 0
@@ -355,7 +364,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
             if self._playing is not None and self._playing not in self._complete:
                 self.underruns += 1  # the response is still being produced: silence gap
             return self._silence
-        if self._queued < FRAME_SAMPLES and self._chunks[-1].response_id not in self._complete:
+        if self._queued < self._frame and self._chunks[-1].response_id not in self._complete:
             # Less than a frame while more is coming: one clean 20 ms gap now (the stream then
             # runs one frame later) rather than a frame torn by zeros in the middle.
             if self._playing is not None:
@@ -364,19 +373,19 @@ class OutgoingAudioTrack(MediaStreamTrack):
         out: np.ndarray | None = None
         filled = 0
         played: dict[str, int] = {}
-        while filled < FRAME_SAMPLES and self._chunks:
+        while filled < self._frame and self._chunks:
             chunk = self._chunks[0]
             if chunk.response_id != self._playing:
                 if self._playing is not None:
                     self._stop_playing()
                 self._playing = chunk.response_id
                 self._notify(server_event("output_audio_buffer.started", response_id=chunk.response_id))
-            n = min(FRAME_SAMPLES - filled, len(chunk.pcm) - chunk.pos)
-            if n == FRAME_SAMPLES:  # the whole frame from one chunk: a view, no copy
+            n = min(self._frame - filled, len(chunk.pcm) - chunk.pos)
+            if n == self._frame:  # the whole frame from one chunk: a view, no copy
                 out = chunk.pcm[chunk.pos : chunk.pos + n]
             else:
                 if out is None:
-                    out = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+                    out = np.zeros(self._frame, dtype=np.int16)
                 out[filled : filled + n] = chunk.pcm[chunk.pos : chunk.pos + n]
             filled += n
             chunk.pos += n
@@ -390,7 +399,7 @@ class OutgoingAudioTrack(MediaStreamTrack):
             self._runner.played(rid, 1000.0 * samples / TRACK_RATE)  # playback truth: what went out
         if self._playing is not None and self._playing in self._complete and not self._chunks:
             self._stop_playing()
-        elif filled < FRAME_SAMPLES and self._playing not in self._complete:
+        elif filled < self._frame and self._playing not in self._complete:
             self.underruns += 1
         self.audio_frames_sent += 1
         assert out is not None  # the queue held audio: the loop ran
@@ -404,22 +413,23 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self._tick is None:
             self._tick = now + 1
         if self._tick > now:
-            await clock.next_tick()
+            while self._tick > clock.tick:
+                await clock.next_tick()
         elif now - self._tick > 5:
             # this track fell behind the clock (its sender stalled): skip ahead instead of
             # bursting frames to catch up. pts still advance by one frame, so RTP timestamps
             # stay continuous.
             self.late_frames += 1
             self._tick = now
-        self._tick += 1
+        self._tick += self._ticks
         if self.readyState != "live":
             raise MediaStreamError
         samples = self.last_frame = self._next_samples()
-        pts = self._frames * CLOCK_FRAME
+        pts = self._frames * CLOCK_FRAME * self._ticks
         self._frames += 1
         self.frames_sent += 1
         if self._encoder is None:
-            self._encoder = OpusPacketEncoder(**SERVER_OPUS)
+            self._encoder = OpusPacketEncoder(**SERVER_OPUS, frame_ms=self.packet_ms)
         packet = self._encoder.encode(samples, pts)
         if packet is not None:
             return packet
