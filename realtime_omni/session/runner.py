@@ -181,9 +181,21 @@ class SessionRunner(ConnectionLink):
 
     def submit_image(self, rgb: Any) -> bool:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
-        if self.closed.is_set() or not self.core.sees:
+        if not self.core.sees:
             return False
-        message = inp.Image(rgb)
+        return self._offer_nowait(inp.Image(rgb))
+
+    def submit_audio_nowait(self, audio: Pcm) -> bool:
+        """:meth:`submit_audio` for a caller that cannot wait (a media callback): False, and
+        nothing queued, when the mailbox is full in events or bytes."""
+        if not self._offer_nowait(inp.AudioIn(audio)):
+            return False
+        self.last_client = time.monotonic()
+        return True
+
+    def _offer_nowait(self, message: inp.SessionInput) -> bool:
+        if self.closed.is_set():
+            return False
         size = inp.payload_bytes(message)
         if self.inbox_bytes and self.inbox_bytes + size > self.limits.queue_bytes:
             return False

@@ -2,9 +2,11 @@
 
 aiortc hands each Opus packet to :class:`InlineAudioDecoder` (decoded to mono in the event loop,
 not in a decoder thread per call), released on arrival by :class:`ImmediateAudioJitterBuffer`
-when the call's jitter prefetch is 0; :func:`pump_audio_in` resamples it (stateful soxr, low
-delay) to 24 kHz and hands the PCM to :meth:`SessionRunner.submit_audio`, the same path as
-``input_audio_buffer.append``.
+when the call's jitter prefetch is 0; the decoder hands each frame straight to the call's
+:class:`MicrophoneSink`, which resamples it (stateful soxr, low delay) to 24 kHz and puts the PCM
+in the session's mailbox (:meth:`SessionRunner.submit_audio_nowait`), the same path as
+``input_audio_buffer.append``. Where aiortc's own decoder runs, :func:`pump_audio_in` reads its
+track into the same sink.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import av
@@ -77,6 +80,8 @@ class InlineAudioDecoder:
 
     def __init__(self, frames: asyncio.Queue[Any]) -> None:
         self._frames = frames
+        #: where decoded frames go (None: the track's queue, for a reader of the track)
+        self.sink: Callable[[AudioFrame], None] | None = None
         self._stopped = threading.Event()
         self._decoder: Any = None
         self._codec_name: str | None = None
@@ -119,6 +124,12 @@ class InlineAudioDecoder:
             self.decoded_samples += frame.samples
             if self._next_ts is not None:
                 self._next_ts = (self._next_ts + frame.samples) & 0xFFFFFFFF
+            self._deliver(frame)
+
+    def _deliver(self, frame: AudioFrame) -> None:
+        if self.sink is not None:
+            self.sink(frame)
+        else:
             self._frames.put_nowait(frame)
 
     def _conceal_gap(self, timestamp: int) -> None:
@@ -136,7 +147,7 @@ class InlineAudioDecoder:
             silence.pts = expected
             silence.time_base = TIME_BASE
             self.concealed_samples += gap
-            self._frames.put_nowait(silence)
+            self._deliver(silence)
 
     # aiortc's decoder thread
     def get(self, *args: Any, **kwargs: Any) -> None:
@@ -190,28 +201,42 @@ class AudioInputStats:
         self.last_at = 0.0
 
 
-async def pump_audio_in(track: MediaStreamTrack, runner: SessionRunner, stats: AudioInputStats) -> None:
-    """Microphone → session, until the track ends. Never lets aiortc's frame queue grow: when
-    the session's mailbox is full (the session is stuck), frames are dropped and counted."""
-    # 24 kHz, whatever the session's input format (that is the JSON channel's): a duplex model
-    # (echo) then answers at the track's own rate with no further resampling, and the low-delay
-    # call resampler keeps a live echo live (soxr HQ would hold back ~30 ms here)
-    resampler: StreamResampler | None = None
-    while True:
+class MicrophoneSink:
+    """Decoded microphone frames → the session, as each arrives: no queue and no task hop per
+    frame. Never waits: when the session's mailbox is full (the session is stuck), frames are
+    dropped and counted."""
+
+    def __init__(self, runner: SessionRunner, stats: AudioInputStats) -> None:
+        self._runner = runner
+        self._stats = stats
+        # 24 kHz, whatever the session's input format (that is the JSON channel's): a duplex
+        # model (echo) then answers at the track's own rate with no further resampling, and the
+        # low-delay call resampler keeps a live echo live (soxr HQ would hold back ~30 ms here)
+        self._resampler: StreamResampler | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._runner.closed.is_set()
+
+    def __call__(self, frame: AudioFrame) -> None:
+        stats = self._stats
+        stats.frames += 1
+        stats.last_at = time.monotonic()
+        if self.closed:
+            return
+        resampler = self._resampler
+        if resampler is None or resampler.in_rate != frame.sample_rate:
+            resampler = self._resampler = call_resampler(frame.sample_rate, WIRE_RATE)
+        pcm = resampler.process(frame_to_mono(frame))
+        if len(pcm) and not self._runner.submit_audio_nowait(Pcm(pcm, WIRE_RATE)):
+            stats.dropped += 1
+
+
+async def pump_audio_in(track: MediaStreamTrack, sink: MicrophoneSink) -> None:
+    """A microphone track (aiortc's own decoder behind it) → ``sink``, until the track ends."""
+    while not sink.closed:
         try:
             frame = await track.recv()
         except MediaStreamError:
             return
-        stats.frames += 1
-        stats.last_at = time.monotonic()
-        if runner.closed.is_set():
-            return
-        if resampler is None or resampler.in_rate != frame.sample_rate:
-            resampler = call_resampler(frame.sample_rate, WIRE_RATE)
-        pcm = resampler.process(frame_to_mono(frame))
-        if not len(pcm):
-            continue
-        if runner.mailbox.full():
-            stats.dropped += 1
-            continue
-        await runner.submit_audio(Pcm(pcm, WIRE_RATE))
+        sink(frame)

@@ -1,8 +1,9 @@
 """One WebRTC call: an RTCPeerConnection around one session runner.
 
-Inputs, each on its own task: the ``oai-events`` data channel (client JSON events, in order, into
-:meth:`SessionRunner.submit`), the microphone track (:func:`~.tracks.pump_audio_in`) and, for
-models that see, the camera (:func:`~.video.pump_video_in`). One writer task owns every send on
+Inputs: the ``oai-events`` data channel (client JSON events, in order, into
+:meth:`SessionRunner.submit`, on a task), the microphone (each packet decoded as it arrives and
+handed to :class:`~.incoming.MicrophoneSink`) and, for models that see, the camera
+(:func:`~.video.pump_video_in`, on a task). One writer task owns every send on
 the data channel: the session's events (audio deltas go to the outgoing track instead, never on
 the channel) and the track's ``output_audio_buffer.*`` notifications. Every exit path —
 hang-up, data channel or connection closed, peer gone silent, session ended, server shutdown —
@@ -33,6 +34,7 @@ from .incoming import (
     AudioInputStats,
     ImmediateAudioJitterBuffer,
     InlineAudioDecoder,
+    MicrophoneSink,
     pump_audio_in,
 )
 from .tracks import OutgoingAudioTrack, at_track_rate, server_event
@@ -94,6 +96,7 @@ class Peer:
         #: the video sent back, when the caller's offer asks to receive video (see answer)
         self.avatar: AvatarTrack | None = None
         self.audio_in = AudioInputStats()
+        self.microphone = MicrophoneSink(runner, self.audio_in)
         #: decodes the microphone in the loop (None: aiortc's decoder thread does)
         self.decoder: InlineAudioDecoder | None = None
         self.channel: Any | None = None
@@ -139,6 +142,8 @@ class Peer:
                 transceiver.direction = "sendrecv"
                 self._tune_jitter_buffer(transceiver.receiver)
                 self.decoder = InlineAudioDecoder.install(transceiver.receiver)
+                if self.decoder is not None:
+                    self.decoder.sink = self.microphone
             elif transceiver.kind == "video" and not video_seen:
                 video_seen = True
                 # the offer's direction, seen from here: "sendonly"/"sendrecv" mean the caller
@@ -217,7 +222,8 @@ class Peer:
 
     def _on_track(self, track: Any) -> None:
         if track.kind == "audio":
-            self._spawn(pump_audio_in(track, self.runner, self.audio_in), "audio-in")
+            if self.decoder is None:  # aiortc decodes in its thread: read the track
+                self._spawn(pump_audio_in(track, self.microphone), "audio-in")
         elif track.kind == "video":
             self._spawn(pump_video_in(track, self.video, self.runner.submit_image), "video-in")
 
@@ -408,6 +414,7 @@ class Peer:
             "connection_state": self.pc.connectionState,
             "data_channel": self.channel is not None,
             "audio_in_frames": self.audio_in.frames,
+            "audio_in_dropped": self.audio_in.dropped,
             "audio_out_frames": self.track.audio_frames_sent,
             "underruns": self.track.underruns,
             "skipped_ms": round(self.track.skipped_ms, 1),
