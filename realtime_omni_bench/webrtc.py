@@ -364,6 +364,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "at every call count (default: %(default)s)")
     parser.add_argument("--jitter-ms", type=float, default=0.0,
                         help="each RTP packet delayed by a uniform 0..this many ms, each direction (reorders them)")
+    parser.add_argument("--compare", nargs="*", default=[], metavar="REPORT.json",
+                        help="earlier webrtc reports drawn beside this run (read before this run writes)")
     parser.add_argument("--packet-ms", type=int, default=20, choices=(20, 40, 60),
                         help="audio per Opus packet the server sends (REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS)")
     parser.add_argument("--server-prefetch", type=int, default=0,
@@ -382,6 +384,7 @@ def main(args: argparse.Namespace) -> int:
     pin_client = parse_cpus(args.client_cpus)
     if pin_server and pin_client and pin_server & pin_client:
         pin_client = None
+    earlier = _earlier(args.compare)  # before this run may overwrite one of them
     started = time.monotonic()
     levels: list[dict[str, Any]] = []
     turns: dict[str, Any] | None = None
@@ -466,7 +469,7 @@ def main(args: argparse.Namespace) -> int:
                "with its own lag.",
                f"The server is pinned to CPU(s) {args.server_cpus}: the spoken turns' ASR, LLM and TTS share that one core "
                "(the WebSocket latency benchmark runs its server on both cores)."],
-        plot=_plot(levels) if levels else None,
+        plot=_plot(levels, earlier) if levels else None,
     )
     report.duration_s = time.monotonic() - started
     paths = write_report(report, Path(args.out))
@@ -478,8 +481,28 @@ def _level_key(level: dict[str, Any]) -> str:
     return str(level["sessions"]) if not level.get("loss_pct") else f"{level['sessions']}@{level['loss_pct']:g}%"
 
 
-def _plot(levels: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
-    """Latency and costs against the call count, one line per packet-loss setting."""
+#: FastRTC's echo calls, measured on this machine with this harness before issue 16 (25 calls:
+#: 3–5 % of a core each, round trip p50 122 ms): drawn as a reference point
+FASTRTC_25 = {"calls": 25, "p50_ms": 122.0, "cpu_pct_per_call": 4.0}
+
+
+def _earlier(paths: list[str]) -> list[dict[str, Any]]:
+    """Earlier webrtc reports to draw beside this run: label, calls, p50 and CPU per call."""
+    out = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        levels = [lv for lv in data["summary"]["levels"] if not lv.get("loss_pct")]
+        commit = (data.get("git") or {}).get("commit") or "?"
+        label = f"{Path(path).stem} ({str(commit)[:7]}, {data['config'].get('packet_ms', 20)} ms packets)"
+        out.append({"label": label, "calls": [lv["sessions"] for lv in levels],
+                    "p50": [lv["latency_ms"]["p50"] for lv in levels],
+                    "cpu": [lv["server_cpu_pct_per_session"] or 0 for lv in levels]})
+    return out
+
+
+def _plot(levels: list[dict[str, Any]], earlier: list[dict[str, Any]] = ()):  # type: ignore[no-untyped-def,assignment]
+    """Latency and costs against the call count, one line per packet-loss setting; earlier
+    reports and FastRTC's point in gray beside them."""
     by_loss: dict[float, list[dict[str, Any]]] = {}
     for lv in levels:
         by_loss.setdefault(lv.get("loss_pct") or 0.0, []).append(lv)
@@ -497,6 +520,17 @@ def _plot(levels: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
                 ax2.plot(xs, [lv["client_cpu_pct"] for lv in group], "x-", color="tab:gray",
                          label="client CPU (% of one core)")
             ax2.plot(xs, [lv["missing_pct"] or 0 for lv in group], "s--", label="missing bursts (%)" + tag)
+        for old, style in zip(earlier, ("--", ":", "-.")):
+            ax1.plot(old["calls"], old["p50"], "x" + style, color="tab:gray", label="p50, " + old["label"])
+            ax2.plot(old["calls"], [100 * c for c in old["cpu"]], "x" + style, color="tab:gray",
+                     label="CPU ×100 per call, " + old["label"])
+        if not by_loss or 0.0 in by_loss:
+            ax1.plot([FASTRTC_25["calls"]], [FASTRTC_25["p50_ms"]], "D", color="black", label="FastRTC p50 (25 calls)")
+            ax2.plot([FASTRTC_25["calls"]], [100 * FASTRTC_25["cpu_pct_per_call"]], "D", color="black",
+                     label="FastRTC CPU ×100 per call (25 calls)")
+            current = by_loss.get(0.0, [])
+            ax2.plot([lv["sessions"] for lv in current], [100 * (lv["server_cpu_pct_per_session"] or 0) for lv in current],
+                     "o:", color="tab:orange", label="CPU ×100 per call (this run)")
         ax1.set_xlabel("concurrent WebRTC calls")
         ax1.set_ylabel("round trip through the server (ms)")
         ax1.grid(True, alpha=0.3)
