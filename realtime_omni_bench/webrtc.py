@@ -508,7 +508,7 @@ def _plot(levels: list[dict[str, Any]], earlier: list[dict[str, Any]] = ()):  # 
         by_loss.setdefault(lv.get("loss_pct") or 0.0, []).append(lv)
 
     def draw(fig) -> None:  # type: ignore[no-untyped-def]
-        ax1, ax2 = fig.subplots(1, 2)
+        ax1, ax2, ax3 = fig.subplots(1, 3)
         for loss, group in by_loss.items():
             xs = [lv["sessions"] for lv in group]
             tag = f" ({loss:g} % loss)" if len(by_loss) > 1 else ""
@@ -522,15 +522,19 @@ def _plot(levels: list[dict[str, Any]], earlier: list[dict[str, Any]] = ()):  # 
             ax2.plot(xs, [lv["missing_pct"] or 0 for lv in group], "s--", label="missing bursts (%)" + tag)
         for old, style in zip(earlier, ("--", ":", "-.")):
             ax1.plot(old["calls"], old["p50"], "x" + style, color="tab:gray", label="p50, " + old["label"])
-            ax2.plot(old["calls"], [100 * c for c in old["cpu"]], "x" + style, color="tab:gray",
-                     label="CPU ×100 per call, " + old["label"])
+            ax3.plot(old["calls"], old["cpu"], "x" + style, color="tab:gray", label=old["label"])
         if not by_loss or 0.0 in by_loss:
             ax1.plot([FASTRTC_25["calls"]], [FASTRTC_25["p50_ms"]], "D", color="black", label="FastRTC p50 (25 calls)")
-            ax2.plot([FASTRTC_25["calls"]], [100 * FASTRTC_25["cpu_pct_per_call"]], "D", color="black",
-                     label="FastRTC CPU ×100 per call (25 calls)")
+            ax3.plot([FASTRTC_25["calls"]], [FASTRTC_25["cpu_pct_per_call"]], "D", color="black", label="FastRTC (25 calls)")
             current = by_loss.get(0.0, [])
-            ax2.plot([lv["sessions"] for lv in current], [100 * (lv["server_cpu_pct_per_session"] or 0) for lv in current],
-                     "o:", color="tab:orange", label="CPU ×100 per call (this run)")
+            ax3.plot([lv["sessions"] for lv in current], [lv["server_cpu_pct_per_session"] or 0 for lv in current],
+                     "o-", color="tab:red", label="this run")
+        ax3.axhline(1.3, color="tab:green", lw=0.8, ls=":", label="target (75 calls on one core)")
+        ax3.set_xlabel("concurrent WebRTC calls")
+        ax3.set_ylabel("server CPU per call (% of one core)")
+        ax3.set_ylim(bottom=0)
+        ax3.grid(True, alpha=0.3)
+        ax3.legend(fontsize=7)
         ax1.set_xlabel("concurrent WebRTC calls")
         ax1.set_ylabel("round trip through the server (ms)")
         ax1.grid(True, alpha=0.3)
