@@ -81,8 +81,11 @@ class BurstProbe:
         loud = np.flatnonzero(np.abs(pcm) > THRESHOLD)
         if loud.size and not self._in_burst:
             self._in_burst = True
-            # the frame is delivered whole: its first sample is (len - idx) samples before its end
-            self.received.append(at - (len(pcm) - loud[0]) / RATE)
+            # a listener hears a packet from its arrival: the onset at its offset in the packet,
+            # dated back by one 20 ms frame (the convention of every report here, for 20 ms
+            # packets: the time the onset would have left a sender pacing 20 ms frames). A 40 ms
+            # packet's onset then counts the 20 ms more it waited to be sent whole.
+            self.received.append(at + (loud[0] - FRAME) / RATE)
         elif not loud.size:
             self._in_burst = False
 
