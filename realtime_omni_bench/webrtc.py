@@ -185,11 +185,13 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
     connect_s = time.perf_counter() - started
     await asyncio.sleep(1.5)  # warm-up: every call is sending and echoing
     t0 = time.monotonic()
+    skipped0 = sum(p.client_skipped for p in probes)
     cpu0 = cpu_seconds(server_pid) if server_pid else None
     client_cpu0 = time.process_time()
     machine = SystemCPU(server_pid)
     await asyncio.sleep(seconds)
     t1 = time.monotonic()
+    skipped = sum(p.client_skipped for p in probes) - skipped0
     cpu1 = cpu_seconds(server_pid) if server_pid else None
     client_cpu1 = time.process_time()
     load = machine.stop()
@@ -237,7 +239,7 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
         "underruns": underruns,
         "underrun_pct": round(100.0 * underruns / out_frames, 3) if out_frames else None,
         "client_rx_gaps": gaps,
-        "client_frames_skipped": sum(p.client_skipped for p in probes),
+        "client_frames_skipped": skipped,  # in the measured window
         "missing_per_call": per_call_missing,
         "server_cpu_pct": None if server_pct is None else round(server_pct, 1),
         "server_cpu_pct_per_session": None if server_pct is None else round(server_pct / max(len(clients), 1), 2),
