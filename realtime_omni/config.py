@@ -120,7 +120,7 @@ class WebRTCSection(_Section):
     #: bound of the outgoing audio queued on a call's track
     max_queue_ms: float = Field(default=5000.0, gt=0)
     #: audio in each outgoing Opus packet: 40 halves the packets (and the CPU of RTP, SRTP and
-    #: the sockets) for 20 ms more delay (docs/benchmarks/webrtc.md)
+    #: the sockets) for 20 ms more delay (docs/benchmarks/webrtc-media-path.md)
     audio_packet_ms: int = 20
 
     @field_validator("audio_packet_ms")

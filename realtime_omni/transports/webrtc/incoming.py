@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 #: soxr quality of the microphone's 48 → 24 kHz conversion (Opus decoders give 48 kHz). soxr's
 #: HQ (the project's default) works in blocks: between 48 and 24 kHz it returns 0 samples for one
-#: 20 ms frame and 830 for the next, holding back 13–27 ms on average. LQ returns every frame's samples at once
-#: (0.4 ms held) at about the same CPU; its passband ends near 9.5 kHz instead of 11 kHz.
+#: 20 ms frame and 830 for the next, holding back 13–27 ms on average. LQ returns every frame's
+#: samples at once (0.4 ms held) at about the same CPU; its passband ends near 9.5 kHz, not 11.
 CALL_RESAMPLER_QUALITY = "LQ"
 
 

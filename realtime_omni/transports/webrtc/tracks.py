@@ -6,8 +6,8 @@ Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It pro
 mono frame at the session's 24 kHz per tick of the loop's shared :class:`FrameClock` (one timer
 for every call, not a sleep per track), encoded at that rate (Opus takes 24 kHz input as is: no
 resampling on the way out), with ``pts`` advancing by exactly 960 of the 48 kHz RTP clock each
-frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun. It hands aiortc an Opus
-``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
+frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun.
+It hands aiortc an Opus ``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
 which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
 pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
 playback truth of the call: it reports the milliseconds of each response that actually went out
@@ -116,19 +116,21 @@ SERVER_OPUS = {"application": "lowdelay", "complexity": 5}
 
 
 class OpusPacketEncoder:
-    """20 ms mono int16 frames at ``rate`` (24 kHz: the session's) → Opus packets (libopus
-    through PyAV), in the caller's thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2`` decoders take mono
-    packets. After any sound, silence is encoded until the encoder's packet for it stops
-    changing (its state, and so the listener's decoder state, has settled); that packet is then
-    reused without calling libopus until the next sound: an idle track (between responses, most
-    of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS: the residue Opus decoding and
-    resampling leave in silence) counts as silence and goes out as digital silence.
+    """``frame_ms`` mono int16 frames at ``rate`` (24 kHz: the session's) → Opus packets (libopus
+    through PyAV), in the caller's thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2``
+    decoders take mono packets. After any sound, silence is encoded until the encoder's packet for
+    it stops changing (its state, and so the listener's decoder state, has settled); that packet is
+    then reused without calling libopus until the next sound: an idle track (between responses, most
+    of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS:
+    the residue Opus decoding and resampling leave in silence) counts as silence and goes out as
+    digital silence.
 
     ``application`` and ``complexity`` are libopus's. The server's tracks use
     :data:`SERVER_OPUS`: CELT only (``lowdelay``) at complexity 5. Measured here on Piper speech at
     48 kbit/s against ``voip`` at its default complexity (the browser's choice): 75 against
     225 µs a frame, 2.5 against 6.4 ms of look-ahead, 22.6 against 12.6 dB waveform SNR; its
-    silence settles after 12 frames. Every Opus decoder plays every mode.
+    silence settles after 12 frames. Every Opus decoder plays every mode. At the track's 24 kHz an
+    encode takes about 13 % less than at 48 kHz (72 against 83 µs on a tone with noise).
     """
 
     SILENCE_PEAK = 4
