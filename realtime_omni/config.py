@@ -8,7 +8,7 @@ down explicitly (the app, the transports, the engines; workers and Ray actors ge
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
@@ -119,15 +119,17 @@ class WebRTCSection(_Section):
     peer_timeout_s: float = Field(default=10.0, ge=0)
     #: bound of the outgoing audio queued on a call's track
     max_queue_ms: float = Field(default=5000.0, gt=0)
-    #: audio in each outgoing Opus packet: 40 halves the packets (and the CPU of RTP, SRTP and
-    #: the sockets) for 20 ms more delay (docs/benchmarks/webrtc-media-path.md)
-    audio_packet_ms: int = 20
+    #: audio in each outgoing Opus packet: 20, 40 or 60 ms, or "auto": 20 while the server holds
+    #: fewer than audio_busy_calls calls, 40 from there. 40 halves the packets (and the CPU of
+    #: RTP, SRTP and the sockets) for 20 ms more delay (docs/benchmarks/webrtc-media-path.md)
+    audio_packet_ms: int | Literal["auto"] = "auto"
+    audio_busy_calls: int = Field(default=32, ge=1)
 
     @field_validator("audio_packet_ms")
     @classmethod
-    def _packet_ms(cls, value: int) -> int:
-        if value not in (20, 40, 60):
-            raise ValueError("an Opus packet holds 20, 40 or 60 ms of audio here")
+    def _packet_ms(cls, value: int | str) -> int | str:
+        if value not in (20, 40, 60, "auto"):
+            raise ValueError('an Opus packet holds 20, 40 or 60 ms of audio here (or "auto")')
         return value
 
 

@@ -74,6 +74,7 @@ FLAT_NAMES: dict[str, str] = {
     "webrtc_peer_timeout_s": "transports.webrtc.peer_timeout_s",
     "webrtc_max_queue_ms": "transports.webrtc.max_queue_ms",
     "webrtc_audio_packet_ms": "transports.webrtc.audio_packet_ms",
+    "webrtc_audio_busy_calls": "transports.webrtc.audio_busy_calls",
     "twilio_auth_token": "transports.twilio.auth_token",
     "mcp_allowed_urls": "tools.mcp_allowed_urls",
     "mcp_timeout_s": "tools.mcp_timeout_s",

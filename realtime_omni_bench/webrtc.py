@@ -240,6 +240,8 @@ async def run_level(url: ServerURL, sessions: int, seconds: float, *, server_pid
         "underrun_pct": round(100.0 * underruns / out_frames, 3) if out_frames else None,
         "client_rx_gaps": gaps,
         "client_frames_skipped": skipped,  # in the measured window
+        # the server's packet length per call when the level ended (with "auto", by its call count)
+        "packet_ms": "/".join(str(ms) for ms in sorted({c.get("audio_packet_ms") for c in calls} - {None})) or None,
         "missing_per_call": per_call_missing,
         "server_cpu_pct": None if server_pct is None else round(server_pct, 1),
         "server_cpu_pct_per_session": None if server_pct is None else round(server_pct / max(len(clients), 1), 2),
@@ -371,8 +373,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each RTP packet delayed by a uniform 0..this many ms, each direction (reorders them)")
     parser.add_argument("--compare", nargs="*", default=[], metavar="REPORT.json",
                         help="earlier webrtc reports drawn beside this run (read before this run writes)")
-    parser.add_argument("--packet-ms", type=int, default=20, choices=(20, 40, 60),
-                        help="audio per Opus packet the server sends (REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS)")
+    parser.add_argument("--packet-ms", default="auto", choices=("20", "40", "60", "auto"),
+                        help="audio per Opus packet the server sends (REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS; "
+                             "auto: 20 ms below --busy-calls calls, 40 from there)")
+    parser.add_argument("--busy-calls", type=int, default=32,
+                        help="with --packet-ms auto, the calls from which packets hold 40 ms (default: %(default)s)")
     parser.add_argument("--server-prefetch", type=int, default=0,
                         help="the server's (REALTIME_OMNI_WEBRTC_JITTER_PREFETCH; 0: decode each packet on arrival)")
 
@@ -395,7 +400,8 @@ def main(args: argparse.Namespace) -> int:
     turns: dict[str, Any] | None = None
     server_argv: list[str] | None = None
     env = {"REALTIME_OMNI_WEBRTC_JITTER_PREFETCH": str(args.server_prefetch), "REALTIME_OMNI_SESSION_STORE": "none",
-           "REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS": str(args.packet_ms)}
+           "REALTIME_OMNI_WEBRTC_AUDIO_PACKET_MS": args.packet_ms,
+           "REALTIME_OMNI_WEBRTC_AUDIO_BUSY_CALLS": str(args.busy_calls)}
     with pinned(pin_client):
         if ladder:
             server = ServerProcess(models=("echo",), cpus=pin_server, env=env) if args.url is None else None
@@ -428,7 +434,7 @@ def main(args: argparse.Namespace) -> int:
 
     columns = ["calls", "packet ms", "loss %", "ok", "client rx gaps", "client frames skipped", "p50 ms", "p95 ms", "p99 ms", "missing %", "underruns %", "server CPU % (1 core)",
                "CPU %/call", "client CPU %", "other procs (cores)"]
-    rows = [[lv["sessions"], args.packet_ms, lv["loss_pct"], lv["sessions_ok"], lv["client_rx_gaps"], lv["client_frames_skipped"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
+    rows = [[lv["sessions"], lv["packet_ms"], lv["loss_pct"], lv["sessions_ok"], lv["client_rx_gaps"], lv["client_frames_skipped"], lv["latency_ms"]["p50"], lv["latency_ms"]["p95"], lv["latency_ms"]["p99"],
              lv["missing_pct"], lv["underrun_pct"], lv["server_cpu_pct"], lv["server_cpu_pct_per_session"],
              lv["client_cpu_pct"], lv["machine_load"].get("other_processes_cores")] for lv in levels]
     healthy = [lv for lv in levels if lv["sessions_failed"] == 0 and (lv["missing_pct"] or 0) < 0.5 and not lv["loss_pct"]]
@@ -459,7 +465,7 @@ def main(args: argparse.Namespace) -> int:
         command=command_line(), config={"ladder": ladder, "loss_pct": losses, "jitter_ms": args.jitter_ms,
                                         "seconds": args.seconds, "client_prefetch": args.client_prefetch,
                                         "server_prefetch": args.server_prefetch, "server_cpus": args.server_cpus,
-                                        "packet_ms": args.packet_ms,
+                                        "packet_ms": args.packet_ms, "busy_calls": args.busy_calls,
                                         "client_cpus": args.client_cpus, "server": server_argv},
         summary={"levels": [{k: v for k, v in lv.items() if k != "latency_samples_ms"} for lv in levels], "turns": turns},
         samples={"latency_ms": {_level_key(lv): lv["latency_samples_ms"] for lv in levels}},

@@ -77,10 +77,15 @@ class CallInfo(BaseModel):
     connection_state: str
     data_channel: bool
     audio_in_frames: int
+    #: microphone frames dropped because the session's mailbox was full
+    audio_in_dropped: int = 0
     audio_out_frames: int
+    #: audio in each Opus packet sent now (20 or 40 with "auto", by the server's call count)
+    audio_packet_ms: int = 20
     underruns: int
     skipped_ms: float
     video_frames: int
+    avatar_frames: int = 0
     inline_decoder: bool
 
 

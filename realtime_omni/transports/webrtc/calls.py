@@ -37,6 +37,7 @@ from ...session.manager import (
 from .ice import local_addresses, parse_ice_servers
 from .offer import BadOffer, check_offer, parse_body
 from .peer import Peer, WebRTCOptions, new_call_id
+from .tracks import PacketLength
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class CallRegistry:
         self.options = options
         self.calls: dict[str, Peer] = {}
         self.total_opened = 0
+        fixed = options.audio_packet_ms
+        options.packet_length = PacketLength(lambda: len(self.calls), options.audio_busy_calls,
+                                             None if fixed == "auto" else int(fixed))
 
     def add(self, peer: Peer) -> None:
         self.calls[peer.id] = peer
@@ -81,6 +85,7 @@ def options_from_settings(settings: ServerSettings | None) -> WebRTCOptions:
         peer_timeout_s=rtc.peer_timeout_s,
         max_queue_ms=rtc.max_queue_ms,
         audio_packet_ms=rtc.audio_packet_ms,
+        audio_busy_calls=rtc.audio_busy_calls,
     )
 
 

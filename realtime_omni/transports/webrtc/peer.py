@@ -37,7 +37,7 @@ from .incoming import (
     MicrophoneSink,
     pump_audio_in,
 )
-from .tracks import OutgoingAudioTrack, at_track_rate, server_event
+from .tracks import FRAME_MS, OutgoingAudioTrack, at_track_rate, server_event
 from .avatar import AvatarTrack
 from .video import VideoSampler, pump_video_in
 
@@ -71,8 +71,11 @@ class WebRTCOptions:
     max_queue_ms: float = 5000.0
     #: live streams (echo) keep at most this much backlog on the track
     live_max_ms: float = 100.0
-    #: audio per outgoing Opus packet (20, 40 or 60 ms)
-    audio_packet_ms: int = 20
+    #: audio per outgoing Opus packet (20, 40 or 60 ms, or "auto": see :class:`~.tracks.PacketLength`)
+    audio_packet_ms: int | str = "auto"
+    audio_busy_calls: int = 32
+    #: chooses each call's packet length (the call registry sets it; None: 20 ms, or the fixed length)
+    packet_length: Callable[[], int] | None = None
 
 
 class Peer:
@@ -90,8 +93,13 @@ class Peer:
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
         live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
-        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live,
-                                        packet_ms=options.audio_packet_ms)
+        packets = options.packet_length
+        if packets is not None:
+            start = packets()
+        else:
+            start = FRAME_MS if options.audio_packet_ms == "auto" else int(options.audio_packet_ms)
+        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live, packet_ms=start,
+                                        packet_length=packets)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         #: the video sent back, when the caller's offer asks to receive video (see answer)
         self.avatar: AvatarTrack | None = None
@@ -289,7 +297,8 @@ class Peer:
                     continue
                 await self._handle(out)
         finally:
-            runner.outbox.on_put = None
+            if runner.outbox.on_put == wake.set:  # (a resumed call's new writer may hold it now)
+                runner.outbox.on_put = None
         # The session ended (idle timeout, expiry, close): say what is left, then hang up.
         await self._send_notes()
         self.hangup(self.hangup_reason or "session_closed")
@@ -416,6 +425,7 @@ class Peer:
             "audio_in_frames": self.audio_in.frames,
             "audio_in_dropped": self.audio_in.dropped,
             "audio_out_frames": self.track.audio_frames_sent,
+            "audio_packet_ms": self.track.packet_ms,
             "underruns": self.track.underruns,
             "skipped_ms": round(self.track.skipped_ms, 1),
             "video_frames": self.video.frames_seen,

@@ -156,6 +156,12 @@ class OpusPacketEncoder:
         self.encoded = 0
         self.reused = 0
 
+    @property
+    def settled(self) -> bool:
+        """The last frame went out as the steady packet of silence (the listener's decoder, and
+        this encoder, rest in silence)."""
+        return self._settled
+
     def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
         """One frame; ``pts`` is its RTP time (48 kHz clock), whatever the rate of its samples."""
         peak = self.SILENCE_PEAK
@@ -193,6 +199,29 @@ class OpusPacketEncoder:
         return packet
 
 
+class PacketLength:
+    """How much audio each outgoing Opus packet holds, for every call of a server: 20 ms while it
+    holds fewer than ``busy_calls`` calls, 40 ms from there on (and 20 again below three quarters
+    of it). Few calls get the least delay; many, half the packets and their per-packet CPU (the
+    media of every call shares one event loop, so one core). ``fixed``: that length always."""
+
+    def __init__(self, live_calls: Callable[[], int], busy_calls: int = 32, fixed: int | None = None) -> None:
+        self._live_calls = live_calls
+        self.busy_calls = busy_calls
+        self.fixed = fixed
+        self._busy = False
+
+    def __call__(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        calls = self._live_calls()
+        if self._busy and calls < self.busy_calls * 3 // 4:
+            self._busy = False
+        elif not self._busy and calls >= self.busy_calls:
+            self._busy = True
+        return 40 if self._busy else 20
+
+
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "event_id": f"event_{uuid.uuid4().hex[:20]}", **fields}
 
@@ -209,7 +238,9 @@ class OutgoingAudioTrack(MediaStreamTrack):
     """The assistant's voice: a bounded queue of response audio, paced at 20 ms per frame.
 
     ``packet_ms`` (20, 40 or 60) is the audio in each Opus packet: 40 ms halves the packets, and
-    so the per-packet work of RTP, SRTP and the sockets, for 20 ms more delay on the way out.
+    so the per-packet work of RTP, SRTP and the sockets, for 20 ms more delay on the way out. With
+    ``packet_length`` (see :class:`PacketLength`) the track asks it again whenever its encoder has
+    settled on silence, and changes length there, where the change cannot be heard.
 
     ``notify`` receives ``output_audio_buffer.started/stopped/cleared`` events; it must not send
     anything itself (the call's single writer does), only queue.
@@ -223,15 +254,14 @@ class OutgoingAudioTrack(MediaStreamTrack):
         notify: Callable[[dict[str, Any]], None],
         max_queue_ms: float = 5000.0,
         live_max_ms: float | None = None,
-        encoder: OpusPacketEncoder | None = None,
         packet_ms: int = FRAME_MS,
+        packet_length: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()
-        if packet_ms not in (20, 40, 60):
-            raise ValueError(f"packet_ms must be 20, 40 or 60, not {packet_ms}")
-        self.packet_ms = packet_ms
-        self._frame = TRACK_RATE * packet_ms // 1000  # samples of one packet
-        self._ticks = packet_ms // FRAME_MS  # clock ticks per packet
+        self._packet_length = packet_length
+        self._encoders: dict[int, OpusPacketEncoder] = {}
+        self._encoder: OpusPacketEncoder | None = None
+        self._use(packet_ms)
         #: a live stream (the echo model) arrives at real time, not ahead of it: every late input
         #: frame would leave 20 ms more backlog for good. Past ``live_max_ms`` the oldest audio is
         #: skipped back to two frames of cushion (a playout buffer that shrinks, not only grows).
@@ -250,11 +280,10 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._room = asyncio.Event()
         self._room.set()
         self._tick: int | None = None  # the clock tick of the next frame
-        self._frames = 0
-        self._encoder = encoder
+        self._pts = 0  # RTP time of the next packet
+        self.packet_changes = 0
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
-        self._silence = np.zeros(self._frame, dtype=np.int16)
         #: the frame that went out last: what the listener hears now (the avatar's mouth follows
         #: its loudness; silence, a barge-in and a hang-up all bring it to 0). A reference, no copy.
         self.last_frame: np.ndarray = self._silence
@@ -264,6 +293,16 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self.underruns = 0
         self.cleared = 0
         self.late_frames = 0
+
+    def _use(self, packet_ms: int) -> None:
+        """From the next packet on, ``packet_ms`` of audio per packet (its own encoder)."""
+        if packet_ms not in (20, 40, 60):
+            raise ValueError(f"packet_ms must be 20, 40 or 60, not {packet_ms}")
+        self.packet_ms = packet_ms
+        self._frame = TRACK_RATE * packet_ms // 1000  # samples of one packet
+        self._ticks = packet_ms // FRAME_MS  # clock ticks per packet
+        self._silence = np.zeros(self._frame, dtype=np.int16)
+        self._encoder = self._encoders.get(packet_ms)
 
     @property
     def level(self) -> float:
@@ -410,6 +449,11 @@ class OutgoingAudioTrack(MediaStreamTrack):
     async def recv(self) -> Packet | AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
+        if self._packet_length is not None and (self._encoder is None or self._encoder.settled):
+            wanted = self._packet_length()
+            if wanted != self.packet_ms:
+                self._use(wanted)
+                self.packet_changes += 1
         clock = frame_clock()
         now = clock.current()
         if self._tick is None:
@@ -427,11 +471,11 @@ class OutgoingAudioTrack(MediaStreamTrack):
         if self.readyState != "live":
             raise MediaStreamError
         samples = self.last_frame = self._next_samples()
-        pts = self._frames * CLOCK_FRAME * self._ticks
-        self._frames += 1
+        pts = self._pts
+        self._pts += CLOCK_FRAME * self._ticks
         self.frames_sent += 1
         if self._encoder is None:
-            self._encoder = OpusPacketEncoder(**SERVER_OPUS, frame_ms=self.packet_ms)
+            self._encoder = self._encoders[self.packet_ms] = OpusPacketEncoder(**SERVER_OPUS, frame_ms=self.packet_ms)
         packet = self._encoder.encode(samples, pts)
         if packet is not None:
             return packet
