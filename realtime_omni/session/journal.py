@@ -7,7 +7,12 @@ the oldest of them already left the ring, ``gap: true``.
 
 The journal does not keep what the conversation no longer holds: when an item is deleted, the
 events about it keep their place and numbers (replay stays in order) but lose their payload
-(texts, transcripts, audio, content parts).
+(texts, transcripts, audio, content parts). Nor, with ``keep_audio`` off, the audio deltas that a
+server-side player (a WebRTC call's track, a phone line) sends instead of the client: a resume
+never replays them (that audio is stale once the call is gone), and a live call would otherwise
+hold thousands of them (up to ``capacity``: 50 a second from an echo, each an event, its samples
+and their holders) for the cycle collector to walk over and over. Only their numbers are kept,
+so a resume still knows it lost nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ class Journal:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.last_seq = last_seq
+        #: False while a server-side player sends the audio (see the module's docstring)
+        self.keep_audio = True
+        self._omitted: deque[int] = deque(maxlen=capacity)  # numbers of the audio deltas not kept
 
     def __len__(self) -> int:
         return len(self._events)
@@ -36,6 +44,9 @@ class Journal:
     def record(self, out: Outgoing) -> None:
         self.last_seq += 1
         out.event["sequence_number"] = self.last_seq
+        if out.audio is not None and not self.keep_audio:
+            self._omitted.append(self.last_seq)
+            return
         if not out.nbytes:
             out.nbytes = approx_bytes(out.event) + (out.audio.nbytes if out.audio is not None else 0)
         self._events.append(out)
@@ -61,8 +72,9 @@ class Journal:
     def since(self, last_seq: int) -> tuple[list[Outgoing], bool]:
         """Events after ``last_seq``, and whether some of them already left the ring (a gap)."""
         missed = [out for out in self._events if out.event["sequence_number"] > last_seq]
+        omitted = sum(1 for seq in self._omitted if seq > last_seq)  # played already, never replayed
         expected = self.last_seq - last_seq
-        return missed, len(missed) < expected
+        return missed, len(missed) + omitted < expected
 
 
 def _scrub(event: dict[str, Any], item_id: str) -> bool:

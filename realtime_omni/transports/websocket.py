@@ -66,6 +66,7 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
         await websocket.send_text(json.dumps(_error(code, str(exc), "model" if code is ErrorCode.MODEL_NOT_FOUND else None)))
         await websocket.close(code=1013 if code is ErrorCode.SESSION_LIMIT_REACHED else 1008, reason=code)
         return
+    runner.journal.keep_audio = True  # this client plays the audio: a resume replays what it missed
     if token:
         await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))
     elif bound_session:

@@ -132,6 +132,8 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
         played = peer.runner.core.ledger.sent_ms(started["response_id"]) - played_before
         # never ahead of the wall clock; behind it only by underruns (a loaded 2-core machine)
         assert 0.5 * elapsed < played < elapsed + 100, (played, elapsed)
+        # the track plays the audio: the resume journal keeps none of it (only its numbers)
+        assert peer.audio_deltas > 50 and len(peer.runner.journal) < 30, (peer.audio_deltas, len(peer.runner.journal))
 
         # a client event goes through the same session core and is answered on the channel
         client.send({"type": "output_audio_buffer.clear", "event_id": "evt_clear"})

@@ -168,6 +168,7 @@ class TwilioCall:
             self._close_code = 1013 if isinstance(exc, SessionLimitError) else 1008
             return False
         self.info, self.runner = info, runner
+        runner.journal.keep_audio = False  # the carrier plays it; nothing replays it
         log.info("twilio call %s: stream %s → session %s (model %s)",
                  info.call_sid, info.stream_sid, runner.core.id, runner.core.model.id)
         await runner.submit(json.dumps({"type": "session.update", "session": self._session_config(params)}))

@@ -90,6 +90,7 @@ class Peer:
         #: digest of the API key the call belongs to (None: keys are off)
         self.owner: str | None = None
         runner.kick = lambda: self.hangup("superseded")  # a resume elsewhere takes the session over
+        runner.journal.keep_audio = False  # the track plays it: a resume never replays audio
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
         live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
