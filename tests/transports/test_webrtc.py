@@ -8,6 +8,7 @@ browser would connect. Only host candidates on 127.0.0.1 are used (no STUN).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import subprocess
 import sys
@@ -31,13 +32,22 @@ FAST = {"webrtc_peer_timeout_s": 2.0, "webrtc_datachannel_timeout_s": 1.5, "webr
 NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
-@pytest.fixture(scope="module")
-def echo_server():
+@contextlib.contextmanager
+def own_echo_server(**settings):
+    """A server of the echo model with these settings (on top of FAST), for one test or module."""
     registry = ModelRegistry()
     registry.load(["echo"])
-    with ServerThread(registry, models=["echo"], **FAST) as srv:
+    try:
+        with ServerThread(registry, models=["echo"], **{**FAST, **settings}) as srv:
+            yield srv
+    finally:
+        registry.close()
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    with own_echo_server() as srv:
         yield srv
-    registry.close()
 
 
 def the_peer(server):
@@ -148,30 +158,25 @@ async def test_echo_audio_round_trip_and_events(echo_server) -> None:
 
 
 async def test_forty_ms_packets_carry_the_same_echo_in_half_the_packets() -> None:
-    registry = ModelRegistry()
-    registry.load(["echo"])
     sizes: list[int] = []
-    try:
-        with ServerThread(registry, models=["echo"], webrtc_audio_packet_ms=40, **FAST) as server:
-            client = WebRTCClient(server.http, model="echo", session=NO_VAD,
-                                  on_frame_received=lambda at, pcm: sizes.append(len(pcm)))
-            await client.connect()
-            try:
-                await client.wait_for("output_audio_buffer.started", timeout=5)
-                await asyncio.sleep(0.5)
-                sent = chirp(1.0)
-                t0 = time.monotonic()
-                client.source.play(sent)
-                await asyncio.sleep(1.6)
-                got = client.audio_since(t0)
-                assert rms(got) > 0.5 * rms(sent), (rms(got), rms(sent))
-                lag, peak = best_alignment(got, sent[:9600])
-                assert peak > 0.8 and 0 < lag / 48 < 400, (peak, lag / 48)
-                assert the_peer(server).track.packet_ms == 40
-            finally:
-                await client.close()
-    finally:
-        registry.close()
+    with own_echo_server(webrtc_audio_packet_ms=40) as server:
+        client = WebRTCClient(server.http, model="echo", session=NO_VAD,
+                              on_frame_received=lambda at, pcm: sizes.append(len(pcm)))
+        await client.connect()
+        try:
+            await client.wait_for("output_audio_buffer.started", timeout=5)
+            await asyncio.sleep(0.5)
+            sent = chirp(1.0)
+            t0 = time.monotonic()
+            client.source.play(sent)
+            await asyncio.sleep(1.6)
+            got = client.audio_since(t0)
+            assert rms(got) > 0.5 * rms(sent), (rms(got), rms(sent))
+            lag, peak = best_alignment(got, sent[:9600])
+            assert peak > 0.8 and 0 < lag / 48 < 400, (peak, lag / 48)
+            assert the_peer(server).track.packet_ms == 40
+        finally:
+            await client.close()
     # each received packet is 40 ms: 1920 samples once decoded at 48 kHz
     assert len(sizes) > 20 and set(sizes[5:]) == {1920}, sorted(set(sizes))
 
@@ -190,37 +195,32 @@ def test_packet_length_follows_the_call_count_with_hysteresis() -> None:
 
 
 async def test_auto_packets_grow_when_the_server_gets_busy_and_the_echo_goes_on() -> None:
-    registry = ModelRegistry()
-    registry.load(["echo"])
     sizes: list[int] = []
-    try:
-        with ServerThread(registry, models=["echo"], webrtc_audio_busy_calls=2, **FAST) as server:
-            first = WebRTCClient(server.http, model="echo", session=NO_VAD,
-                                 on_frame_received=lambda at, pcm: sizes.append(len(pcm)))
-            second = WebRTCClient(server.http, model="echo", session=NO_VAD)
-            await first.connect()
-            try:
-                await first.wait_for("output_audio_buffer.started", timeout=5)
-                await asyncio.sleep(0.5)
-                (peer,) = server.app.state.webrtc_calls.calls.values()
-                assert peer.track.packet_ms == 20 and set(sizes[-10:]) == {960}  # one call: 20 ms
-                await second.connect()  # two calls: busy
-                await wait_until(lambda: peer.track.packet_ms == 40, timeout=5)  # at its next silence
-                await asyncio.sleep(0.5)
-                assert set(sizes[-5:]) == {1920}
-                sent = chirp(1.0)
-                t0 = time.monotonic()
-                first.source.play(sent)
-                await asyncio.sleep(1.6)
-                lag, peak = best_alignment(first.audio_since(t0), sent[:9600])
-                assert peak > 0.8 and 0 < lag / 48 < 400, (peak, lag / 48)
-                listed = httpx.get(f"{server.http}/v1/realtime/calls", timeout=5).json()["data"]
-                assert sorted(c["audio_packet_ms"] for c in listed) == [40, 40]
-            finally:
-                await second.close()
-                await first.close()
-    finally:
-        registry.close()
+    with own_echo_server(webrtc_audio_busy_calls=2) as server:
+        first = WebRTCClient(server.http, model="echo", session=NO_VAD,
+                             on_frame_received=lambda at, pcm: sizes.append(len(pcm)))
+        second = WebRTCClient(server.http, model="echo", session=NO_VAD)
+        await first.connect()
+        try:
+            await first.wait_for("output_audio_buffer.started", timeout=5)
+            await asyncio.sleep(0.5)
+            peer = the_peer(server)
+            assert peer.track.packet_ms == 20 and set(sizes[-10:]) == {960}  # one call: 20 ms
+            await second.connect()  # two calls: busy
+            await wait_until(lambda: peer.track.packet_ms == 40, timeout=5)  # at its next silence
+            await asyncio.sleep(0.5)
+            assert set(sizes[-5:]) == {1920}
+            sent = chirp(1.0)
+            t0 = time.monotonic()
+            first.source.play(sent)
+            await asyncio.sleep(1.6)
+            lag, peak = best_alignment(first.audio_since(t0), sent[:9600])
+            assert peak > 0.8 and 0 < lag / 48 < 400, (peak, lag / 48)
+            listed = httpx.get(f"{server.http}/v1/realtime/calls", timeout=5).json()["data"]
+            assert sorted(c["audio_packet_ms"] for c in listed) == [40, 40]
+        finally:
+            await second.close()
+            await first.close()
 
 
 def test_an_opus_packet_of_any_other_length_is_refused() -> None:
