@@ -666,6 +666,46 @@ def test_opus_encoder_reuses_one_packet_for_silence_and_settles_after_sound() ->
     assert np.abs(heard[15:25]).max() == 0 and np.abs(heard[40:]).max() == 0  # silence is silent
 
 
+async def test_a_microphone_aiortc_decodes_reaches_the_session_through_the_same_sink() -> None:
+    """Where the inline decoder cannot be put in, aiortc's own decoded track (here: its 8 kHz
+    test tone track, silence) is read into the same MicrophoneSink: resampled, into the mailbox."""
+    from aiortc.mediastreams import AudioStreamTrack
+
+    from realtime_omni.session.manager import SessionManager
+    from realtime_omni.transports.webrtc.incoming import AudioInputStats, MicrophoneSink, pump_audio_in
+
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    manager = SessionManager(registry)
+    try:
+        runner = manager.open("echo", transport="webrtc")
+        stats = AudioInputStats()
+        track = AudioStreamTrack()
+        pump = asyncio.ensure_future(pump_audio_in(track, MicrophoneSink(runner, stats)))
+        await asyncio.sleep(0.6)
+        track.stop()
+        await asyncio.wait_for(pump, 2)  # the track's end ends the pump
+        assert stats.frames >= 20 and stats.dropped == 0
+        echoed: list[float] = []  # the echo session says back what it got: its audio deltas, in ms
+
+        def drain() -> float:
+            while not isinstance(out := runner.next_outgoing_nowait(), str) and out is not None:
+                if out.audio is not None:
+                    echoed.append(out.audio.duration_ms)
+            return sum(echoed)
+
+        await wait_until(lambda: drain() >= 20 * stats.frames - 40, timeout=2)  # every frame arrived
+        await runner.close()
+        sink = MicrophoneSink(runner, stats)
+        assert sink.closed  # a closed session takes nothing more
+        before = stats.frames
+        sink(await AudioStreamTrack().recv())
+        assert stats.frames == before + 1 and runner.mailbox.empty()
+    finally:
+        await manager.shutdown()
+        registry.close()
+
+
 def test_immediate_jitter_buffer_releases_each_packet_on_arrival() -> None:
     from aiortc.rtp import RtpPacket
 
