@@ -27,7 +27,7 @@ from realtime_omni.transports.webrtc.incoming import (
     InlineAudioDecoder,
     frame_to_mono,
 )
-from realtime_omni.transports.webrtc.tracks import OpusPacketEncoder
+from realtime_omni.transports.webrtc.opus import OpusPacketEncoder
 
 RATE = 48_000
 FRAME = 960

@@ -182,7 +182,7 @@ async def test_forty_ms_packets_carry_the_same_echo_in_half_the_packets() -> Non
 
 
 def test_packet_length_follows_the_call_count_with_hysteresis() -> None:
-    from realtime_omni.transports.webrtc.tracks import PacketLength
+    from realtime_omni.transports.webrtc.pacing import PacketLength
 
     live = [0]
     auto = PacketLength(lambda: live[0], busy_calls=8)
@@ -646,7 +646,8 @@ def test_video_sampler_keeps_only_the_newest_sample() -> None:
 def test_opus_encoder_reuses_one_packet_for_silence_and_settles_after_sound() -> None:
     from av import CodecContext, Packet
 
-    from realtime_omni.transports.webrtc.tracks import CLOCK_FRAME, FRAME_SAMPLES, OpusPacketEncoder
+    from realtime_omni.transports.webrtc.opus import OpusPacketEncoder
+    from realtime_omni.transports.webrtc.pacing import CLOCK_FRAME, FRAME_SAMPLES
 
     encoder = OpusPacketEncoder()  # 24 kHz samples: the session's, encoded as they are
     tone = (np.sin(np.arange(FRAME_SAMPLES) / 5) * 8000).astype(np.int16)
@@ -723,7 +724,7 @@ def test_immediate_jitter_buffer_releases_each_packet_on_arrival() -> None:
 
 
 async def test_one_frame_clock_tick_wakes_every_track() -> None:
-    from realtime_omni.transports.webrtc.tracks import frame_clock
+    from realtime_omni.transports.webrtc.pacing import frame_clock
 
     clock = frame_clock()
     assert frame_clock() is clock  # one per loop

@@ -37,7 +37,7 @@ from ...session.manager import (
 from .ice import local_addresses, parse_ice_servers
 from .offer import BadOffer, check_offer, parse_body
 from .peer import Peer, WebRTCOptions, new_call_id
-from .tracks import PacketLength
+from .pacing import PacketLength
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from av import AudioFrame, CodecContext, Packet
 
 from ...audio import Pcm, StreamResampler
 from ...session.runner import SessionRunner
-from .tracks import RATE, TIME_BASE, WIRE_RATE
+from .pacing import RATE, TIME_BASE, WIRE_RATE
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ from .incoming import (
     MicrophoneSink,
     pump_audio_in,
 )
-from .tracks import FRAME_MS, OutgoingAudioTrack, at_track_rate, server_event
+from .pacing import FRAME_MS
+from .tracks import OutgoingAudioTrack, at_track_rate, server_event
 from .avatar import AvatarTrack
 from .video import VideoSampler, pump_video_in
 
@@ -71,7 +72,7 @@ class WebRTCOptions:
     max_queue_ms: float = 5000.0
     #: live streams (echo) keep at most this much backlog on the track
     live_max_ms: float = 100.0
-    #: audio per outgoing Opus packet (20, 40 or 60 ms, or "auto": see :class:`~.tracks.PacketLength`)
+    #: audio per outgoing Opus packet (20, 40 or 60 ms, or "auto": see :class:`~.pacing.PacketLength`)
     audio_packet_ms: int | str = "auto"
     audio_busy_calls: int = 32
     #: chooses each call's packet length (the call registry sets it; None: 20 ms, or the fixed length)

@@ -1,14 +1,15 @@
 """The outgoing side of a WebRTC call's media: the paced assistant track and its Opus packets.
 
-Incoming (the microphone): see :mod:`.incoming`.
+Incoming (the microphone): see :mod:`.incoming`. The clock, the rates and the packet length:
+:mod:`.pacing`; the Opus encoder: :mod:`.opus`.
 
 Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms
-mono frame at the session's 24 kHz per tick of the loop's shared :class:`FrameClock` (one timer
+mono frame at the session's 24 kHz per tick of the loop's shared :class:`~.pacing.FrameClock` (one timer
 for every call, not a sleep per track), encoded at that rate (Opus takes 24 kHz input as is: no
 resampling on the way out), with ``pts`` advancing by exactly 960 of the 48 kHz RTP clock each
 frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun.
-It hands aiortc an Opus ``av.Packet`` it encoded itself (:class:`OpusPacketEncoder`, mono): aiortc then only packs it,
-which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
+It hands aiortc an Opus ``av.Packet`` it encoded itself (:class:`~.opus.OpusPacketEncoder`, mono):
+aiortc then only packs it, which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
 pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
 playback truth of the call: it reports the milliseconds of each response that actually went out
 into the session's :class:`~realtime_omni.session.playback.PlaybackLedger` frame by frame, and it
@@ -20,9 +21,7 @@ from __future__ import annotations
 import asyncio
 import fractions
 import logging
-import time
 import uuid
-import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,196 +29,22 @@ from typing import Any
 
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
-from av import AudioFrame, CodecContext, Packet
+from av import AudioFrame, Packet
 
 from ...audio import Pcm, StreamResampler
 from ...session.runner import SessionRunner
+from .opus import SERVER_OPUS, OpusPacketEncoder
+from .pacing import CLOCK_FRAME, FRAME_MS, RATE, TRACK_RATE, WIRE_RATE, frame_clock
 
 log = logging.getLogger(__name__)
 
-RATE = 48_000  # Opus's RTP clock (and the rate its decoders give)
-FRAME_MS = 20
-CLOCK_FRAME = RATE * FRAME_MS // 1000  # 960: one frame's step of the RTP clock
-TIME_BASE = fractions.Fraction(1, RATE)
-WIRE_RATE = 24_000  # the session's audio/pcm rate
-#: the outgoing track's PCM: the session's rate, handed to the Opus encoder as it is (at 48 kHz it
-#: took a resampler per call and 30 % more encoder time for the same 12 kHz of audio band)
-TRACK_RATE = WIRE_RATE
-FRAME_SAMPLES = TRACK_RATE * FRAME_MS // 1000  # 480
+
 # live streams (echo): the playout buffer's window, the cushion it keeps above one frame, and the
 # least spare audio worth skipping
 LIVE_WINDOW = 25  # frames (0.5 s)
 LIVE_CUSHION = TRACK_RATE * 5 // 1000  # 5 ms
 LIVE_SPARE = TRACK_RATE * 10 // 1000  # 10 ms
 
-
-class FrameClock:
-    """One 20 ms tick for every outgoing track of an event loop: a single timer per tick wakes
-    all the tracks waiting on it (a per-track ``asyncio.sleep`` costs a timer, a future and a
-    heap operation per call per frame). Ticks are counted from the first use; a loop stall of
-    more than 100 ms re-anchors the grid instead of bursting."""
-
-    def __init__(self, period_s: float = FRAME_MS / 1000.0) -> None:
-        self.period = period_s
-        self.tick = 0  # ticks fired so far
-        self._start: float | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self.stalls = 0
-
-    def current(self) -> int:
-        """The tick in progress now (starting the clock if it was not)."""
-        if self._start is None:
-            self._start = time.monotonic()
-        return self.tick
-
-    def next_tick(self) -> asyncio.Future[None]:
-        """A future done at the next tick (shared by every waiter of that tick)."""
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = time.monotonic()
-        if self._waiter is None or self._waiter.done():
-            self._waiter = loop.create_future()
-        if self._handle is None:
-            # loop.time() is time.monotonic() on the default and uvloop loops
-            due = self._start + (self.tick + 1) * self.period
-            self._handle = loop.call_at(loop.time() + (due - time.monotonic()), self._fire)
-        return self._waiter
-
-    def _fire(self) -> None:
-        self._handle = None
-        self.tick += 1
-        assert self._start is not None
-        behind = time.monotonic() - (self._start + self.tick * self.period)
-        if behind > 0.1:  # the loop stalled: re-anchor rather than fire a burst of ticks
-            self.stalls += 1
-            self._start = time.monotonic() - self.tick * self.period
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FrameClock] = weakref.WeakKeyDictionary()
-
-
-def frame_clock() -> FrameClock:
-    """The running loop's shared :class:`FrameClock`."""
-    loop = asyncio.get_running_loop()
-    clock = _clocks.get(loop)
-    if clock is None:
-        clock = _clocks[loop] = FrameClock()
-    return clock
-
-
-#: the server's outgoing Opus (see :class:`OpusPacketEncoder`)
-SERVER_OPUS = {"application": "lowdelay", "complexity": 5}
-
-
-class OpusPacketEncoder:
-    """``frame_ms`` mono int16 frames at ``rate`` (24 kHz: the session's) → Opus packets (libopus
-    through PyAV), in the caller's thread. Mono halves the encoder's work; WebRTC's ``opus/48000/2``
-    decoders take mono packets. After any sound, silence is encoded until the encoder's packet for
-    it stops changing (its state, and so the listener's decoder state, has settled); that packet is
-    then reused without calling libopus until the next sound: an idle track (between responses, most
-    of a call) costs no encoding. A frame whose peak is at most ``SILENCE_PEAK`` (4 LSB, −78 dBFS:
-    the residue Opus decoding and resampling leave in silence) counts as silence and goes out as
-    digital silence.
-
-    ``application`` and ``complexity`` are libopus's. The server's tracks use
-    :data:`SERVER_OPUS`: CELT only (``lowdelay``) at complexity 5. Measured here on Piper speech at
-    48 kbit/s against ``voip`` at its default complexity (the browser's choice): 75 against
-    225 µs a frame, 2.5 against 6.4 ms of look-ahead, 22.6 against 12.6 dB waveform SNR; its
-    silence settles after 12 frames. Every Opus decoder plays every mode. At the track's 24 kHz an
-    encode takes about 13 % less than at 48 kHz (72 against 83 µs on a tone with noise).
-    """
-
-    SILENCE_PEAK = 4
-
-    def __init__(self, bitrate: int = 48_000, complexity: int | None = None, application: str = "voip",
-                 rate: int = TRACK_RATE, frame_ms: int = FRAME_MS) -> None:
-        codec = CodecContext.create("libopus", "w")
-        codec.format = "s16"
-        codec.layout = "mono"
-        codec.sample_rate = rate
-        codec.bit_rate = bitrate
-        options = {"application": application, "frame_duration": str(frame_ms)}
-        if complexity is not None:
-            options["compression_level"] = str(complexity)
-        codec.options = options
-        codec.time_base = fractions.Fraction(1, rate)
-        self.rate = rate
-        self._zeros = np.zeros(rate * frame_ms // 1000, dtype=np.int16)
-        self._codec = codec
-        self._last_silent: bytes | None = None
-        self._settled = False  # this silence has reached the steady packet
-        self._silence: bytes | None = None  # the steady packet for digital silence, once seen
-        self.encoded = 0
-        self.reused = 0
-
-    @property
-    def settled(self) -> bool:
-        """The last frame went out as the steady packet of silence (the listener's decoder, and
-        this encoder, rest in silence)."""
-        return self._settled
-
-    def encode(self, samples: np.ndarray, pts: int) -> Packet | None:
-        """One frame; ``pts`` is its RTP time (48 kHz clock), whatever the rate of its samples."""
-        peak = self.SILENCE_PEAK
-        silent = int(samples.max()) <= peak and int(samples.min()) >= -peak
-        if silent:
-            if self._settled:
-                self.reused += 1
-                return self._packet(Packet(self._silence), pts)  # type: ignore[arg-type]
-            samples = self._zeros
-        else:
-            self._settled = False
-            self._last_silent = None
-        frame = AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = self.rate
-        frame.pts = pts * self.rate // RATE
-        frame.time_base = self._codec.time_base
-        packets = self._codec.encode(frame)
-        self.encoded += 1
-        if not packets:
-            return None
-        packet = packets[-1]
-        if silent:
-            data = bytes(packet)
-            if data == self._last_silent:
-                # two identical packets in a row: the encoder has settled on silence, and a
-                # decoder fed the same packet stays where the encoder is
-                self._silence, self._settled = data, True
-            self._last_silent = data
-        return self._packet(packet, pts)
-
-    @staticmethod
-    def _packet(packet: Packet, pts: int) -> Packet:
-        packet.pts = pts  # libopus starts at -312 (its pre-skip): RTP time is the frame's own
-        packet.time_base = TIME_BASE
-        return packet
-
-
-class PacketLength:
-    """How much audio each outgoing Opus packet holds, for every call of a server: 20 ms while it
-    holds fewer than ``busy_calls`` calls, 40 ms from there on (and 20 again below three quarters
-    of it). Few calls get the least delay; many, half the packets and their per-packet CPU (the
-    media of every call shares one event loop, so one core). ``fixed``: that length always."""
-
-    def __init__(self, live_calls: Callable[[], int], busy_calls: int = 32, fixed: int | None = None) -> None:
-        self._live_calls = live_calls
-        self.busy_calls = busy_calls
-        self.fixed = fixed
-        self._busy = False
-
-    def __call__(self) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        calls = self._live_calls()
-        if self._busy and calls < self.busy_calls * 3 // 4:
-            self._busy = False
-        elif not self._busy and calls >= self.busy_calls:
-            self._busy = True
-        return 40 if self._busy else 20
 
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
