@@ -511,7 +511,7 @@ def _earlier(paths: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _plot(levels: list[dict[str, Any]], earlier: list[dict[str, Any]] = ()):  # type: ignore[no-untyped-def,assignment]
+def _plot(levels: list[dict[str, Any]], earlier: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """Latency and costs against the call count, one line per packet-loss setting; earlier
     reports and FastRTC's point in gray beside them."""
     by_loss: dict[float, list[dict[str, Any]]] = {}

@@ -3,17 +3,17 @@
 Incoming (the microphone): see :mod:`.incoming`. The clock, the rates and the packet length:
 :mod:`.pacing`; the Opus encoder: :mod:`.opus`.
 
-Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces one 20 ms
-mono frame at the session's 24 kHz per tick of the loop's shared :class:`~.pacing.FrameClock` (one timer
+Outgoing: :class:`OutgoingAudioTrack` is what aiortc's sender pulls from. It produces 20 ms of mono
+audio (40 or 60 with ``packet_ms``) at the session's 24 kHz per tick (two, three) of the loop's shared :class:`~.pacing.FrameClock` (one timer
 for every call, not a sleep per track), encoded at that rate (Opus takes 24 kHz input as is: no
 resampling on the way out), with ``pts`` advancing by exactly 960 of the 48 kHz RTP clock each
-frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun.
-It hands aiortc an Opus ``av.Packet`` it encoded itself (:class:`~.opus.OpusPacketEncoder`, mono):
-aiortc then only packs it, which skips its per-frame thread-pool hop, its stereo encode behind a resampler FIFO and its
-pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
-playback truth of the call: it reports the milliseconds of each response that actually went out
-into the session's :class:`~realtime_omni.session.playback.PlaybackLedger` frame by frame, and it
-tells the writer when a response starts, stops and is cleared (``output_audio_buffer.*``).
+frame, so RTP timestamps never jump: silence fills the gaps between responses and any underrun. It
+hands aiortc an Opus ``av.Packet`` it encoded itself (:class:`~.opus.OpusPacketEncoder`, mono):
+aiortc then only packs it, which skips its per-frame thread-pool hop, its stereo encode behind a
+resampler FIFO and its pure-Python RFC 6465 audio level (about 0.5 ms of CPU per frame). It is the
+playback truth of the call: it reports the milliseconds of each response that actually went out into
+the session's :class:`~realtime_omni.session.playback.PlaybackLedger` frame by frame, and it tells
+the writer when a response starts, stops and is cleared (``output_audio_buffer.*``).
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ class OutgoingAudioTrack(MediaStreamTrack):
         self._room.set()
         self._tick: int | None = None  # the clock tick of the next frame
         self._pts = 0  # RTP time of the next packet
-        self.packet_changes = 0
         self._playing: str | None = None  # response whose audio is audible now (started, not stopped)
         self._complete: dict[str, None] = {}  # responses all of whose audio has been queued (ordered)
         #: the frame that went out last: what the listener hears now (the avatar's mouth follows
@@ -278,7 +277,6 @@ class OutgoingAudioTrack(MediaStreamTrack):
             wanted = self._packet_length()
             if wanted != self.packet_ms:
                 self._use(wanted)
-                self.packet_changes += 1
         clock = frame_clock()
         now = clock.current()
         if self._tick is None:
