@@ -87,6 +87,9 @@ def stats_delta(before: dict, after: dict) -> dict:
             out[name]["phase_s"] = {k: v - b.get("phase_s", {}).get(k, 0.0) for k, v in a["phase_s"].items()}
         if "graph_batches" in a:  # prefills: batches that replayed a captured bucket
             out[name]["graph_batches"] = a["graph_batches"] - b.get("graph_batches", 0)
+        for key in ("graph_rows", "eager_rows", "padded_rows"):  # codec: windows by graph or eagerly
+            if key in a:
+                out[name][key] = a[key] - b.get(key, 0)
     return out
 
 
@@ -197,6 +200,8 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
     brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
                                    for k, v in res["batches"].items()}
+    codec = res["batches"].get("codec", {})
+    brief["codec_windows"] = {k: codec[k] for k in ("graph_rows", "eager_rows", "padded_rows") if k in codec}
     print(json.dumps(brief, default=float), flush=True)
     return res
 
@@ -283,6 +288,7 @@ def run_config(path: Path, args) -> dict:
     import transformers
 
     from realtime_omni.engines.omni import OmniModel
+    from realtime_omni.engines.omni.graphs import verdicts
     from realtime_omni.engines.omni.loader import detect_architecture
     from realtime_omni.engines.settings import OmniSettings
 
@@ -310,6 +316,10 @@ def run_config(path: Path, args) -> dict:
     result["graphs"] = {b.name: b.stats()["graphs"] for b in model.batching.batchers}
     for prefill in (model.batching.prefill, model.batching.talker_prefill):
         result["graphs"][prefill.name] = prefill.stats()["graphs"]
+    if model.codec is not None:  # window shapes captured at load (alone and per group bucket)
+        result["graphs"]["codec"] = model.codec.windows.captured
+    result["graph_verdicts"] = verdicts()
+    print(json.dumps({"graphs": result["graphs"], "verdicts": result["graph_verdicts"]}), flush=True)
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, args.reply_tokens)
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)

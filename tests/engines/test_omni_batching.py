@@ -436,6 +436,8 @@ def test_codec_windows_of_several_sessions_decode_together(pair, padded):
     after = codec.batcher.stats()
     assert after["rows"] - before["rows"] == 3 and after["steps"] - before["steps"] == 1
     assert codec.batcher.padded_rows - padded_before == (1 if padded else 0)
+    # no CUDA graph off the GPU: every window is counted as decoded eagerly
+    assert after["eager_rows"] - before["eager_rows"] == 3 and after["graph_rows"] == before["graph_rows"]
     for i in range(3):
         assert out[i].shape == alone[i].shape
         np.testing.assert_allclose(out[i], alone[i], atol=2e-5)

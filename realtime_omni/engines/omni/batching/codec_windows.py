@@ -59,6 +59,9 @@ class CodecBatcher(Mailbox):
         #: pad groups to a bucket even without a captured graph (tests check the padding on CPU)
         self.pad_groups = False
         self.padded_rows = 0  # rows of copies run to fill buckets
+        #: windows decoded by a captured graph, and eagerly (a shape or bucket not captured at load)
+        self.graph_rows = 0
+        self.eager_rows = 0
         self._shapes: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
         self.spans = DeviceSpans(stream is not None)
         self._start()
@@ -116,6 +119,7 @@ class CodecBatcher(Mailbox):
                 span = self.spans.begin(self.stream)
                 first = group[0]
                 if len(group) == 1:
+                    self._tally(self.windows.has(first.key), 1)
                     first.result = self.windows.run(first.key, first.fn, first.inputs, capture=first.steady)
                 else:
                     self._run_group(group)
@@ -137,6 +141,7 @@ class CodecBatcher(Mailbox):
             for lo in range(0, len(group), top):
                 part = group[lo : lo + top]
                 if len(part) == 1:
+                    self._tally(self.windows.has(part[0].key), 1)
                     part[0].result = self.windows.run(part[0].key, part[0].fn, part[0].inputs, capture=False)
                 else:
                     self._run_group(part)
@@ -149,6 +154,17 @@ class CodecBatcher(Mailbox):
             rows += [first.inputs] * (size - len(group))  # copies of a real window, discarded
             self.padded_rows += size - len(group)
         inputs = tuple(torch.cat(parts, dim=0) for parts in zip(*rows, strict=True))
+        self._tally(size is not None and self.windows.has((first.key, size)), len(group))
         out = first.fn(*inputs) if size is None else self.windows.run((first.key, size), first.fn, inputs, capture=False)
         for b, req in enumerate(group):
             req.result = out[b : b + 1].clone()
+
+    def _tally(self, graph: bool, rows: int) -> None:
+        if graph:
+            self.graph_rows += rows
+        else:
+            self.eager_rows += rows
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "graph_rows": self.graph_rows, "eager_rows": self.eager_rows,
+                "padded_rows": self.padded_rows}

@@ -1,0 +1,131 @@
+"""Where Qwen2.5-Omni's codec (token2wav: DiT flow matching, then BigVGAN) spends a window.
+
+Builds the token2wav model alone from a config (random float32 weights, as the engine runs it),
+and times one codec window of the engine's steady shape for several batch sizes (windows of
+that many sessions decoded together) and flow-matching step counts: the DiT's ODE and the vocoder
+apart, eagerly and as one CUDA graph. Run on the GPU machine:
+
+    python benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+        --out codec.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def build(config_path: Path, device: str):
+    import torch
+    from transformers import Qwen2_5OmniConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    config = Qwen2_5OmniConfig(**json.loads(config_path.read_text()))
+    with torch.device(device):
+        model = Qwen2_5OmniToken2WavModel._from_config(config.token2wav_config, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():  # timing only: finite values everywhere (no NaN paths)
+            p.normal_(0.0, 0.02)
+    torch.backends.cuda.matmul.allow_tf32 = True  # as the engine's loader sets it
+    return model.eval()
+
+
+def timed(fn, repeats: int) -> float:
+    """Median device milliseconds of ``fn()`` (wall time off CUDA)."""
+    import torch
+
+    times = []
+    for _ in range(repeats):
+        if not torch.cuda.is_available():
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+            continue
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def profile(model, codes_len: int, batch: int, steps: int, repeats: int) -> dict:
+    import torch
+
+    from realtime_omni.engines.omni.codec import dit_sample, encode_speaker, vocode
+
+    dev = next(model.parameters()).device
+    dit, vocoder = model.code2wav_dit_model, model.code2wav_bigvgan_model
+    mel_dim = int(dit.mel_dim)
+    frames = codes_len * dit.repeats
+    gen = torch.Generator(device=dev).manual_seed(0)
+    codes = torch.randint(0, int(model.config.dit_config.num_embeds), (batch, codes_len), device=dev, generator=gen)
+    noise = torch.randn((batch, frames, mel_dim), device=dev, generator=gen)
+    cond = torch.randn((1, int(model.config.dit_config.enc_emb_dim)), device=dev, generator=gen) * 0.1
+    ref = torch.randn((1, 300, mel_dim), device=dev, generator=gen) * 0.1
+    with torch.inference_mode():
+        enc = encode_speaker(dit, ref, True)
+
+        def ode():
+            return dit_sample(dit, cond, ref, codes, noise, num_steps=steps, speaker_encoding=enc)
+
+        mel = ode()
+
+        def window():
+            return vocode(vocoder, ode())
+
+        out = {"codes": codes_len, "batch": batch, "dit_steps": steps,
+               "dit_eager_ms": timed(ode, repeats), "vocoder_eager_ms": timed(lambda: vocode(vocoder, mel), repeats),
+               "window_eager_ms": timed(window, repeats)}
+        if dev.type != "cuda":
+            return out
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                window()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            window()
+        out["window_graph_ms"] = timed(graph.replay, repeats)
+        del graph
+    out["window_graph_ms_per_window"] = out["window_graph_ms"] / batch
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, required=True)
+    ap.add_argument("--codes", type=int, nargs="+", default=[50], help="window lengths in codes")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    ap.add_argument("--steps", type=int, nargs="+", default=[10, 5, 4])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    import torch
+    import transformers
+
+    model = build(args.config, args.device)
+    result = {"config": str(args.config), "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, "runs": []}
+    for codes_len in args.codes:
+        for steps in args.steps:
+            for batch in args.batch:
+                row = profile(model, codes_len, batch, steps, args.repeats)
+                print(json.dumps(row), flush=True)
+                result["runs"].append(row)
+                args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
