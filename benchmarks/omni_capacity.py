@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "benchmarks"):
@@ -93,6 +94,25 @@ def stats_delta(before: dict, after: dict) -> dict:
     return out
 
 
+def count_windows(model) -> dict:
+    """Count the codec windows replies ask for, by (length in codes, steady), until the level
+    ends (an instance attribute over :meth:`OmniCodec._window`, removed afterwards)."""
+    shapes: dict = {}
+    codec = model.codec
+    if codec is None:
+        return shapes
+    window = type(codec)._window.__get__(codec)
+    lock = threading.Lock()
+
+    def counted(key, fn, inputs, steady, *rest):
+        with lock:
+            shapes[(key[-1], steady)] = shapes.get((key[-1], steady), 0) + 1
+        return window(key, fn, inputs, steady, *rest)
+
+    codec._window = counted
+    return shapes
+
+
 def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
     """N sessions, then N replies asked for together, or with ``arrive_ms``, one after another at
     that interval (session i asks ``i * arrive_ms`` after the first: replies that start while
@@ -130,6 +150,7 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+    shapes = count_windows(model)
     before = batch_stats(model)
     t0, cpu0 = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
@@ -140,6 +161,8 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # every thread's CPU time: near 1 per wall second when the GIL binds
     after = batch_stats(model)
+    if model.codec is not None:
+        del model.codec._window  # the class's method again
     for s in sessions:
         s.close()
     runs = [r for r in results if r is not None]
@@ -167,6 +190,8 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         # where in the replies the late chunks were: audio chunk index (5: the 6th or later) → count, ms
         "late_by_chunk": _late_by_chunk(runs),
         "decode_ms": {"p50": _pct(decode, 50), "p95": _pct(decode, 95)},
+        # codec windows the replies asked for, by length in codes (steady: a shape that recurs)
+        "codec_window_codes": {f"{k[0]}{'' if k[1] else ' last'}": v for k, v in sorted(shapes.items())},
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,
@@ -201,6 +226,7 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
                                    for k, v in res["batches"].items()}
     codec = res["batches"].get("codec", {})
+    brief["codec_window_codes"] = res["codec_window_codes"]
     brief["codec_windows"] = {k: codec[k] for k in ("graph_rows", "eager_rows", "padded_rows") if k in codec}
     print(json.dumps(brief, default=float), flush=True)
     return res
@@ -243,7 +269,17 @@ def parse_variant(spec: str) -> tuple[str, dict[str, float]]:
     return name, settings
 
 
-def apply_variant(model, settings: dict[str, float], defaults: dict[str, float]) -> dict[str, float]:
+def ramp_frames(value: float | tuple[int, ...]) -> tuple[int, ...]:
+    """The frames of the chunks after the first: the model's own (a tuple, passed through) or a
+    sweep's digits (24: a chunk of 2, then 4; 0: none). The model's ramp never goes through
+    digits: Qwen2.5's (12, 18) written as 1218 came back as chunks of 1, 2, 1 and 8 frames, window
+    shapes the codec had not captured at load (every Qwen2.5 window ran eagerly)."""
+    if isinstance(value, tuple):
+        return value
+    return tuple(int(d) for d in str(int(value))) if value else ()
+
+
+def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -> dict[str, Any]:
     values = {**defaults, **settings}
     sys.setswitchinterval(values["switch_ms"] / 1000.0)
     for batcher in model.batching.batchers:
@@ -256,8 +292,7 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, float])
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.talker_settings.pace_lead_s = values["pace_ms"] / 1000.0
     model.talker_settings.first_chunk_frames = int(values["first_frames"])
-    # ``ramp``: the frames of the chunks after the first, as digits (24: a chunk of 2, then 4)
-    model.talker_settings.ramp_frames = tuple(int(d) for d in str(int(values["ramp"]))) if values["ramp"] else ()
+    model.talker_settings.ramp_frames = ramp_frames(values["ramp"])
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     return values
 
@@ -330,7 +365,7 @@ def run_config(path: Path, args) -> dict:
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,
                 "first_frames": model.talker_settings.first_chunk_frames,
-                "ramp": int("".join(map(str, model.talker_settings.ramp_frames)) or 0)}
+                "ramp": tuple(model.talker_settings.ramp_frames)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

@@ -2,11 +2,9 @@
 # The omni GPU measurements still to run, one device call each (docs/gpu-machine.md):
 #   scripts/gpu-next.sh talker   the live talker against the talker call per token, through the
 #                                server (about 320 s held)
-#   scripts/gpu-next.sh codec    Qwen2.5's codec at 5 and 10 DiT steps (about 400 s held)
-#   scripts/gpu-next.sh codec-profile
-#                                one codec window's DiT and vocoder apart (eager, graph) by batch
-#                                and step count, then Qwen2.5 at N = 8, 32 with the codec's graph
-#                                and eager windows counted (about 330 s held)
+#   scripts/gpu-next.sh codec    Qwen2.5 at N = 8, 16, 32 with 10 and 5 DiT steps (the codec's
+#                                windows counted by shape, graph and eager), then one codec window's
+#                                DiT and vocoder apart by batch and step count (about 540 s held)
 # Run on the lent machine from the repository root with .whl_tf, .whl_server and .omni_cfg
 # carried; results go to $OUT (the device tool brings that folder back).
 set -euo pipefail
@@ -31,19 +29,15 @@ case "${1:-}" in
     REALTIME_OMNI_OMNI_LIVE_TALKER=0 timeout 280 python3 "${server[@]}" --out "$OUT/per_token.json" 2>&1 | tail -40
     ;;
   codec)
-    for steps in 5 10; do
-      timeout 280 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-        --sessions 8 16 32 --dit-steps "$steps" --out "$OUT/q25_steps$steps.json" 2>&1 | tail -25
+    for steps in 10 5; do
+      timeout 200 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+        --sessions 8 16 32 --dit-steps "$steps" --out "$OUT/q25_steps$steps.json" 2>&1 | grep -v '^\[transformers\]' | tail -5 || true
     done
-    ;;
-  codec-profile)
-    timeout 200 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-      --batch 1 8 16 32 --steps 10 5 --out "$OUT/codec_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -12
-    timeout 300 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-      --sessions 8 32 --out "$OUT/q25_counted.json" 2>&1 | grep -v '^\[transformers\]' | tail -6
+    timeout 120 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --batch 1 8 16 32 --steps 10 5 --out "$OUT/codec_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -12 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh talker|codec|codec-profile" >&2
+    echo "usage: scripts/gpu-next.sh talker|codec" >&2
     exit 2
     ;;
 esac
