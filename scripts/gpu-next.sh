@@ -34,7 +34,7 @@ case "${1:-}" in
         --sessions 8 16 32 --dit-steps "$steps" --out "$OUT/q25_steps$steps.json" 2>&1 | grep -v '^\[transformers\]' | tail -5 || true
     done
     timeout 120 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-      --batch 1 8 16 32 --steps 10 5 --out "$OUT/codec_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -12 || true
+      --codes 54 74 --batch 1 8 16 32 --steps 10 5 --out "$OUT/codec_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -12 || true
     ;;
   *)
     echo "usage: scripts/gpu-next.sh talker|codec" >&2
