@@ -70,6 +70,11 @@ class OmniCodec:
         self.arch = loaded.arch
         self.samples_per_code = samples_per_code(loaded)
         self._speaker_cache: dict[tuple, Any] = {}
+        #: whether windows rendered while the model warms up get group buckets (see _window)
+        self._group_shapes = True
+        #: captured window lengths a reply's last window may be stretched to (see last_start)
+        self.last_window_lengths: list[int] = []
+        self._prefix: tuple | None = None
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
                                    name=f"{loaded.arch} codec window", limit=96, **loaded.graph_streams("codec"))
         #: windows of all sessions decoded together (``batching``), or each on its own
@@ -130,16 +135,71 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window(("code2wav", codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady, deadline)
+        wav = self._window((*self._key_prefix(), codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady,
+                           deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf):
         if self.batcher is not None:
             if not _probing():
                 return self.batcher.run(key, fn, inputs, steady, deadline)
-            self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
+            if self._group_shapes:
+                self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
         with on_stream(self.loaded.stream("codec")):
             return self.windows.run(key, fn, inputs, capture=steady)
+
+    # a reply's last window -----------------------------------------------------------------------
+
+    def _key_prefix(self) -> tuple:
+        """The part of a window's graph key that is not its length (see the two renderers)."""
+        if self._prefix is None:
+            if self.arch == "qwen2_5_omni":
+                device = next(self.loaded.model.token2wav.parameters()).device
+                self._prefix = ("token2wav", self.settings.guidance_scale >= 1e-5, str(device))
+            else:
+                self._prefix = ("code2wav",)
+        return self._prefix
+
+    def captured_lengths(self) -> list[int]:
+        """Window lengths (codes) that replay a captured graph when rendered alone."""
+        prefix = self._key_prefix()
+        return sorted(key[-1] for key in self.windows.captured_keys()
+                      if isinstance(key, tuple) and key[:-1] == prefix and isinstance(key[-1], int))
+
+    def capture_last_windows(self, longest: int) -> list[int]:
+        """At load (inside :func:`~.graphs.probing`): capture single windows of the lengths a
+        reply's last window can take with :meth:`last_start`, up to ``longest`` codes: one per
+        block phase (its start must stay block-aligned), without group buckets. Returns the
+        lengths captured here."""
+        if not self.windows.enabled:
+            return []
+        have = set(self.captured_lengths())
+        wanted = [n for n in range(max(1, longest - self.block + 1), longest + 1) if n not in have]
+        shape = (lambda n: (n,)) if self.arch == "qwen2_5_omni" else (lambda n: (n, self.groups))
+        import torch
+
+        self._group_shapes = False
+        try:
+            for n in wanted:
+                codes = torch.randint(0, self.max_code, shape(n))
+                for _ in range(2):  # a shape is captured on its second use
+                    self.render(codes, 0, None, steady=True)
+        finally:
+            self._group_shapes = True
+        self.last_window_lengths = self.captured_lengths()
+        return wanted
+
+    def last_start(self, n: int, start: int) -> int:
+        """Where a reply's last window (ending at code ``n``) starts: ``start`` reaches back the
+        left context; this reaches further back where that makes the window a captured length
+        (its start block-aligned), so that it replays a graph instead of running eagerly (an
+        eager window costs 4-5 times as much device time). More left context only brings the
+        window closer to a one-shot decode of the reply."""
+        for length in self.last_window_lengths:
+            first = n - length
+            if 0 <= first <= start and first % self.block == 0:
+                return first
+        return start
 
     def close(self) -> None:
         if self.batcher is not None:
@@ -158,10 +218,6 @@ class OmniCodec:
         off = first - b0 * _NOISE_BLOCK
         return field[off : off + (last - first)]
 
-    def _speaker(self, speaker: str | None):
-        name = speaker if speaker in self.loaded.speakers else self.loaded.default_speaker
-        return self.loaded.speakers[name]
-
     def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
                     steady: bool = False, deadline: float = math.inf) -> np.ndarray:
         import torch
@@ -174,29 +230,39 @@ class OmniCodec:
             log.debug("omni codec: %d out-of-range codes replaced by 0", int(bad.sum()))
             codes = codes.masked_fill(bad, 0)
         codes = codes.to(device)
-        spk = self._speaker(speaker)
-        cond = spk["cond"].to(device).float().reshape(1, -1)
-        ref = spk["ref_mel"].to(device).float()
         frames = codes.shape[1] * self.repeats
         if noise is None:
             noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
         dit = t2w.code2wav_dit_model
         cfg = self.settings.guidance_scale >= 1e-5
-        key = (speaker if speaker in self.loaded.speakers else self.loaded.default_speaker, cfg, str(device))
-        enc = self._speaker_cache.get(key)
-        if enc is None:
-            enc = self._speaker_cache[key] = encode_speaker(dit, ref, cfg)
+        cond, enc = self._speaker_inputs(speaker, cfg, device)
         settings = self.settings
 
-        def window(codes, noise):
-            mel = dit_sample(dit, cond, ref, codes, noise, num_steps=settings.dit_steps,
+        def window(codes, noise, cond, enc):
+            mel = dit_sample(dit, cond, None, codes, noise, num_steps=settings.dit_steps,
                              guidance_scale=settings.guidance_scale, sway_coefficient=settings.sway_coefficient,
                              speaker_encoding=enc)
             return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
-        wav = self._window((key, codes.shape[1]), window, (codes, noise), steady, deadline)
+        # the speaker is an input like the codes: one graph per window shape serves every speaker,
+        # and windows of different speakers decode in one batch
+        wav = self._window((*self._key_prefix(), codes.shape[1]), window, (codes, noise, cond, enc), steady, deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
+
+    def _speaker_inputs(self, speaker: str | None, cfg: bool, device) -> tuple[Any, Any]:
+        """A Qwen2.5 speaker as window inputs with a batch axis of 1: its x-vector (1, D) and the
+        DiT's encoding of its reference mel (1, branches, D'), computed once per speaker."""
+        name = speaker if speaker in self.loaded.speakers else self.loaded.default_speaker
+        key = (name, cfg, str(device))
+        found = self._speaker_cache.get(key)
+        if found is None:
+            spk = self.loaded.speakers[name]
+            cond = spk["cond"].to(device).float().reshape(1, -1)
+            enc = encode_speaker(self.loaded.model.token2wav.code2wav_dit_model,
+                                 spk["ref_mel"].to(device).float(), cfg)
+            found = self._speaker_cache[key] = (cond, enc[None])
+        return found
 
     # streaming ---------------------------------------------------------------------------------
 
@@ -259,6 +325,8 @@ class CodecStream:
         first_code = self.emitted // U
         c0 = max(0, first_code - max(0, codec.settings.left_context_frames))
         c0 = (c0 // codec.block) * codec.block
+        if final:
+            c0 = codec.last_start(self.n, c0)
         allc = torch.cat(self.codes, dim=0)
         if len(self.codes) > 1:
             self.codes = [allc]
@@ -301,7 +369,9 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     cfg = guidance_scale >= 1e-5
     if speaker_encoding is None:
         speaker_encoding = encode_speaker(dit, reference_mel, cfg)
-    batch = codes.shape[0]  # windows of several sessions with one speaker decode together
+    batch = codes.shape[0]  # windows of several sessions decode together
+    if speaker_encoding.ndim == 2:  # one speaker for the batch: (branches, D')
+        speaker_encoding = speaker_encoding[None].expand(batch, -1, -1)
     cond = conditioning.expand(batch, -1).unsqueeze(1).repeat(1, duration, 1)
     code_embed = dit.text_embed(codes, drop_code=False)
     if cfg:
@@ -309,8 +379,10 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
         speaker = torch.cat([cond, torch.zeros_like(cond)], dim=0)
     else:
         speaker = cond
-    # the encoding has a row per guidance branch ([reference, silence]): one per window of each
-    spk_seq = speaker_encoding.repeat_interleave(batch, dim=0).unsqueeze(1).repeat(1, duration, 1)
+    # per window a row per guidance branch ([reference, silence]); the DiT's batch is every
+    # window's first branch, then every window's second
+    spk_seq = speaker_encoding.transpose(0, 1).reshape(-1, speaker_encoding.shape[-1])
+    spk_seq = spk_seq.unsqueeze(1).repeat(1, duration, 1)
     static = (spk_seq, code_embed, speaker)
 
     def ode_function(time_step, hidden_states):

@@ -317,6 +317,10 @@ class ShapeGraphs:
     def captured(self) -> int:
         return sum(1 for _, graph in self._graphs.values() if graph.captured)
 
+    def captured_keys(self) -> list[Hashable]:
+        with self._lock:
+            return [key for key, (_, graph) in self._graphs.items() if graph.captured]
+
 
 def _clone(out: Any) -> Any:
     import torch

@@ -250,6 +250,11 @@ class OmniModel(VoiceModel):
                     keys = codec.batcher.capture_groups()
                     progress(f"codec: {len(keys)} window shapes captured for groups of "
                              f"{', '.join(map(str, codec.batcher.buckets))} sessions")
+                # a reply's last window: the longest it can be with the default left context
+                longest = self.chunk_frames + self.lookahead_frames + self.left_context_frames + codec.block
+                added = codec.capture_last_windows(longest)
+                progress(f"codec: last windows replay {len(codec.last_window_lengths)} lengths "
+                         f"({len(added)} captured for them)")
         found = graphs.verdicts()
         progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
         return found

@@ -1,14 +1,14 @@
 """Codec windows of many sessions decoded together.
 
 Each session's codec stream renders windows of codes (left context + new chunk). In steady
-streaming most sessions render windows of the same shape (and, for Qwen2.5, the same speaker), so
-the :class:`CodecBatcher` gathers the windows pending at the same moment, groups them by shape
-key, and decodes each group as one batch. A group of one takes the single-window path (a CUDA
-graph when its shape was captured at load). A larger group is padded (with copies of its first
-window) to the next batch bucket whose graph was captured at load for that key (every window
-shape of a reply, from the first to the steady one) and replays it; other groups (a reply's
-last window) run eagerly in one pass. Eager codec passes are thousands of small launches, each
-taking the interpreter lock the thinker's and the talker's loops also need.
+streaming most sessions render windows of the same shape, whatever their speaker (Qwen2.5's
+speaker is an input of the window), so the :class:`CodecBatcher` gathers the windows pending at
+the same moment, groups them by shape key, and decodes each group as one batch. A group of one
+takes the single-window path (a CUDA graph when its shape was captured at load). A larger group
+is padded (with copies of its first window) to the next batch bucket whose graph was captured at
+load for that key (every window shape of a reply, from the first to the steady one) and replays
+it; other groups run eagerly in one pass. Eager codec passes are thousands of small launches,
+each taking the interpreter lock the thinker's and the talker's loops also need.
 """
 
 from __future__ import annotations
