@@ -59,7 +59,7 @@ def timed(fn, repeats: int) -> float:
 def profile(model, codes_len: int, batch: int, steps: int, repeats: int) -> dict:
     import torch
 
-    from realtime_omni.engines.omni.codec import dit_sample, encode_speaker, vocode
+    from realtime_omni.engines.omni.waveform import dit_sample, encode_speaker, vocode
 
     dev = next(model.parameters()).device
     dit, vocoder = model.code2wav_dit_model, model.code2wav_bigvgan_model
