@@ -442,7 +442,7 @@ def main(argv=None) -> int:
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
-               "--sessions", *map(str, args.sessions)]
+               "--dit-steps", str(args.dit_steps), "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]
         if args.sweep_sessions:

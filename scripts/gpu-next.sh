@@ -2,9 +2,12 @@
 # The omni GPU measurements still to run, one device call each (docs/gpu-machine.md):
 #   scripts/gpu-next.sh talker   the live talker against the talker call per token, through the
 #                                server (about 320 s held)
-#   scripts/gpu-next.sh codec    Qwen2.5 at N = 8, 16, 32 with 10 and 5 DiT steps (the codec's
-#                                windows counted by shape, graph and eager), then one codec window's
-#                                DiT and vocoder apart by batch and step count (about 540 s held)
+#   scripts/gpu-next.sh codec    Qwen2.5 at N = 8, 16, 32: as built and with a 48-code steady chunk
+#                                (about 420 s held)
+#   scripts/gpu-next.sh codec-steps
+#                                the same with a 48-code chunk and 5 DiT steps (about 220 s held)
+#   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
+#    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
 # Run on the lent machine from the repository root with .whl_tf, .whl_server and .omni_cfg
 # carried; results go to $OUT (the device tool brings that folder back).
 set -euo pipefail
@@ -28,16 +31,20 @@ case "${1:-}" in
     timeout 280 python3 "${server[@]}" --out "$OUT/live.json" 2>&1 | tail -40
     REALTIME_OMNI_OMNI_LIVE_TALKER=0 timeout 280 python3 "${server[@]}" --out "$OUT/per_token.json" 2>&1 | tail -40
     ;;
-  codec)
-    for steps in 10 5; do
-      timeout 200 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-        --sessions 8 16 32 --dit-steps "$steps" --out "$OUT/q25_steps$steps.json" 2>&1 | grep -v '^\[transformers\]' | tail -5 || true
+  codec|codec-steps)
+    # codec: the last window on a captured length and the speaker as a window input (23e1984),
+    # then a 48-code steady chunk; codec-steps: that chunk with 5 DiT steps (one build per run)
+    q25=(benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32)
+    runs=("default" "chunk48:--chunk-frames 48 --ramp-frames 12 18 24")
+    [ "$1" = codec-steps ] && runs=("chunk48_steps5:--chunk-frames 48 --ramp-frames 12 18 24 --dit-steps 5")
+    for run in "${runs[@]}"; do
+      name="${run%%:*}"; extra=""; [ "$name" != "$run" ] && extra="${run#*:}"
+      # shellcheck disable=SC2086
+      timeout 250 python3 "${q25[@]}" $extra --out "$OUT/q25_$name.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
     done
-    timeout 120 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-      --codes 54 74 --batch 1 8 16 32 --steps 10 5 --out "$OUT/codec_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -12 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh talker|codec" >&2
+    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps" >&2
     exit 2
     ;;
 esac
