@@ -353,8 +353,10 @@ def run_config(path: Path, args) -> dict:
         result["graphs"][prefill.name] = prefill.stats()["graphs"]
     if model.codec is not None:  # window shapes captured at load (alone and per group bucket)
         result["graphs"]["codec"] = model.codec.windows.captured
+        result["codec_last_window_lengths"] = model.codec.last_window_lengths
     result["graph_verdicts"] = verdicts()
-    print(json.dumps({"graphs": result["graphs"], "verdicts": result["graph_verdicts"]}), flush=True)
+    print(json.dumps({"graphs": result["graphs"], "verdicts": result["graph_verdicts"],
+                      "codec_last_window_lengths": result.get("codec_last_window_lengths")}), flush=True)
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, args.reply_tokens)
     result["prompt_tokens"] = n_prompt
     warm = type(req)(req.instructions, req.messages, 4, req.voice, True)
