@@ -6,6 +6,7 @@
 #                                (about 420 s held)
 #   scripts/gpu-next.sh codec-steps
 #                                the same with a 48-code chunk and 5 DiT steps (about 220 s held)
+#   scripts/gpu-next.sh qwen3    Qwen3-Omni-30B-A3B at N = 1 ... 64 in one process (about 300 s held)
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
 # Run on the lent machine from the repository root with .whl_tf, .whl_server and .omni_cfg
@@ -43,8 +44,13 @@ case "${1:-}" in
       timeout 250 python3 "${q25[@]}" $extra --out "$OUT/q25_$name.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
     done
     ;;
+  qwen3)
+    # the main table's Qwen3 levels again since the last window replays a graph (23e1984)
+    timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 8 16 32 48 64 --out "$OUT/q3.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+    ;;
   *)
-    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps" >&2
+    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps|qwen3" >&2
     exit 2
     ;;
 esac
