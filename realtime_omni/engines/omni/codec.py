@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from .graphs import ShapeGraphs, on_stream
-from .waveform import code2wav, dit_sample, encode_speaker, vocode
 from .loader import LoadedOmni, samples_per_code
+from .waveform import code2wav, dit_sample, encode_speaker, vocode
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ class OmniCodec:
         ``noise`` overrides that noise, shape (mel frames, mel bins)).
 
         ``steady``: a window shape that recurs (a reply's running windows), worth a CUDA graph;
-        a reply's last window has a length of its own and runs eagerly (a capture costs about
-        three eager runs, more than that window's head start on playback). ``deadline``: when
+        graphs are captured only while the model loads, and a reply's last window reaches back
+        to one of their lengths (:meth:`last_start`). ``deadline``: when
         its listener needs this window's audio (``time.monotonic``; the batched codec decodes the
         windows needed soonest first)."""
         import torch

@@ -19,6 +19,10 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     The reference recomputes the ECAPA speaker encoder on the reference mel in each of its 36 DiT
     evaluations; it depends only on the speaker, so it is computed once (``speaker_encoding``,
     from :func:`encode_speaker`) and the DiT forward is replayed around it.
+
+    ``codes`` (windows, n) and ``noise`` (windows, 2n, mel) hold one row per window; the speaker
+    is either one for all windows (``conditioning`` (1, D), an encoding (branches, D')) or one per
+    window ((windows, D) and (windows, branches, D')).
     """
     import torch
 
