@@ -421,6 +421,16 @@ def test_a_reply_s_last_window_reaches_back_to_a_captured_length(omni):
         np.testing.assert_allclose(chunked, full, rtol=0, atol=1e-4 * float(np.abs(full).max()))
 
 
+def test_the_last_window_lengths_are_single_windows_of_this_codec(omni, monkeypatch):
+    """Only single windows of the codec's own key count as lengths a last window may take: a
+    group bucket's graph (keyed by window key and batch size) replays only a batch."""
+    codec = OmniCodec(omni.loaded, CodecSettings())
+    prefix = codec._key_prefix()
+    keys = [(*prefix, 42), (*prefix, 54), ((*prefix, 54), 8), ((*prefix, 60), 4), ("other", 7)]
+    monkeypatch.setattr(codec.windows, "captured_keys", lambda: keys)
+    assert codec.captured_lengths() == [42, 54]
+
+
 # ---------------------------------------------------------------------------------------------
 # (3) resumable segments: the second turn prefills only its own tokens
 
