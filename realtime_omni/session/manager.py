@@ -22,6 +22,10 @@ from .store import SessionStore, token_hash
 
 log = logging.getLogger(__name__)
 
+#: how long a new session's client may wait for its first store write (a resume token that the
+#: store has not got would not survive a crash of the process)
+FIRST_WRITE_S = 2.0
+
 class SessionLimitError(Exception):
     """The server is at its session cap (HTTP 503 / WebSocket close 1013)."""
 
@@ -136,6 +140,16 @@ class SessionManager:
         if self.persister is not None and snapshot is None:
             self.persister.opened(runner)
         return runner
+
+    async def stored(self, runner: SessionRunner) -> None:
+        """Wait (within :data:`FIRST_WRITE_S`) until a new session's row is in the store, so
+        that the resume token its client is about to get survives a crash of this process.
+        Without a store, at once; a store too slow is logged, and the session goes on."""
+        if self.persister is None:
+            return
+        if not await self.persister.written(runner.core.id, FIRST_WRITE_S):
+            log.warning("session %s: not in the store after %.1f s; its client gets the token anyway",
+                        runner.core.id, FIRST_WRITE_S)
 
     async def resume(self, token: str, last_seq: int, owner: str | None = None, transport: str = "internal"
                      ) -> tuple[SessionRunner, list[Outgoing], bool]:

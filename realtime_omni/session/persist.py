@@ -53,6 +53,8 @@ class Persister:
         self._dirty: dict[str, _Dirty] = {}
         self._deleted: set[str] = set()
         self._wake = asyncio.Event()
+        #: new sessions whose row is not in the store yet: set once a batch has written it
+        self._unwritten: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None
         #: batches written, and items written, since start (for /metrics and the benchmarks)
@@ -61,8 +63,23 @@ class Persister:
 
     # ------------------------------------------------------------ marks (on the event loop)
     def opened(self, runner: "SessionRunner") -> None:
-        """A new session: its meta is written with the next batch."""
+        """A new session: its meta is written with the next batch, without the debounce (its
+        client waits for it, see :meth:`written`)."""
+        self._unwritten[runner.core.id] = asyncio.Event()
         self._mark(runner)
+
+    async def written(self, session_id: str, timeout: float) -> bool:
+        """Wait until a new session's row is in the store (at most ``timeout`` s): its resume
+        token then survives a crash of this process. False: not written in time."""
+        event = self._unwritten.get(session_id)
+        if event is None:
+            return True
+        try:
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def changed(self, runner: "SessionRunner", events: list[dict[str, Any]]) -> None:
         """Mark what these (state-changing) events touched."""
@@ -92,7 +109,13 @@ class Persister:
             return
         self._dirty.pop(sid, None)
         self._deleted.add(sid)
+        self._release(sid)  # nothing to wait for: the row goes
         self._wake.set()
+
+    def _release(self, sid: str) -> None:
+        event = self._unwritten.pop(sid, None)
+        if event is not None:
+            event.set()
 
     def _mark(self, runner: "SessionRunner") -> _Dirty:
         dirty = self._dirty.get(runner.core.id)
@@ -117,7 +140,8 @@ class Persister:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self.debounce_s)  # let a burst of changes coalesce
+            if not any(sid in self._dirty for sid in self._unwritten):
+                await asyncio.sleep(self.debounce_s)  # let a burst of changes coalesce
             self._wake.clear()
             await self.flush()
 
@@ -133,6 +157,8 @@ class Persister:
             await asyncio.shield(self._writing)
             self.batches += 1
             self.items_written += sum(len(c.items) for c in changes)
+            for change in changes:
+                self._release(change.session_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - marked again: retried with the next batch

@@ -69,8 +69,10 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
     runner.journal.keep_audio = True  # this client plays the audio: a resume replays what it missed
     if token:
         await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))
-    elif bound_session:
-        await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
+    else:
+        await manager.stored(runner)  # before session.created hands out the resume token
+        if bound_session:
+            await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
 
     writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
     reader = asyncio.create_task(_reader(websocket, runner))

@@ -79,6 +79,28 @@ async def test_large_items_are_written_once_and_the_store_keeps_up(tmp_path):
     assert written < 4 * payload
 
 
+async def test_a_token_survives_a_sigkill_right_after_session_created(tmp_path):
+    """The resume token in session.created is already in the store: a crash of the server the
+    moment after still leaves the session resumable (before, the first write waited for the
+    store's 0.2 s debounce, and a kill in between left a token that nothing knew)."""
+    db = tmp_path / "sessions.db"
+    args = ("--model", "echo", "--session-store", f"sqlite:///{db}")
+    with ServerProcess(*args) as first:
+        ws = await websockets.connect(f"ws://127.0.0.1:{first.port}/v1/realtime?model=echo")
+        created = await recv_type(ws, "session.created")
+        first.proc.kill()
+        first.proc.wait(10)
+        ws.transport.abort()
+    token, seq = created["session"]["resume_token"], created["sequence_number"]
+    with ServerProcess(*args) as second:
+        ws = await websockets.connect(
+            f"ws://127.0.0.1:{second.port}/v1/realtime?resume_token={token}&last_sequence_number={seq}")
+        hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert hello["type"] == "session.resumed", hello
+        assert hello["session"]["id"] == created["session"]["id"]
+        await ws.close()
+
+
 async def test_after_sigkill_a_resume_says_exactly_what_was_lost(tmp_path):
     db = tmp_path / "sessions.db"
     args = ("--model", "echo", "--session-store", f"sqlite:///{db}")
@@ -100,7 +122,7 @@ async def test_after_sigkill_a_resume_says_exactly_what_was_lost(tmp_path):
         ws = await websockets.connect(
             f"ws://127.0.0.1:{second.port}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}")
         hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
-        assert hello["type"] == "session.resumed"
+        assert hello["type"] == "session.resumed", hello
         restored = hello["restored"]
         stored = restored["stored_sequence_number"]
         kept = restored["item_ids"]

@@ -161,6 +161,8 @@ async def create_call(
         return api_error(400, ErrorCode.MODEL_NOT_FOUND, str(exc), param="model")
     except (ResumeError, ValueError) as exc:
         return api_error(404, ErrorCode.RESUME_TOKEN_INVALID, str(exc), param="resume_token")
+    if not resume_token:
+        await manager.stored(runner)  # before the answer and session.created hand out the token
     if update is not None:
         await runner.submit(update)  # first in the mailbox: before any audio or client event
     peer = Peer(new_call_id(), runner, reg.options, reg.forget)
