@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 #: store has not got would not survive a crash of the process)
 FIRST_WRITE_S = 2.0
 
+
 class SessionLimitError(Exception):
     """The server is at its session cap (HTTP 503 / WebSocket close 1013)."""
 
