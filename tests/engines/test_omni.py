@@ -425,7 +425,7 @@ def test_the_last_window_lengths_are_single_windows_of_this_codec(omni, monkeypa
     """Only single windows of the codec's own key count as lengths a last window may take: a
     group bucket's graph (keyed by window key and batch size) replays only a batch."""
     codec = OmniCodec(omni.loaded, CodecSettings())
-    prefix = codec._key_prefix()
+    prefix = codec.key_prefix
     keys = [(*prefix, 42), (*prefix, 54), ((*prefix, 54), 8), ((*prefix, 60), 4), ("other", 7)]
     monkeypatch.setattr(codec.windows, "captured_keys", lambda: keys)
     assert codec.captured_lengths() == [42, 54]

@@ -75,7 +75,6 @@ class OmniCodec:
         self._group_shapes = True
         #: captured window lengths a reply's last window may be stretched to (see last_start)
         self.last_window_lengths: list[int] = []
-        self._prefix: tuple | None = None
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
                                    name=f"{loaded.arch} codec window", limit=96, **loaded.graph_streams("codec"))
         #: windows of all sessions decoded together (``batching``), or each on its own
@@ -91,6 +90,9 @@ class OmniCodec:
             self.lost = 0
             self.mel_dim = int(dit.mel_dim)
             self.max_code = int(dit.num_embeds)
+            device = next(loaded.model.token2wav.parameters()).device
+            #: a window's graph key is this and its length in codes
+            self.key_prefix: tuple = ("token2wav", settings.guidance_scale >= 1e-5, str(device))
         else:
             c2w = loaded.config.code2wav_config
             rates = list(c2w.upsample_rates)
@@ -98,6 +100,7 @@ class OmniCodec:
             self.lost = sum(r * math.prod(rates[i + 1 :]) for i, r in enumerate(rates))
             self.block = 1
             self.max_code = int(c2w.codebook_size) - 1
+            self.key_prefix = ("code2wav",)
             self.groups = int(c2w.num_quantizers)
 
     # rendering ---------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ class OmniCodec:
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window((*self._key_prefix(), codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady,
+        wav = self._window((*self.key_prefix, codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady,
                            deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
@@ -151,19 +154,9 @@ class OmniCodec:
 
     # a reply's last window -----------------------------------------------------------------------
 
-    def _key_prefix(self) -> tuple:
-        """The part of a window's graph key that is not its length (see the two renderers)."""
-        if self._prefix is None:
-            if self.arch == "qwen2_5_omni":
-                device = next(self.loaded.model.token2wav.parameters()).device
-                self._prefix = ("token2wav", self.settings.guidance_scale >= 1e-5, str(device))
-            else:
-                self._prefix = ("code2wav",)
-        return self._prefix
-
     def captured_lengths(self) -> list[int]:
         """Window lengths (codes) that replay a captured graph when rendered alone."""
-        prefix = self._key_prefix()
+        prefix = self.key_prefix
         return sorted(key[-1] for key in self.windows.captured_keys()
                       if isinstance(key, tuple) and key[:-1] == prefix and isinstance(key[-1], int))
 
@@ -248,7 +241,7 @@ class OmniCodec:
         noise = noise.to(device).float()[None]
         # the speaker is an input like the codes: one graph per window shape serves every speaker,
         # and windows of different speakers decode in one batch
-        wav = self._window((*self._key_prefix(), codes.shape[1]), window, (codes, noise, cond, enc), steady, deadline)
+        wav = self._window((*self.key_prefix, codes.shape[1]), window, (codes, noise, cond, enc), steady, deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def _speaker_inputs(self, speaker: str | None, cfg: bool, device) -> tuple[Any, Any]:

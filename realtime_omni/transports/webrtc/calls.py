@@ -36,8 +36,8 @@ from ...session.manager import (
 )
 from .ice import local_addresses, parse_ice_servers
 from .offer import BadOffer, check_offer, parse_body
-from .peer import Peer, WebRTCOptions, new_call_id
 from .pacing import PacketLength
+from .peer import Peer, WebRTCOptions, new_call_id
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,8 @@ class CallRegistry:
         self.options = options
         self.calls: dict[str, Peer] = {}
         self.total_opened = 0
-        fixed = options.audio_packet_ms
-        options.packet_length = PacketLength(lambda: len(self.calls), options.audio_busy_calls,
-                                             None if fixed == "auto" else int(fixed))
+        options.packet_length = PacketLength.from_setting(options.audio_packet_ms, options.audio_busy_calls,
+                                                          lambda: len(self.calls))
 
     def add(self, peer: Peer) -> None:
         self.calls[peer.id] = peer

@@ -91,6 +91,11 @@ class PacketLength:
         self.fixed = fixed
         self._busy = False
 
+    @classmethod
+    def from_setting(cls, packet_ms: int | str, busy_calls: int, live_calls: Callable[[], int]) -> "PacketLength":
+        """From ``transports.webrtc.audio_packet_ms`` (20, 40, 60 or "auto")."""
+        return cls(live_calls, busy_calls, None if packet_ms == "auto" else int(packet_ms))
+
     def __call__(self) -> int:
         if self.fixed is not None:
             return self.fixed

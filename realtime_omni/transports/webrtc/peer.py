@@ -37,7 +37,7 @@ from .incoming import (
     MicrophoneSink,
     pump_audio_in,
 )
-from .pacing import FRAME_MS
+from .pacing import PacketLength
 from .tracks import OutgoingAudioTrack, at_track_rate, server_event
 from .avatar import AvatarTrack
 from .video import VideoSampler, pump_video_in
@@ -95,12 +95,10 @@ class Peer:
         self._on_closed = on_closed
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=rtc_ice_servers(options.ice_servers)))
         live = options.live_max_ms if runner.core.model.duplex else None  # duplex (echo): a live stream, not paced ahead
-        packets = options.packet_length
-        if packets is not None:
-            start = packets()
-        else:
-            start = FRAME_MS if options.audio_packet_ms == "auto" else int(options.audio_packet_ms)
-        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live, packet_ms=start,
+        # without a call registry (which counts the server's calls): this call alone
+        packets = options.packet_length or PacketLength.from_setting(
+            options.audio_packet_ms, options.audio_busy_calls, lambda: 1)
+        self.track = OutgoingAudioTrack(runner, self._note, options.max_queue_ms, live, packet_ms=packets(),
                                         packet_length=packets)
         self.video = VideoSampler(options.video_fps, enabled=self.sees)
         #: the video sent back, when the caller's offer asks to receive video (see answer)
