@@ -88,10 +88,20 @@ def stats_delta(before: dict, after: dict) -> dict:
             out[name]["phase_s"] = {k: v - b.get("phase_s", {}).get(k, 0.0) for k, v in a["phase_s"].items()}
         if "graph_batches" in a:  # prefills: batches that replayed a captured bucket
             out[name]["graph_batches"] = a["graph_batches"] - b.get("graph_batches", 0)
+        if "requests" in a:  # prefills: each new turn's wait for a batch, and until its result
+            new = a["requests"] - b.get("requests", 0)
+            recent = a.get("recent", [])[-new:] if 0 < new <= len(a.get("recent", [])) else []
+            out[name]["requests"] = new
+            out[name]["wait_ms"] = _spread([1000 * w for w, _ in recent])
+            out[name]["latency_ms"] = _spread([1000 * t for _, t in recent])
         for key in ("graph_rows", "eager_rows", "padded_rows"):  # codec: windows by graph or eagerly
             if key in a:
                 out[name][key] = a[key] - b.get(key, 0)
     return out
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    return {"p50": _pct(values, 50), "p95": _pct(values, 95), "max": max(values, default=None)}
 
 
 def count_windows(model) -> dict:
@@ -180,6 +190,9 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
                           for role in ("thinker", "talker", "codec")},
         "ttfa_ms": {"p50": _pct(ttfa, 50), "p95": _pct(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "first_token_ms_p50": _pct([r["first_token_ms"] for r in runs], 50),
+        # first audio by phase: the first thinker token (prefill), the first codes (talker), the audio
+        "first_token_ms": _spread([r["first_token_ms"] for r in runs]),
+        "first_codes_ms": _spread([r["first_codes_ms"] for r in runs]),
         # per session: its median / p95 / worst chunk; then over sessions
         "chunk_rtf": {"p50": _pct(rtf_p50, 50), "p95": _pct(rtf_p95, 95), "max": max(rtf_max) if rtf_max else None},
         "audio_s_per_wall_s": audio / wall if wall else None,
@@ -225,6 +238,9 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
     brief["ms_per_step"] = {k: v["ms_per_step"] and round(v["ms_per_step"], 1) for k, v in res["batches"].items()}
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
                                    for k, v in res["batches"].items()}
+    brief["first_token_ms"], brief["first_codes_ms"] = res["first_token_ms"], res["first_codes_ms"]
+    brief["prefill_ms"] = {k: {"wait": v["wait_ms"], "done": v["latency_ms"]}
+                           for k, v in res["batches"].items() if "wait_ms" in v}
     codec = res["batches"].get("codec", {})
     brief["codec_window_codes"] = res["codec_window_codes"]
     brief["codec_windows"] = {k: codec[k] for k in ("graph_rows", "eager_rows", "padded_rows") if k in codec}

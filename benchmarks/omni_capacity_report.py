@@ -177,6 +177,33 @@ def phase_table(models: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def first_audio_table(models: list[dict]) -> list[str]:
+    """A reply's first audio by phase: its turn waiting for a prefill batch and prefilled, the
+    first thinker token, the talker's first codes, the codec's first audio (p50 / p95)."""
+    lines = ["## First audio, phase by phase", "",
+             "Milliseconds from the moment a reply is asked for, p50 / p95 over the level's sessions. A "
+             "prefill's wait: from its request to the start of the batch that runs it; done: until its "
+             "result (the wait included). The first token comes after the thinker's prefill and one decode "
+             "step; what lies between the request and the asking (the prompt and its audio features, on the "
+             "session's thread) is the first token less the prefill done and a step.", "",
+             "| model | sessions | thinker prefill: wait · done | first token | talker prefill: wait · done | "
+             "first codes | first audio |", "|---|---|---|---|---|---|---|"]
+
+    def pair(d) -> str:
+        return f"{_f((d or {}).get('p50'))} / {_f((d or {}).get('p95'))}"
+
+    for m in models:
+        for r in m.get("runs", []):
+            if "first_codes_ms" not in r:
+                continue
+            b = r["batches"]
+            think, talk = b.get("thinker prefill", {}), b.get("talker prefill", {})
+            lines.append(f"| {m['name']} | {r['sessions']} | {pair(think.get('wait_ms'))} · {pair(think.get('latency_ms'))} | "
+                         f"{pair(r['first_token_ms'])} | {pair(talk.get('wait_ms'))} · {pair(talk.get('latency_ms'))} | "
+                         f"{pair(r['first_codes_ms'])} | {pair(r['ttfa_ms'])} |")
+    return lines + [""] if len(lines) > 7 else []
+
+
 def server_table(server: dict, lookahead: int, note: str = "") -> list[str]:
     """``omni_server.py``: N WebSocket clients with a spoken turn each, through the real server."""
     lines = [f"## Through the real server (WebSocket clients), lookahead {lookahead}{note}", "",
@@ -250,6 +277,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", required=True)
     ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     ap.add_argument("--sections", type=Path, default=Path(__file__).with_name("omni_capacity_sections.md"))
+    ap.add_argument("--summary", type=Path, default=Path(__file__).with_name("omni_capacity_summary.md"),
+                    help="the targets met and missed, placed before the tables")
     args = ap.parse_args(argv)
     by_name: dict[str, dict] = {}
     for path in args.raw:
@@ -265,6 +294,8 @@ def main(argv=None) -> int:
           "\"Replies that start while others play\"). Chunk RTF: wall time between two audio chunks over the first one's duration "
           "(per session its median, p95 and worst, then over sessions). An underrun: a chunk ready after "
           "the listener, who started at the first audio, would have needed it.", ""]
+    if args.summary.exists():
+        md += [args.summary.read_text().strip(), ""]
     for m in models:
         md += [f"## {m['name']}", ""]
         if "runs" not in m:
@@ -298,6 +329,7 @@ def main(argv=None) -> int:
                 f"N={n}: TTFA {t} ms, RTF {r}" for n, (t, r) in base.items())
                 + f"; about {BASELINE_AUDIO_PER_S[m['name']]} audio s per wall s at any N.", ""]
     md += phase_table(models)
+    md += first_audio_table(models)
     la_runs = [(int(k), json.loads(Path(v).read_text())["models"]) for k, v in (a.split(":", 1) for a in args.lookahead_run)]
     if la_runs:
         md += lookahead_table(la_runs)

@@ -187,6 +187,14 @@ class _EngineCollector:
                                    labels=["model", "stage"])
         loop = CounterMetricFamily("realtime_omni_engine_loop_seconds", "A decode loop's wall time by phase",
                                    labels=["model", "stage", "phase"])
+        prefills = CounterMetricFamily("realtime_omni_engine_prefills", "Prefills of new turns finished",
+                                       labels=["model", "stage"])
+        waited = CounterMetricFamily("realtime_omni_engine_prefill_wait_seconds",
+                                     "Time new turns' prefills waited for a batch to start (divide by prefills: "
+                                     "the mean wait; it grows when many turns end at once)", labels=["model", "stage"])
+        prefill_time = CounterMetricFamily("realtime_omni_engine_prefill_seconds",
+                                           "Time from a prefill's request to its result, waiting included",
+                                           labels=["model", "stage"])
         for model, stages in self.stats.items():
             for stage, values in stages.items():
                 if stage == "slots":
@@ -202,7 +210,11 @@ class _EngineCollector:
                 for phase in _LOOP_PHASES:
                     if f"{phase}_s" in values:
                         loop.add_metric([model, stage, phase], values[f"{phase}_s"])
-        yield from (slots, used, speaking, paced, steps, rows, busy, loop)
+                if "requests" in values:
+                    prefills.add_metric([model, stage], values["requests"])
+                    waited.add_metric([model, stage], values.get("wait_s", 0.0))
+                    prefill_time.add_metric([model, stage], values.get("latency_s", 0.0))
+        yield from (slots, used, speaking, paced, steps, rows, busy, loop, prefills, waited, prefill_time)
 
 
 _LOOP_PHASES = ("idle", "host", "device_wait")

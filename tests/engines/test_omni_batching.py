@@ -180,9 +180,11 @@ def test_loops_handing_each_step_over_at_once_give_each_session_what_it_gets_alo
 
 
 def test_steps_of_several_sessions_share_one_forward(pair):
-    """Sessions mid-reply are gathered into the same step (mean rows per step above one)."""
+    """Sessions mid-reply are gathered into the same step (mean rows per step above one); each
+    new turn's prefill is counted with how long it waited for its batch and for its result."""
     batched = pair["batched"]
     before = batched.batching.thinker.stats()
+    prefill_before = batched.batching.prefill.stats()
     sessions = [batched.open_session() for _ in range(3)]
     barrier = threading.Barrier(3)
 
@@ -201,6 +203,14 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     rows = after["rows"] - before["rows"]
     steps = after["steps"] - before["steps"]
     assert steps > 0 and rows / steps > 1.2
+    prefill = batched.batching.prefill.stats()
+    assert prefill["requests"] - prefill_before["requests"] == 3
+    waited = prefill["wait_s"] - prefill_before["wait_s"]
+    took = prefill["latency_s"] - prefill_before["latency_s"]
+    assert 0.0 <= waited < took
+    assert all(0.0 <= wait < total for wait, total in prefill["recent"][-3:])
+    # the model's stats (what /metrics exports) carry the same counters
+    assert batched.stats()["thinker prefill"]["requests"] == prefill["requests"]
 
 
 def test_a_session_beyond_the_slots_is_refused_and_a_freed_slot_is_reused(pair):

@@ -194,6 +194,8 @@ def _refused_beyond_slots(tmp_path) -> None:
                 assert 'realtime_omni_engine_replies_paced{model="tiny"} 0.0' in text
                 assert 'realtime_omni_engine_steps_total{model="tiny",stage="thinker"}' in text
                 assert 'realtime_omni_engine_loop_seconds_total{model="tiny",phase="idle",stage="thinker"}' in text
+                assert 'realtime_omni_engine_prefills_total{model="tiny",stage="thinker prefill"}' in text
+                assert 'realtime_omni_engine_prefill_wait_seconds_total{model="tiny",stage="talker prefill"}' in text
                 # counts since start are counters, the live count a gauge
                 assert "# TYPE realtime_omni_sessions_opened_total counter" in text
                 assert "# TYPE realtime_omni_sessions_active gauge" in text

@@ -278,6 +278,8 @@ class OmniModel(VoiceModel):
             out[name] = {"steps": st["steps"], "rows": st["rows"], "busy_s": st["busy_s"]}
             # decode loops: where their time goes (idle_s, host_s, device_wait_s, cpu_s)
             out[name].update({f"{phase}_s": seconds for phase, seconds in st.get("phase_s", {}).items()})
+            # prefills: how long new turns waited for a batch, and until their prefill was done
+            out[name].update({k: st[k] for k in ("requests", "wait_s", "latency_s") if k in st})
         return out
 
     def open_session(self) -> OmniSession:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class PrefillRequest:
     error: BaseException | None = None
     offset: int = 0  # tokens prefilled so far (a long text prefill runs in chunks)
     parts: list[tuple[Any, ...]] = field(default_factory=list)
+    queued_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None  # when its first batch began
 
     @property
     def length(self) -> int:
@@ -144,6 +147,12 @@ class PrefillBatcher(Mailbox):
         self.spans = DeviceSpans(graphs_available(loaded.device))
         self.bucketed = 0  # batches padded to a graph bucket
         self.replayed = 0  # of those, batches that replayed the bucket's graph
+        # per finished request: seconds queued before its first batch began, and until its last
+        # batch ended (a burst of new turns shows here, before any first token)
+        self.requests = 0
+        self.wait_s = 0.0
+        self.latency_s = 0.0
+        self.recent: deque[tuple[float, float]] = deque(maxlen=1024)
         self._start()
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
@@ -184,6 +193,9 @@ class PrefillBatcher(Mailbox):
 
         started = time.perf_counter()
         finished: list[PrefillRequest] = []
+        for piece in take:
+            if piece.request.started_at is None:
+                piece.request.started_at = started
         try:
             # a stream of its own, of lower priority than the stage's decode steps: a prefill of
             # hundreds of milliseconds would otherwise hold every live session's next step
@@ -210,15 +222,29 @@ class PrefillBatcher(Mailbox):
                 finished.append(piece.request)
         finally:
             self._count(len(take), started)
+            ended = time.perf_counter()
             with self._cond:  # the others' next chunks stay queued
                 gone = {id(r) for r in finished}
                 self._queue = [r for r in self._queue if id(r) not in gone]
+                for req in finished:
+                    if req.error is None:
+                        self._timed(req, ended)
             for req in finished:
                 req.done.set()
 
+    def _timed(self, req: PrefillRequest, ended: float) -> None:
+        wait = (req.started_at if req.started_at is not None else ended) - req.queued_at
+        self.requests += 1
+        self.wait_s += wait
+        self.latency_s += ended - req.queued_at
+        self.recent.append((wait, ended - req.queued_at))
+
     def stats(self) -> dict[str, Any]:
-        return {**super().stats(), "bucketed": self.bucketed, "graph_batches": self.replayed,
-                "graphs": self.graphs.captured if self.graphs is not None else 0}
+        with self._cond:
+            recent = list(self.recent)
+            timing = {"requests": self.requests, "wait_s": self.wait_s, "latency_s": self.latency_s}
+        return {**super().stats(), **timing, "recent": recent, "bucketed": self.bucketed,
+                "graph_batches": self.replayed, "graphs": self.graphs.captured if self.graphs is not None else 0}
 
     def _pad(self, take: list[_Piece]) -> Padded:
         import torch
