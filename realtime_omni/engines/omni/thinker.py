@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..base import ThinkerOutput, ThinkRequest, TurnMessage
-from .audio_tower import merge_audio, to_device
 from .context import (
     ReplyState,
     ThinkerContext,
@@ -37,7 +36,7 @@ from .context import (
     TokenRows,
     talker_prompt,
 )
-from .graphs import StaticDecoder, on_stream, settled_copies
+from .graphs import settled_copies
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, norm_text
 from .sampling import TokenSampler
@@ -45,6 +44,7 @@ from .talker_reads import TalkerReads
 from .talker_stream import CodeSampling
 from .thinker_calls import ThinkerCalls, ban_ids
 from .thinker_prefill import ThinkerPrefill
+from .thinker_steps import ThinkerSteps
 from .tool_calls import call_mode, tools_block
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def thinker_sampling(loaded: LoadedOmni, settings: ThinkerSettings) -> CodeSampl
     )
 
 
-class StreamingThinker(ThinkerPrefill, ThinkerCalls):
+class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
     def __init__(self, loaded: LoadedOmni, settings: ThinkerSettings, generator: Any = None,
@@ -376,110 +376,3 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls):
         reply.text += delta
         reply.ends.append(len(reply.text))
         return delta
-
-    def _decoder(self) -> StaticDecoder:
-        ctx = self.ctx
-        if ctx.decoder is None:
-            import torch
-
-            device = self.loaded.device
-            rows = self.rows
-            decoder = StaticDecoder(self._text_cfg, self._cache_len, device,
-                                    graphs=self.settings.cuda_graphs and rows is None,
-                                    name=f"{self.loaded.arch} thinker step",
-                                    pool=rows.pool if rows else None, slot=rows.slot if rows else None,
-                                    **self.loaded.graph_streams("thinker"))
-            ids = torch.zeros((1, 1), dtype=torch.long, device=device)
-            positions = torch.zeros((3, 1), dtype=torch.long, device=device)
-            decoder.bind(lambda: self._forward(ids, positions, {}, decoder))
-            decoder.inputs = (ids, positions)
-            ctx.decoder = decoder
-        return ctx.decoder
-
-    def _forward(self, input_ids, positions, mm_kwargs, decoder: StaticDecoder | None = None):
-        """One thinker forward over new tokens; returns last-token logits and talker vectors."""
-        loaded = self.loaded
-        if decoder is None:
-            decoder = self._decoder()
-        device = loaded.device
-        inputs = merge_audio(loaded, input_ids, mm_kwargs)
-        ids = inputs["input_ids"]
-        out = loaded.thinker.model(
-            position_ids=to_device(positions, device).view(3, 1, -1),
-            use_cache=True,
-            output_hidden_states=self._talker_reads.select,
-            return_dict=True,
-            **{loaded.cache_kwarg: decoder.cache},
-            **inputs,
-        )
-        last = out.last_hidden_state
-        logits = loaded.thinker.lm_head(last[:, -1:, :])[:, -1, :].float()
-        return logits, self._talker_reads.vectors(ids, out.hidden_states, last)[0]
-
-    def _append(self, ids: list[int], positions, src) -> None:
-        ctx = self.ctx
-        mm_ids = {self.loaded.tokens.audio, self.loaded.tokens.image}
-        ctx.ids += ids
-        ctx.mm += [i in mm_ids for i in ids]
-        ctx.positions.append(positions.t())
-        ctx.src.append(src.detach())
-        ctx.next_pos = int(positions.max()) + 1
-
-    def _step(self, token: int):
-        """Forward one generated token; returns (next logits, its talker vector or None)."""
-        try:
-            decoder = self._decoder()
-            ids, pos = decoder.inputs
-            with on_stream(self.loaded.stream("thinker")):
-                ids.fill_(token)
-                pos.fill_(self.ctx.next_pos)
-                logits, src = decoder.graph()  # replayed: the graph's buffers, copied below
-                logits, src = logits.clone(), src.clone()
-        except BaseException:
-            self.ctx.free()  # a half-updated KV cache: the next turn re-prefills from scratch
-            raise
-        self.ctx.append_token(token, self.ctx.next_pos, src[0], self.loaded.tokens)
-        vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
-        return logits, vec
-
-    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any, tuple[Any, Any] | None]:
-        """Forward ``token`` in the model's batched thinker, in this session's slot; returns the
-        token the step picked next, the talker's vector (Qwen2.5) or None, and (Qwen3) the picked
-        token's embedding and talker part, else None.
-
-        Up to ``rows.lookahead`` steps stay queued: each later one forwards, on the device, the
-        token the step before it picked (``ThinkerTokens``). What is queued but not read when
-        the reply ends is withdrawn (:meth:`_drain_ahead`); a step that ran past the reply wrote
-        beyond the cache's length, where no row attends and the next token overwrites it.
-        ``forwards``: forward passes the reply may still make, this one included."""
-        from .batching.batcher import Lookahead
-
-        rows, decoder = self.rows, self._decoder()
-        ahead = self._ahead
-        if ahead is None:
-            ahead = self._ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
-        tokens = rows.state
-
-        def push(chain: bool) -> None:
-            offset = len(ahead)
-            pos = self.ctx.next_pos + offset
-            ahead.push((token, [pos] * 3, chain, tokens.noise(self.generator)), decoder.write_position() + offset, pos)
-
-        try:
-            if not len(ahead):
-                push(chain=False)
-            while ahead.room > 0 and len(ahead) < forwards:
-                push(chain=True)
-            (picked, src, *next_rows), pos = ahead.pop()  # ``picked``: read back by the loop
-        except BaseException:
-            self._drain_ahead()
-            self.ctx.free()  # the step may or may not have written: re-prefill next turn
-            raise
-        decoder.advance()
-        self.ctx.append_token(token, pos, src, self.loaded.tokens)
-        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None), (tuple(next_rows) or None)
-
-    def _drain_ahead(self) -> None:
-        """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""
-        if self._ahead is not None:
-            self._ahead.drain()
