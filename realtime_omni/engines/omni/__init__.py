@@ -20,8 +20,8 @@ Where things are:
 
 * ``model.py``: the stage wiring (``OmniModel``, ``OmniSession``), configured by its
   ``OmniSettings`` section (``engines/settings.py``); ``loader.py``: checkpoints and random builds.
-* ``thinker.py`` (with ``thinker_prefill.py``, ``thinker_steps.py``, ``prompt.py``, ``context.py``, ``sampling.py``): the
-  streaming thinker and the session's resumable context.
+* ``thinker.py`` (with ``thinker_prefill.py``, ``thinker_steps.py``, ``prompt.py``, ``context.py``,
+  ``sampling.py``): the streaming thinker and the session's resumable context.
 * ``talker.py`` (with ``talker_stream.py``, ``talker_prefix.py``, ``talker_qwen25.py``,
   ``talker_qwen3.py``, ``code_predictor.py``): how the reference ``generate``'s talker is
   reproduced step by step, paced to the listener once a reply's audio has started.
