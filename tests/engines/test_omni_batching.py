@@ -787,6 +787,60 @@ def test_codec_windows_needed_soonest_are_decoded_first():
     assert order == ["blocker", "first", "running low", "ahead", "no listener"]
 
 
+def test_a_first_window_that_arrives_while_a_group_runs_goes_before_the_groups_left_waiting():
+    """The codec runs one group of same-shape windows per pass: a new reply's first window that
+    arrives while a group runs is decoded next, before the other groups queued with that one;
+    windows of a waiting group's shape that arrive meanwhile join its batch."""
+    from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.0)
+    order: list[tuple[str, int]] = []
+    busy, release = threading.Event(), threading.Event()
+    started_a = threading.Event()
+
+    def window(key: str, block: threading.Event | None = None, started: threading.Event | None = None):
+        def fn(x):
+            if started is not None:
+                started.set()
+            if block is not None:
+                block.wait(10)
+            order.append((key, int(x.shape[0])))
+            return x + 1
+        return fn
+
+    now = time.monotonic()
+    hold_a = threading.Event()
+
+    def run(key, fn, deadline):
+        threads.append(threading.Thread(target=batcher.run, args=(key, fn, (torch.zeros(1, 2),), False, deadline)))
+        threads[-1].start()
+
+    threads: list[threading.Thread] = []
+    try:
+        run("blocker", window("blocker", release, busy), now - 1)
+        assert busy.wait(10)
+        run("a", window("a", hold_a, started_a), now + 0.1)  # due soonest: runs next, and holds
+        run("b", window("b"), now + 2.0)  # queued with "a", due later
+        deadline_s = time.monotonic() + 10
+        while len(batcher._queue) < 2 and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        release.set()
+        assert started_a.wait(10)  # "a" runs; "b" waits in the queue
+        run("first", window("first"), time.monotonic())  # a new reply's first window
+        run("b", window("b"), now + 2.5)  # another window of b's shape
+        while len(batcher._queue) < 3 and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        hold_a.set()
+    finally:
+        release.set()
+        hold_a.set()
+        for th in threads:
+            th.join(10)
+        batcher.close()
+    assert order == [("blocker", 1), ("a", 1), ("first", 1), ("b", 2)]
+
+
 def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback(pair):
     """The deadline a reply's codec stream gives each window: its first now, each later one when
     a listener playing from the first audio reaches the window's first new sample."""

@@ -96,19 +96,25 @@ class CodecBatcher(Mailbox):
         return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline))
 
     def _loop(self) -> None:
+        carried = False  # windows left queued by the last pass: take them at once
         while True:
             with self._cond:
-                if not self._gathered(self.gather_s):
+                if not self._gathered(self.gather_s, lambda _n, now=carried: now):
                     return
-                take, self._queue = self._queue, []
-            groups: dict[Hashable, list[WindowRequest]] = {}
-            for req in take:
-                groups.setdefault(req.key, []).append(req)
-            # earliest deadline first: a reply's first window (its listener hears nothing yet),
-            # then the windows of replies about to run dry (the second and third chunks, due
-            # 160-480 ms after the first audio), before those of replies seconds ahead
-            for group in sorted(groups.values(), key=lambda g: min(r.deadline for r in g)):
-                self._run(group)
+                groups: dict[Hashable, list[WindowRequest]] = {}
+                for req in self._queue:
+                    groups.setdefault(req.key, []).append(req)
+                # earliest deadline first: a reply's first window (its listener hears nothing
+                # yet), then the windows of replies about to run dry (the second and third
+                # chunks, due 160-480 ms after the first audio), before those of replies seconds
+                # ahead. One group per pass: the others stay queued, so a window that arrives
+                # while this group runs (a new reply's first) is weighed against them, not
+                # behind them, and windows of their shape that arrive meanwhile join them.
+                group = min(groups.values(), key=lambda g: min(r.deadline for r in g))
+                chosen = {id(r) for r in group}
+                self._queue = [r for r in self._queue if id(r) not in chosen]
+                carried = bool(self._queue)
+            self._run(group)
 
     def _run(self, group: list[WindowRequest]) -> None:
         import torch
