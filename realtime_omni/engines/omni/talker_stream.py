@@ -358,8 +358,11 @@ class TalkerStream:
     def close(self) -> None:
         self.logits = None
         self.done = True
-        if self.ahead is not None:
-            with self.step_lock:  # after a frame still running; nothing queued runs after this
+        # under the lock even when nothing is queued yet: a first frame may be creating its
+        # lookahead right now; once this holds the lock that frame has queued what it queues
+        # (drained here) and any later one sees ``done`` and queues nothing
+        with self.step_lock:
+            if self.ahead is not None:
                 self.ahead.drain()
 
     # architecture hooks -------------------------------------------------------------------------
