@@ -196,10 +196,9 @@ class OmniTalker:
             elif final:  # no token reached the talker: nothing to speak
                 yield TalkerOutput(text=self._fed_text, final=True)
                 return
-            rows = self.rows
-            with rows.talker.batcher.activity.paused() if rows is not None else contextlib.nullcontext():
-                while not self._fed.wait(0.05) and not cancelled.is_set():
-                    pass
+            # outside ``_streaming``: the batched talker does not wait for this session meanwhile
+            while not self._fed.wait(0.05) and not cancelled.is_set():
+                pass
 
     def _add(self, segment: list[ThinkerOutput], voice: str) -> None:
         """Hand the thinker's outputs to the reply's talker stream (a new reply opens one);
@@ -229,8 +228,6 @@ class OmniTalker:
 
     def _streaming(self):
         """Counted among the sessions the batched talker waits for while this runs."""
-        import contextlib
-
         return (self.rows.talker.batcher.activity.streaming() if self.rows is not None
                 else contextlib.nullcontext())
 
