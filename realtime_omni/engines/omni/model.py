@@ -433,13 +433,17 @@ class OmniSession(ModelSession):
         if self.closed:
             return
         self.closed = True
-        self.thinker.close()
-        self.talker.close()
-        with self._codec_lock:
-            self._codec_stream = None
-        if self.rows is not None and self.model.batching is not None:
-            self.model.batching.release(self.rows)  # after the stages let go of their slots
-        self.model._forget(self)
+        try:
+            try:
+                self.thinker.close()
+            finally:
+                self.talker.close()
+        finally:  # a stage that could not finish a step in time must not cost the model a slot
+            with self._codec_lock:
+                self._codec_stream = None
+            if self.rows is not None and self.model.batching is not None:
+                self.model.batching.release(self.rows)  # after the stages let go of their slots
+            self.model._forget(self)
 
     # extras -------------------------------------------------------------------------------------
 

@@ -57,6 +57,8 @@ class Mailbox:
 
     def _await(self, req: Any) -> Any:
         if not req.done.wait(self.step_timeout_s):
+            with self._cond:  # if it has not started, it never will: nobody reads it any more
+                self._queue = [r for r in self._queue if r is not req]
             raise TimeoutError(f"{self.name}: no batched step within {self.step_timeout_s:.0f} s")
         if req.error is not None:
             raise req.error
@@ -73,8 +75,9 @@ class Mailbox:
         for req in queued:
             req.error = StepWithdrawn(f"{self.name}: step withdrawn")
             req.done.set()
+        end = time.monotonic() + self.step_timeout_s  # one deadline for all of them
         for req in reqs:
-            if not req.done.wait(self.step_timeout_s):
+            if not req.done.wait(max(0.0, end - time.monotonic())):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
