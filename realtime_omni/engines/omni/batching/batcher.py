@@ -233,6 +233,9 @@ class StepBatcher(Mailbox):
 
     def close(self) -> None:
         super().close()
+        if self._thread.is_alive():  # a step still running past the join: leave its graph be
+            log.warning("omni: %s loop still running at close; its graphs are not released", self.name)
+            return
         for bucket in self._buckets.values():
             bucket.graph.release()
         self._buckets.clear()
@@ -240,7 +243,8 @@ class StepBatcher(Mailbox):
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "step_ms": dict(sorted(self.step_ms.items())),
                 "columns_steps": dict(sorted(self.columns_steps.items())), "phase_s": dict(self.phase_s),
-                "graphs": sum(1 for b in self._buckets.values() if b.graph.captured)}
+                # a copy first: the loop may add a bucket meanwhile (graphs not warmed at load)
+                "graphs": sum(1 for b in list(self._buckets.values()) if b.graph.captured)}
 
     # -- the loop -------------------------------------------------------------------------------
 
