@@ -355,6 +355,138 @@ def test_steps_queued_ahead_run_in_order_one_per_batch_and_withdrawn_ones_never_
         batcher.close()
 
 
+def test_a_step_that_timed_out_leaves_the_queue_and_a_withdraw_keeps_one_deadline():
+    """A session that gave up on a step (its deadline passed while the loop was stuck) takes it
+    out of the queue, so it never runs later; withdrawing several running steps waits once for
+    the step deadline, not once per step."""
+    gate, started = threading.Event(), threading.Event()
+    ran: list[float] = []
+
+    def make(bucket, columns, write_pos, inputs):
+        (x,) = inputs
+
+        def step():
+            ran.extend(float(v) for v, p in zip(x[:, 0], write_pos) if int(p) != 99)
+            if -1.0 in ran:
+                started.set()
+                gate.wait(5)
+            return (x,)
+
+        return step
+
+    batcher = StepBatcher("toy", make, [RowInput((1,), "float32")], capacity=4, device="cpu", scratch=99,
+                          graphs=False, gather_s=0.0)
+    batcher.step_timeout_s = 0.3
+    blocker = threading.Thread(target=lambda: pytest.raises(TimeoutError, batcher.step, (torch.tensor([-1.0]),), 3))
+    try:
+        blocker.start()
+        assert started.wait(5)
+        late = batcher.submit((torch.tensor([7.0]),), slot=1)
+        with pytest.raises(TimeoutError):
+            batcher.result(late)
+        assert late not in batcher._queue
+        # two requests that will not finish in time (the loop is stuck): one deadline for both
+        stuck = [batcher.submit((torch.tensor([8.0 + k]),), slot=2) for k in range(2)]
+        with batcher._cond:
+            batcher._queue = [r for r in batcher._queue if r not in stuck]  # as if running
+        begun = time.monotonic()
+        with pytest.raises(TimeoutError):
+            batcher.withdraw(stuck)
+        assert time.monotonic() - begun < 0.55  # not 2 x 0.3 s
+    finally:
+        gate.set()
+        blocker.join(5)
+        batcher.close()
+    assert 7.0 not in ran
+
+
+def test_a_closed_session_gives_its_slots_back_even_when_a_stage_cannot_stop(pair):
+    """A stage whose close fails (a step that did not finish in time) still lets the session's
+    slots go: the model does not lose capacity for good."""
+    batched = pair["batched"]
+    session = batched.open_session()
+
+    def stuck() -> None:
+        raise TimeoutError("thinker: a running step did not finish within 60 s")
+
+    session.thinker.close = stuck
+    with pytest.raises(TimeoutError):
+        session.close()
+    assert batched.batching.stats()["in_use"] == 0
+    assert session not in batched._sessions
+
+
+def test_a_live_talker_waiting_for_its_next_token_is_neither_streaming_nor_paced(pair):
+    """Between two tokens a live talker is outside the talker's count (the batched talker does
+    not wait for it) and not among the replies held back for pacing (a gauge operators read)."""
+    batched = pair["batched"]
+    session = batched.open_session()
+    activity = batched.batching.talker.activity
+    cancelled = threading.Event()
+    waiting = threading.Thread(target=lambda: list(session.talker.talk_live(cancelled)))
+    try:
+        waiting.start()
+        time.sleep(0.2)  # inside talk_live, no token fed yet
+        assert waiting.is_alive()
+        assert (activity.count, activity.paused_count) == (0, 0)
+    finally:
+        cancelled.set()
+        waiting.join(5)
+        session.close()
+
+
+def test_closing_a_reply_while_its_first_frame_queues_steps_withdraws_them():
+    """A barge-in that closes a reply's talker stream while its first frame is still queueing
+    steps ahead (holding the session's step lock, its lookahead just made) waits for that frame
+    and withdraws what it queued: nothing of the closed reply runs after the close."""
+    from realtime_omni.engines.omni.talker_stream import TalkerStream
+
+    gate, started = threading.Event(), threading.Event()
+    ran: list[float] = []
+
+    def make(bucket, columns, write_pos, inputs):
+        (x,) = inputs
+
+        def step():
+            ran.extend(float(v) for v, p in zip(x[:, 0], write_pos) if int(p) != 99)
+            if -1.0 in ran:
+                started.set()
+                gate.wait(5)
+            return (x,)
+
+        return step
+
+    batcher = StepBatcher("toy", make, [RowInput((1,), "float32")], capacity=4, device="cpu", scratch=99,
+                          graphs=False, gather_s=0.0)
+    stream = TalkerStream.__new__(TalkerStream)  # only what close() touches
+    stream.step_lock, stream.ahead, stream.done, stream.logits = threading.Lock(), None, False, None
+    first_frame_queued = threading.Event()
+
+    def first_frame() -> None:  # what _fused_frame does under the lock, for a reply's first frame
+        with stream.step_lock:
+            first_frame_queued.set()
+            time.sleep(0.2)  # the close arrives meanwhile
+            stream.ahead = Lookahead(batcher, slot=1, depth=3)
+            for k in range(3):
+                stream.ahead.push((torch.tensor([50.0 + k]),), write_pos=10 + k)
+
+    blocker = threading.Thread(target=batcher.step, args=((torch.tensor([-1.0]),),), kwargs={"slot": 3})
+    frame = threading.Thread(target=first_frame)
+    try:
+        blocker.start()
+        assert started.wait(5)  # the loop is busy: the frame's steps stay queued
+        frame.start()
+        assert first_frame_queued.wait(5)
+        stream.close()
+        assert stream.ahead is not None and len(stream.ahead) == 0
+    finally:
+        gate.set()
+        frame.join(5)
+        blocker.join(5)
+        batcher.close()
+    assert not [v for v in ran if 50 <= v < 60]
+
+
 def test_in_graph_code_picking_matches_the_sampler():
     """Greedy: the batched pick equals TokenSampler (penalty over seen codes, suppressed ids);
     sampled: every draw stays inside the top-k of the penalized scores."""
