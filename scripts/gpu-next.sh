@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The omni GPU measurements still to run, one device call each (docs/gpu-machine.md):
 #   scripts/gpu-next.sh talker   the live talker against the talker call per token, through the
-#                                server (about 320 s held)
+#                                server (about 320 s held; re-run after 4bdfe5b and c7c738d)
 #   scripts/gpu-next.sh codec    Qwen2.5 at N = 8, 16, 32: as built and with a 48-code steady chunk
 #                                (about 420 s held)
 #   scripts/gpu-next.sh codec-steps
@@ -9,6 +9,7 @@
 #   scripts/gpu-next.sh qwen3    Qwen3-Omni-30B-A3B at N = 1 ... 64 in one process (about 300 s held)
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
+# Build the carried folders first with scripts/gpu-carry.sh (a fresh checkout has none).
 # Run on the lent machine from the repository root with .whl_tf, .whl_server and .omni_cfg
 # carried; results go to $OUT (the device tool brings that folder back).
 set -euo pipefail
