@@ -253,6 +253,11 @@ class Conversation:
 _counter = itertools.count()
 
 
+#: the largest image a client may send, in pixels: 4096 x 4096 (48 MiB as RGB). A small PNG
+#: can declare a huge canvas; it is refused from its header, before anything is decoded.
+MAX_IMAGE_PIXELS = 4096 * 4096
+
+
 def decode_image(url: str, param: str) -> np.ndarray:
     """A ``data:image/...;base64,`` URL → RGB uint8 array (no remote fetches)."""
     import base64
@@ -264,9 +269,13 @@ def decode_image(url: str, param: str) -> np.ndarray:
         raise ProtocolError(ErrorCode.INVALID_VALUE, "image_url must be a data:image/...;base64 URL", param=param)
     try:
         raw = base64.b64decode(url.split(";base64,", 1)[1], validate=True)
-        with Image.open(io.BytesIO(raw)) as image:
+        with Image.open(io.BytesIO(raw)) as image:  # reads the header only
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ProtocolError(ErrorCode.INVALID_VALUE, f"the image is {width}x{height} pixels; at most "
+                                    f"{MAX_IMAGE_PIXELS} pixels are accepted", param=param)
             return np.asarray(image.convert("RGB"))
-    except (ValueError, UnidentifiedImageError, OSError):
+    except (ValueError, UnidentifiedImageError, OSError, Image.DecompressionBombError):
         raise ProtocolError(ErrorCode.INVALID_VALUE, "image_url does not hold a readable image", param=param) from None
 
 

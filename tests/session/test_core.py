@@ -297,6 +297,35 @@ def test_input_image_items_are_decoded_or_refused():
     assert blind.events[-1]["error"]["code"] == "unsupported_feature"
 
 
+def test_an_image_declaring_a_huge_canvas_is_refused_before_it_is_decoded():
+    """A 30 kB PNG of one colour can declare 20000 x 20000 pixels (1.2 GB as RGB): refused from
+    its header with a code, the session going on; a truncated or foreign file too."""
+    import io
+
+    from PIL import Image
+
+    def png(side: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("1", (side, side)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    large, bomb = png(6000), png(20000)  # past our limit; past Pillow's own bomb limit too
+    assert len(bomb) < 200_000
+    d = Driver(SEEING, has_vad=False)
+    messages = []
+    for payload in (large, bomb, bomb[:100], b"GIF89a" + b"\0" * 50):
+        url = "data:image/png;base64," + base64.b64encode(payload).decode()
+        item = {"type": "message", "role": "user", "content": [{"type": "input_image", "image_url": url}]}
+        d.send(type="conversation.item.create", item=item)
+        error = d.events[-1]
+        assert error["type"] == "error" and error["error"]["code"] == "invalid_value"
+        messages.append(error["error"]["message"])
+    assert "6000x6000" in messages[0]
+    d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": "still here"}]})
+    assert d.events[-1]["type"] == "conversation.item.done"
+
+
 def test_a_pause_prepares_a_reply_that_more_speech_drops():
     d = Driver()
     d.take()
