@@ -170,14 +170,15 @@ class SessionRunner(ConnectionLink):
         closed = asyncio.ensure_future(self.closed.wait())
         try:
             await asyncio.wait({put, closed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        finally:  # the caller cancelled too (a send timeout, a kick): its bytes leave the count
             closed.cancel()
             if not put.done():
-                put.cancel()
-        if put.done() and not put.cancelled():
-            return True
-        self.inbox_bytes -= size
-        return False
+                put.cancel()  # a cancelled Queue.put puts nothing
+            delivered = put.done() and not put.cancelled()
+            if not delivered:
+                self.inbox_bytes -= size
+                self._inbox_room.set()
+        return delivered
 
     def submit_image(self, rgb: Any) -> bool:
         """Offer a camera frame; dropped (False) when the mailbox is busy: newest wins later."""
