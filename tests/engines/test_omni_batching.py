@@ -564,28 +564,41 @@ def test_codec_windows_of_several_sessions_decode_together(pair, padded):
     if codec.arch == "qwen2_5_omni":  # the speaker is heard: the same window in the other voice differs
         other = codec.render(windows[1], 0, speakers[0], 6)
         assert np.abs(other - alone[1]).max() > 1e-3 * np.abs(alone[1]).max()
-    before = codec.batcher.stats()
-    codec.batcher.gather_s = 0.3  # make sure the three meet
-    barrier = threading.Barrier(3)
+    # the three meet for sure: they queue while the loop is busy with a window of another shape
+    busy, release = threading.Event(), threading.Event()
+
+    def hold(x):
+        busy.set()
+        release.wait(30)
+        return x
+
     out: dict[int, np.ndarray] = {}
 
     def go(i: int) -> None:
-        barrier.wait()
         out[i] = codec.render(windows[i], 0, speakers[i], 5 + i)
 
+    blocker = threading.Thread(target=codec.batcher.run, args=("blocker", hold, (torch.zeros(1, 1),), False))
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
     try:
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+        blocker.start()
+        assert busy.wait(30)
+        before = codec.batcher.stats()
         for th in threads:
             th.start()
-        for th in threads:
-            th.join(60)
+        deadline = time.monotonic() + 30
+        while len(codec.batcher._queue) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
-        codec.batcher.gather_s = 0.003
+        release.set()
+        for th in [blocker, *threads]:
+            th.join(60)
         codec.batcher.pad_groups = False
     after = codec.batcher.stats()
-    assert after["rows"] - before["rows"] == 3 and after["steps"] - before["steps"] == 1
+    # the blocker (one window) and the three (one pass)
+    assert after["rows"] - before["rows"] == 4 and after["steps"] - before["steps"] == 2
     assert codec.batcher.padded_rows - padded_before == (1 if padded else 0)
     # no CUDA graph off the GPU: every window is counted as decoded eagerly
+    # (the blocker was tallied as it started, before ``before``)
     assert after["eager_rows"] - before["eager_rows"] == 3 and after["graph_rows"] == before["graph_rows"]
     for i in range(3):
         assert out[i].shape == alone[i].shape
