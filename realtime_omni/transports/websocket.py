@@ -67,35 +67,37 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
         await websocket.close(code=1013 if code is ErrorCode.SESSION_LIMIT_REACHED else 1008, reason=code)
         return
     runner.journal.keep_audio = True  # this client plays the audio: a resume replays what it missed
-    if token:
-        await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))
-    else:
-        await manager.stored(runner)  # before session.created hands out the resume token
-        if bound_session:
-            await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
-
-    writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
-    reader = asyncio.create_task(_reader(websocket, runner))
+    # from here on the session is this connection's: a later resume may take it over (kick), and
+    # whatever fails (the client gone before session.resumed reached it) detaches or closes it
     kicked = asyncio.Event()
     runner.kick = kicked.set
-    kick_wait = asyncio.create_task(kicked.wait())
-    ended = asyncio.create_task(runner.closed.wait())
     draining: asyncio.Event = getattr(websocket.app.state, "draining", None) or asyncio.Event()
-    going_down = asyncio.create_task(draining.wait())
+    tasks: tuple[asyncio.Task, ...] = ()
     clean = False
     try:
+        if token:
+            await websocket.send_text(json.dumps(runner.resumed_event(len(replay), gap)))
+        else:
+            await manager.stored(runner)  # before session.created hands out the resume token
+            if bound_session:
+                await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
+        writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
+        reader = asyncio.create_task(_reader(websocket, runner))
+        kick_wait = asyncio.create_task(kicked.wait())
+        ended = asyncio.create_task(runner.closed.wait())
+        going_down = asyncio.create_task(draining.wait())
+        tasks = (reader, writer, kick_wait, ended, going_down)
         # Whichever comes first: the client leaves (reader), the peer stops taking bytes or is
         # gone (writer), a resume takes over (kick), or the session ends on its own (idle,
         # lifetime, error) — the reader may be blocked on a full mailbox and never notice — or
         # the server goes down (the session is kept: the lifespan closes it as server_shutdown).
-        await asyncio.wait({reader, writer, kick_wait, ended, going_down}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
         if ended.done() and not writer.done():
             # let the last events (the reason it ended) reach a client that still reads
             await asyncio.wait({writer}, timeout=CLOSE_FLUSH_S)
         if reader.done() and not reader.cancelled() and reader.exception() is None:
             clean = reader.result()
     finally:
-        tasks = (reader, writer, kick_wait, ended, going_down)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
