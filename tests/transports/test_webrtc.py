@@ -449,6 +449,34 @@ async def test_a_lost_call_resumes_with_a_new_offer(echo_server) -> None:
     await stale.close(hangup=False)
 
 
+async def test_a_resume_replays_more_than_a_thousand_missed_events_whole(echo_server) -> None:
+    """A resume from the start of a long session replays every journaled event before anything
+    else, session.resumed first: the replay waiting for the data channel is not cut to the
+    buffer of events a call makes before its channel opens."""
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    created = await client.wait_for("session.created")
+    for index in range(700):  # two events each (added, done)
+        client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "id": f"item_{index}",
+            "content": [{"type": "input_text", "text": f"note {index}"}]}})
+    await client.wait_for("conversation.item.done", 60, where=lambda e: e["item"]["id"] == "item_699")
+    await client.close(hangup=False)
+    await wait_until(lambda: live_calls(echo_server) == 0)
+
+    again = WebRTCClient(f"{echo_server.http}", model="echo")
+    again.post_offer = _with_query(again.post_offer, echo_server.http,
+                                   {"resume_token": created["session"]["resume_token"], "last_sequence_number": 0})
+    await again.connect()
+    last = await again.wait_for("conversation.item.done", 60, where=lambda e: e["item"]["id"] == "item_699")
+    assert again.events[0]["type"] == "session.resumed" and again.events[0]["gap"] is False
+    replayed = [e["item"]["id"] for e in again.events[: again.events.index(last) + 1]
+                if e["type"] == "conversation.item.done"]
+    assert replayed == [f"item_{index}" for index in range(700)]
+    await again.close()
+    await wait_until(lambda: not echo_server.manager.sessions)
+
+
 async def test_a_resume_while_the_first_call_lives_takes_the_session_over(echo_server) -> None:
     first = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
     await first.connect()

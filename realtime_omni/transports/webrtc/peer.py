@@ -120,6 +120,9 @@ class Peer:
         self._channel_open = asyncio.Event()
         self._connected = asyncio.Event()
         self._early: deque[dict[str, Any]] = deque(maxlen=1024)  # events before the channel opened
+        #: a resume's replay, sent first and whole: the session's journal already bounds it (a
+        #: trimmed replay would lose session.resumed itself while telling the client gap=false)
+        self._preface: list[dict[str, Any]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closer: asyncio.Task[None] | None = None
         self._last_activity = time.monotonic()
@@ -304,6 +307,9 @@ class Peer:
         self.hangup(self.hangup_reason or "session_closed")
 
     async def _send_early(self) -> None:
+        preface, self._preface = self._preface, []
+        for event in preface:
+            await self._send(event)
         while self._early:
             await self._send(self._early.popleft())
 
@@ -356,7 +362,7 @@ class Peer:
 
     def preface(self, events: list[dict[str, Any]]) -> None:
         """Events to send before anything else once the data channel opens (a resume's replay)."""
-        self._early.extend(events)
+        self._preface.extend(events)
 
     async def _send(self, event: dict[str, Any]) -> None:
         channel = self.channel
