@@ -148,6 +148,24 @@ def test_playback_frames_marks_and_clear():
     assert playback.on_mark(playback.frames("resp_2", b"\x00" * 500, final=True)[1]) == ("resp_2", 62.5)
 
 
+def test_playback_state_stays_bounded_when_the_carrier_never_echoes_a_mark():
+    """A stream peer that ignores marks: a long call's marks and responses stay bounded, the
+    newest marks are still known, and the call still counts as busy."""
+    from realtime_omni.transports.twilio.playback import MAX_PENDING_MARKS, MAX_TRACKS
+
+    playback = CarrierPlayback()
+    for n in range(MAX_PENDING_MARKS + 500):  # one long reply, a mark per 20 ms frame
+        playback.frames("resp_long", b"\x01" * 160)
+    track = playback._tracks["resp_long"]
+    assert len(track.pending) == MAX_PENDING_MARKS
+    newest = f"resp_long:{(MAX_PENDING_MARKS + 500) * 20}"
+    assert newest in track.pending and "resp_long:20" not in track.pending
+    for n in range(3 * MAX_TRACKS):  # many replies, none echoed
+        playback.frames(f"resp_{n}", b"\x01" * 160, final=True)
+    assert len(playback._tracks) <= MAX_TRACKS + 1 and playback.busy
+    assert playback.on_mark(f"resp_{3 * MAX_TRACKS - 1}:20") == (f"resp_{3 * MAX_TRACKS - 1}", 20.0)
+
+
 def test_messages_parse_and_build():
     with pytest.raises(tw.TwilioMessageError):
         tw.parse("not json")

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 from .messages import FRAME_BYTES, FRAME_MS, ULAW_SILENCE
 
 MAX_CLEARED = 4096  # cleared mark names remembered until their echo (bounded)
+#: marks awaiting their echo per response: past this a carrier that never echoes (a peer that
+#: ignores marks) would grow them for the whole call; the oldest are forgotten (minutes of audio)
+MAX_PENDING_MARKS = 4096
+#: responses remembered even while the carrier still holds their audio (same reason)
+MAX_TRACKS = 64
 
 
 @dataclass
@@ -29,7 +34,7 @@ class _Track:
     audio_ms: float = 0.0
     #: last echoed position (ms heard), capped at ``audio_ms``
     heard_ms: float = 0.0
-    pending: set[str] = field(default_factory=set)
+    pending: dict[str, None] = field(default_factory=dict)  # in the order sent
 
 
 class CarrierPlayback:
@@ -45,8 +50,8 @@ class CarrierPlayback:
             track = self._tracks[response_id] = _Track()
             while len(self._tracks) > self._keep:  # bounded: only recent responses matter
                 old_id, old = next(iter(self._tracks.items()))
-                if old.pending:  # never forget a response the carrier is still playing
-                    break
+                if old.pending and len(self._tracks) <= MAX_TRACKS:
+                    break  # never forget a response the carrier is still playing (within reason)
                 del self._tracks[old_id]
         return track
 
@@ -69,7 +74,9 @@ class CarrierPlayback:
             return [], None
         track.framed_ms += FRAME_MS * len(frames)
         name = f"{response_id}:{int(round(track.framed_ms))}"
-        track.pending.add(name)
+        track.pending[name] = None
+        while len(track.pending) > MAX_PENDING_MARKS:
+            del track.pending[next(iter(track.pending))]
         return frames, name
 
     # -- inbound ----------------------------------------------------------------------
@@ -82,7 +89,7 @@ class CarrierPlayback:
         track = self._tracks.get(response_id)
         if track is None or name not in track.pending:
             return None
-        track.pending.discard(name)
+        del track.pending[name]
         try:
             ms = float(ms_text)
         except ValueError:
@@ -105,7 +112,7 @@ class CarrierPlayback:
                 cut[response_id] = track
                 for name in track.pending:
                     self._cleared[name] = None
-                track.pending = set()
+                track.pending = {}
         while len(self._cleared) > MAX_CLEARED:
             self._cleared.popitem(last=False)
         return cut
