@@ -403,31 +403,42 @@ class SessionRunner(ConnectionLink):
                 continue  # the idle clock may have moved meanwhile: look again
 
     async def _release(self) -> None:
-        """Free everything on every exit path: tasks, model state, the writer."""
+        """Free everything on every exit path: tasks, model state, the writer. :meth:`close`
+        may cancel this midway (a model slow to close): what follows the waits still runs."""
         self.closed.set()
-        if self._drain is not None and self._drain is not asyncio.current_task():
-            self._drain.cancel()
-        self.speculation.drop()
-        self.core.close()
-        tasks = self.actions.running()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self.model is not None:
-            model, self.model = self.model, None
-            try:
-                await asyncio.to_thread(model.close)  # not the model pool: it may be saturated
-            except Exception:  # noqa: BLE001
-                log.exception("closing model session failed")
-        # Wake the writer after what is queued (the oldest events give way if it is full).
-        while True:
-            try:
-                self.outbox.put_nowait(None)
-                break
-            except asyncio.QueueFull:
-                self.outbox.get_nowait()
-        if self._on_close is not None:
-            self._on_close(self)
+        try:
+            if self._drain is not None and self._drain is not asyncio.current_task():
+                self._drain.cancel()
+            self.speculation.drop()
+            self.core.close()
+            tasks = self.actions.running()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.model is not None:
+                model, self.model = self.model, None
+                # not the model pool (it may be saturated); shielded: a cancel stops the wait, not the close
+                await asyncio.shield(asyncio.to_thread(_close_model, model))
+        finally:
+            if self.model is not None:  # cancelled before it got there: closed off the loop all the same
+                model, self.model = self.model, None
+                asyncio.get_running_loop().run_in_executor(None, _close_model, model)
+            # Wake the writer after what is queued (the oldest events give way if it is full).
+            while True:
+                try:
+                    self.outbox.put_nowait(None)
+                    break
+                except asyncio.QueueFull:
+                    self.outbox.get_nowait()
+            if self._on_close is not None:
+                self._on_close(self)
+
+
+def _close_model(model: ModelSession) -> None:
+    try:
+        model.close()
+    except Exception:  # noqa: BLE001
+        log.exception("closing model session failed")
 
 
 async def _first(*waits: Any) -> bool:
