@@ -89,7 +89,7 @@ class ActionPerformer:
             case act.DropSpeculation(spec_id):
                 self._host.speculation.discard(spec_id)
             case act.Transcribe():
-                reuse = self._host.speculation.reuse_transcript(action)
+                reuse = self._host.speculation.reuse_transcript(action, self._transcribe)
                 self._spawn(reuse if reuse is not None else self._transcribe(action))
             case act.StartResponse():
                 adopted = self._host.speculation.adopt(action)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -120,11 +120,13 @@ class SpeculativeTurns:
         if spec is not None and spec.spec_id == spec_id and not spec.adopted:
             self.drop()
 
-    def reuse_transcript(self, action: act.Transcribe) -> Coroutine[Any, Any, None] | None:
-        """The prepared transcript's delivery for this turn; None when none was prepared for it."""
+    def reuse_transcript(self, action: act.Transcribe,
+                         afresh: Callable[[act.Transcribe], Coroutine[Any, Any, None]]) -> Coroutine[Any, Any, None] | None:
+        """The prepared transcript's delivery for this turn; None when none was prepared for it.
+        ``afresh`` transcribes the turn itself if the prepared transcript is dropped meanwhile."""
         spec = self.current
         if spec is not None and action.spec_id == spec.spec_id:
-            return self._reuse_transcript(action.item_id, spec)
+            return self._reuse_transcript(action, spec, afresh)
         return None
 
     def adopt(self, action: act.StartResponse) -> Speculation | None:
@@ -189,17 +191,22 @@ class SpeculativeTurns:
         else:
             spec.finished = result
 
-    async def _reuse_transcript(self, item_id: str, spec: Speculation) -> None:
+    async def _reuse_transcript(self, action: act.Transcribe, spec: Speculation,
+                                afresh: Callable[[act.Transcribe], Coroutine[Any, Any, None]]) -> None:
         text, error = None, None
         try:
             text = await asyncio.wait_for(asyncio.shield(spec.transcript), self._host.pipeline_settings.step_timeout_s)
         except asyncio.CancelledError:
-            if not spec.transcript.cancelled():
-                raise
-            error = "transcription was cancelled"
+            task = asyncio.current_task()
+            if not spec.transcript.cancelled() or (task is not None and task.cancelling()):
+                raise  # this delivery itself was cancelled (the session is closing)
+            # the prepared reply was dropped before its transcript came (the user spoke again, or
+            # paused again): the committed turn keeps its words, transcribed afresh
+            await afresh(action)
+            return
         except Exception as exc:  # noqa: BLE001
             error = str(exc) or type(exc).__name__
-        await self._host.mailbox.put(inp.Transcript(item_id, text, error))
+        await self._host.mailbox.put(inp.Transcript(action.item_id, text, error))
 
     def _adopt(self, spec: Speculation, action: act.StartResponse) -> None:
         """Release the held outputs under the real response (on the session task, in order)."""

@@ -75,3 +75,41 @@ async def test_a_model_slow_to_close_still_lets_the_session_end_and_is_closed_al
         assert await asyncio.to_thread(closed_model.wait, 10)
     finally:
         pool.shutdown(wait=False)
+
+
+async def test_a_turn_whose_prepared_transcript_is_dropped_keeps_its_words():
+    """The turn ends while its prepared transcript (from a pause) is still being made; then the
+    user speaks again and the prepared reply is dropped. The committed turn is transcribed
+    afresh instead of failing with 'transcription was cancelled'."""
+    from realtime_omni.session import actions as act
+    from realtime_omni.session import inputs as inp
+
+    model = EchoModel()
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    session = model.open_session()
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def transcribe(pcm16k) -> str:  # the ASR: slow for the prepared pass, then quick
+        calls.append(1)
+        if len(calls) == 1:
+            gate.wait(10)
+            return "prepared"
+        return "hello again"
+
+    session.transcribe = transcribe
+    runner = SessionRunner(RealtimeSession(model.info, has_vad=False), session, pool, pool)
+    pcm = np.zeros(16_000, np.int16)
+    try:
+        await runner.actions.perform(act.Speculate(1, pcm))
+        await runner.actions.perform(act.Transcribe("item_1", pcm, spec_id=1))
+        await asyncio.sleep(0.05)
+        await runner.actions.perform(act.DropSpeculation(1))  # its transcript not made yet
+        message = await asyncio.wait_for(runner.mailbox.get(), 10)
+        assert isinstance(message, inp.Transcript)
+        assert (message.item_id, message.text, message.error) == ("item_1", "hello again", None)
+    finally:
+        gate.set()
+        for task in runner.actions.running():
+            task.cancel()
+        pool.shutdown(wait=False)
