@@ -477,6 +477,52 @@ async def test_a_resume_replays_more_than_a_thousand_missed_events_whole(echo_se
     await wait_until(lambda: not echo_server.manager.sessions)
 
 
+async def _unanswerable_offer() -> str:
+    """A well-formed offer (audio, data channel, ICE, DTLS) whose only audio codec nobody has."""
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    try:
+        pc.addTransceiver("audio")
+        pc.createDataChannel("oai-events")
+        await pc.setLocalDescription(await pc.createOffer())
+        lines = []
+        for line in pc.localDescription.sdp.splitlines():
+            if line.startswith("m=audio"):
+                lines += [" ".join(line.split(" ")[:3] + ["96"]), "a=rtpmap:96 bogus/48000/2"]
+            elif not line.startswith(("a=rtpmap:", "a=fmtp:", "a=rtcp-fb:")):
+                lines.append(line)
+        return "\r\n".join(lines) + "\r\n"
+    finally:
+        await pc.close()
+
+
+async def test_a_resume_whose_offer_cannot_be_answered_keeps_the_session(echo_server) -> None:
+    """A resume offer the server cannot answer is refused (400 invalid_offer); the session stays
+    resumable, and the client's next, good offer resumes it."""
+    client = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
+    await client.connect()
+    created = await client.wait_for("session.created")
+    token, session_id = created["session"]["resume_token"], created["session"]["id"]
+    await client.close(hangup=False)
+    await wait_until(lambda: live_calls(echo_server) == 0)
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(f"{echo_server.http}/v1/realtime/calls", params={"resume_token": token},
+                                  content=await _unanswerable_offer(), headers={"content-type": "application/sdp"})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_offer"
+    await wait_until(lambda: live_calls(echo_server) == 0)
+    assert session_id in echo_server.manager.sessions
+
+    again = WebRTCClient(f"{echo_server.http}", model="echo")
+    again.post_offer = _with_query(again.post_offer, echo_server.http, {"resume_token": token})
+    await again.connect()
+    resumed = await again.wait_for("session.resumed")
+    assert resumed["session"]["id"] == session_id
+    await again.close()
+    await wait_until(lambda: not echo_server.manager.sessions)
+
+
 async def test_a_resume_while_the_first_call_lives_takes_the_session_over(echo_server) -> None:
     first = WebRTCClient(echo_server.http, model="echo", session=NO_VAD)
     await first.connect()

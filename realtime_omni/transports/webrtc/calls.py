@@ -172,7 +172,8 @@ async def create_call(
     try:
         answer = await asyncio.wait_for(peer.answer(offer), ANSWER_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - a bad offer fails this call only
-        await peer.hangup("invalid_offer")
+        # a resumed session outlives a bad offer: detached again, for the client's next offer
+        await peer.hangup("resume_offer_failed" if resume_token else "invalid_offer")
         log.info("call refused: %s", exc)
         message = str(exc) or type(exc).__name__
         if isinstance(exc, asyncio.TimeoutError):

@@ -442,7 +442,7 @@ class Peer:
 
 # How a call can end without the client meaning to end the session.
 _LOSS_REASONS = frozenset({"connection_failed", "connection_closed", "data_channel_closed", "peer_timeout",
-                           "data_channel_stalled", "superseded"})
+                           "data_channel_stalled", "superseded", "resume_offer_failed"})
 
 
 def new_call_id() -> str:
