@@ -41,6 +41,9 @@ from .turn_detection import (
 log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100
+#: the VAD reads 512-sample frames (32 ms at 16 kHz); a detection job holds at most 1.024 s of them
+VAD_FRAME = 512
+VAD_SLICE = 32 * VAD_FRAME
 
 
 @dataclass
@@ -336,13 +339,15 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
         pcm = self.input.append(audio)
         if self.detector is not None and len(pcm):
             self._vad_pending = np.concatenate([self._vad_pending, pcm])
-            frame = 512
-            whole = len(self._vad_pending) // frame * frame
-            if whole:
-                start_ms = 1000.0 * self._vad_position / MODEL_RATE
-                self._actions.append(act.DetectSpeech(self._vad_pending[:whole], start_ms))
-                self._vad_position += whole
-                self._vad_pending = self._vad_pending[whole:]
+            whole = len(self._vad_pending) // VAD_FRAME * VAD_FRAME
+            # in slices: every session's VAD shares a two-thread pool, and one client appending
+            # minutes of audio at once must not hold a thread for seconds while others wait
+            for lo in range(0, whole, VAD_SLICE):
+                hi = min(lo + VAD_SLICE, whole)
+                start_ms = 1000.0 * (self._vad_position + lo) / MODEL_RATE
+                self._actions.append(act.DetectSpeech(self._vad_pending[lo:hi], start_ms))
+            self._vad_position += whole
+            self._vad_pending = self._vad_pending[whole:]
 
     def _on_input_audio_buffer_commit(self, event: Any) -> None:
         if self.input.duration_ms < MIN_COMMIT_MS:

@@ -89,6 +89,22 @@ def test_session_update_changes_only_given_fields():
     assert updated["audio"]["input"]["format"]["type"] == "audio/pcm"
 
 
+def test_a_long_append_reaches_the_vad_in_slices_of_a_second_that_tile_it():
+    """Ten seconds appended at once go to the shared VAD pool as ~1 s jobs, in order and without
+    gaps or overlaps, so one client's bulk upload does not hold a VAD thread for seconds."""
+    d = Driver()
+    d.take()
+    new = d.send(type="input_audio_buffer.append", audio=pcm24(10_000))
+    detect = [a for a in new if isinstance(a, act.DetectSpeech)]
+    assert len(detect) == 10 and max(len(a.pcm16k) for a in detect) == 16_384
+    position = 0.0
+    for job in detect:
+        assert job.start_ms == pytest.approx(position) and len(job.pcm16k) % 512 == 0
+        position += 1000.0 * len(job.pcm16k) / 16_000
+    assert position == pytest.approx(1000.0 * d.s._vad_position / 16_000)  # every whole frame, once
+    assert position > 9_900
+
+
 def test_server_vad_commits_a_turn_then_responds_after_transcript():
     d = Driver()
     d.take()
