@@ -46,14 +46,22 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
+def _output_modalities(value: Any, param: str) -> list[str]:
+    """Beta ``modalities`` as GA ``output_modalities``: beta ["text", "audio"] meant "audio with
+    transcript", which GA spells ["audio"]."""
+    if value is None:
+        value = []
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise ProtocolError(ErrorCode.INVALID_VALUE, f"{param} must be a list of strings", param=param)
+    return ["audio"] if "audio" in value else ["text"]
+
+
 def normalize_session(session: dict[str, Any]) -> dict[str, Any]:
     """Rewrite a beta session object into the GA shape (GA objects pass through unchanged)."""
     s = dict(session)
     s.setdefault("type", "realtime")
     if "modalities" in s and "output_modalities" not in s:
-        mods = [m for m in s.pop("modalities") or [] if m in ("text", "audio")]
-        # beta ["text", "audio"] meant "audio with transcript", which GA spells ["audio"]
-        s["output_modalities"] = ["audio"] if "audio" in mods else ["text"]
+        s["output_modalities"] = _output_modalities(s.pop("modalities"), "session.modalities")
     if "max_response_output_tokens" in s and "max_output_tokens" not in s:
         s["max_output_tokens"] = s.pop("max_response_output_tokens")
     audio = _as_dict(s.get("audio"))
@@ -149,8 +157,7 @@ def _normalize(data: dict[str, Any]) -> dict[str, Any]:
     elif kind == "response.create" and isinstance(data.get("response"), dict):
         response = dict(data["response"])
         if "modalities" in response and "output_modalities" not in response:
-            mods = response.pop("modalities") or []
-            response["output_modalities"] = ["audio"] if "audio" in mods else ["text"]
+            response["output_modalities"] = _output_modalities(response.pop("modalities"), "response.modalities")
         if "max_response_output_tokens" in response:
             response["max_output_tokens"] = response.pop("max_response_output_tokens")
         data = {**data, "response": response}

@@ -44,6 +44,13 @@ def test_beta_session_shape_is_rewritten_to_ga():
         ('{"type": "conversation.item.truncate", "item_id": "x", "content_index": 0, "audio_end_ms": NaN}',
          errors.INVALID_JSON, None),
         ('{"type": "response.create", "response": {"max_output_tokens": Infinity}}', errors.INVALID_JSON, None),
+        # a number that overflows to infinity is no number either
+        ('{"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": '
+         '{"type": "server_vad", "threshold": -1e400}}}}}', errors.INVALID_JSON, None),
+        # beta modalities of the wrong type: a coded error, not a crash of the session
+        (json.dumps({"type": "session.update", "session": {"modalities": 5}}), errors.INVALID_VALUE, "session.modalities"),
+        (json.dumps({"type": "response.create", "response": {"modalities": "audio"}}), errors.INVALID_VALUE,
+         "response.modalities"),
         # numbers out of the published ranges
         (json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"speed": -5}}}}),
          errors.INVALID_VALUE, "session.audio.output.speed"),
