@@ -85,7 +85,8 @@ class StoreSection(_Section):
 
 
 class AuthSection(_Section):
-    #: API keys accepted as ``Authorization: Bearer``; empty: no authentication
+    #: API keys accepted as ``Authorization: Bearer``; empty: no authentication. An empty or
+    #: blank key is refused: it would match a client presenting no key at all
     api_keys: list[str] = Field(default_factory=list)
     #: browser Origins allowed to open sessions (None: any); non-browser clients send none
     allowed_origins: list[str] | None = None
@@ -93,6 +94,13 @@ class AuthSection(_Section):
     metrics_public: bool = False
     #: lifetime of ephemeral client secrets (POST /v1/realtime/client_secrets)
     client_secret_ttl_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_not_blank(cls, keys: list[str]) -> list[str]:
+        if any(not key.strip() for key in keys):
+            raise ValueError("an API key may not be empty or blank")
+        return keys
 
 
 class WebRTCSection(_Section):
