@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Annotated
 
@@ -16,7 +17,8 @@ from .http.bodies import JsonBody
 from .http.docs import json_body_doc
 from .http.errors import ApiError
 from .http.schemas import ClientSecret, ClientSecretRequest, Health, ModelList, Readiness, refusals
-from .protocol.errors import ErrorCode
+from .protocol.client_events import parse_client_event
+from .protocol.errors import ErrorCode, ProtocolError
 from .session.manager import SessionManager
 
 _STARTED = int(time.time())
@@ -80,7 +82,7 @@ async def metrics(request: Request) -> Response:
 
 
 @router.post("/v1/realtime/client_secrets", response_model=ClientSecret, tags=["realtime"],
-             responses=refusals(400, 401, 403, 413, 422), openapi_extra=json_body_doc(ClientSecretRequest))
+             responses=refusals(400, 401, 403, 413, 422, 429), openapi_extra=json_body_doc(ClientSecretRequest))
 async def client_secrets(
     request: Request, owner: Owner,
     body: Annotated[ClientSecretRequest, Depends(JsonBody(ClientSecretRequest, MAX_SECRET_REQUEST_BYTES))],
@@ -93,5 +95,9 @@ async def client_secrets(
                        "expires_after.seconds")
     session = dict(body.session or {})
     session.pop("type", None)
+    try:  # the settings a secret opens with are checked now, as a session.update would be
+        parse_client_event(json.dumps({"type": "session.update", "session": {"type": "realtime", **session}}))
+    except ProtocolError as exc:
+        raise ApiError(400, exc.code, exc.message, exc.param or "session") from None
     secret = request.app.state.guard.issue_secret(session, ttl, owner)
     return ClientSecret(value=secret.value, expires_at=int(secret.expires_at), session={"type": "realtime", **session})

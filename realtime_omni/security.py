@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,15 @@ class AuthError(Exception):
         self.code, self.message, self.status = code, message, status
 
 
+#: what a single-use secret opens: a session (minted by a key holder for a browser) or a
+#: telephony stream (put in the TwiML of a signed webhook); one is never accepted as the other
+SESSION_SECRET, STREAM_SECRET = "session", "twilio_stream"
+#: live secrets at most, and the bytes of the session settings they hold (a key holder minting
+#: in a loop gets 429 until some expire or are used)
+MAX_SECRETS = 4096
+MAX_SECRET_BYTES = 64 * 1024 * 1024
+
+
 @dataclass
 class ClientSecret:
     value: str
@@ -32,6 +42,8 @@ class ClientSecret:
     session: dict[str, Any]
     #: digest of the API key that minted it: what the secret opens belongs to that key
     owner: str | None = None
+    purpose: str = SESSION_SECRET
+    size: int = 0  # bytes of its session settings (JSON)
 
 
 def key_digest(key: str) -> str:
@@ -47,6 +59,7 @@ class Guard:
     allowed_origins: list[str] | None = None
     secret_ttl_s: float = 60.0
     _secrets: dict[str, ClientSecret] = field(default_factory=dict)
+    _bytes: int = 0
 
     @property
     def enabled(self) -> bool:
@@ -71,7 +84,7 @@ class Guard:
 
     def _is_key(self, key: str | None) -> bool:
         # compared as bytes: str comparison raises on non-ASCII input (a 500, not a 401)
-        return key is not None and any(
+        return key is not None and key != "" and any(
             hmac.compare_digest(key.encode("utf-8", "surrogatepass"), k.encode()) for k in self.api_keys)
 
     def check_api_key(self, headers: Headers) -> str | None:
@@ -95,7 +108,7 @@ class Guard:
         self.check_origin(headers)
         key = self.presented_key(headers, subprotocols)
         if key is not None and key.startswith("ek_"):
-            secret = self._secrets.pop(key, None)
+            secret = self._take(key, SESSION_SECRET)
             if secret is None or secret.expires_at < time.time():
                 raise AuthError(ErrorCode.INVALID_CLIENT_SECRET, "the client secret is unknown, used or expired")
             return secret.session, secret.owner
@@ -104,17 +117,29 @@ class Guard:
         return None, key_digest(key) if self.enabled and key is not None else None
 
     def redeem_secret(self, value: str) -> bool:
-        """Use up a client secret presented outside a header (a telephony stream's token)."""
-        secret = self._secrets.pop(value, None) if isinstance(value, str) and value.startswith("ek_") else None
+        """Use up a telephony stream's token (presented in the stream's start message)."""
+        secret = self._take(value, STREAM_SECRET) if isinstance(value, str) and value.startswith("ek_") else None
         return secret is not None and secret.expires_at >= time.time()
 
+    def _take(self, value: str, purpose: str) -> ClientSecret | None:
+        secret = self._secrets.get(value)
+        if secret is None or secret.purpose != purpose:
+            return None  # a secret of the other kind stays unused: it is no credential here
+        self._bytes -= secret.size
+        return self._secrets.pop(value)
+
     def issue_secret(self, session: dict[str, Any], ttl_s: float | None = None,
-                     owner: str | None = None) -> ClientSecret:
+                     owner: str | None = None, purpose: str = SESSION_SECRET) -> ClientSecret:
         now = time.time()
         for value in [v for v, s in self._secrets.items() if s.expires_at < now]:
-            del self._secrets[value]  # bounded: expired secrets are swept on each issue
+            self._bytes -= self._secrets.pop(value).size  # expired secrets are swept on each issue
+        size = len(json.dumps(session))
+        if len(self._secrets) >= MAX_SECRETS or self._bytes + size > MAX_SECRET_BYTES:
+            raise AuthError(ErrorCode.RATE_LIMIT_EXCEEDED, "too many live client secrets: use or let some "
+                            "expire first", status=429)
         ttl = min(ttl_s or self.secret_ttl_s, 7200.0)
         secret = ClientSecret(value="ek_" + secrets.token_urlsafe(24), expires_at=now + ttl, session=session,
-                              owner=owner)
+                              owner=owner, purpose=purpose, size=size)
         self._secrets[secret.value] = secret
+        self._bytes += size
         return secret

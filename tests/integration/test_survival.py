@@ -274,6 +274,10 @@ async def test_client_secret_is_single_use_and_carries_settings(guarded):
             bad = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
                                   content=body)
             assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        # settings a session would refuse are refused when the secret is minted, naming the field
+        bad = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
+                              json={"session": {"modalities": 5}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "session.modalities"
         reply = await http.post("/v1/realtime/client_secrets", headers={"Authorization": "Bearer sk-test"},
                                 json={"session": {"type": "realtime", "instructions": "From the secret."}})
         assert reply.status_code == 200

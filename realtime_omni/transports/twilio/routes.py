@@ -25,7 +25,7 @@ from ...http.bodies import read_body
 from ...http.errors import ApiError
 from ...http.schemas import refusals
 from ...protocol.errors import ErrorCode
-from ...security import Guard
+from ...security import STREAM_SECRET, Guard
 from . import messages as tw
 from .call import STREAM_TOKEN_PARAMETER, TwilioCall
 
@@ -104,7 +104,7 @@ async def twilio_voice(request: Request, token: Annotated[str | None, Depends(tw
     }
     parameters.pop(STREAM_TOKEN_PARAMETER, None)
     if token:  # a signed request: its stream may open one session
-        parameters[STREAM_TOKEN_PARAMETER] = guard.issue_secret({}, STREAM_TOKEN_TTL_S).value
+        parameters[STREAM_TOKEN_PARAMETER] = guard.issue_secret({}, STREAM_TOKEN_TTL_S, purpose=STREAM_SECRET).value
     ws_scheme = "wss" if scheme in ("https", "wss") else "ws"
     twiml = tw.connect_stream_twiml(f"{ws_scheme}://{host}{root}{STREAM_PATH}", parameters)
     return Response(twiml, media_type="application/xml")

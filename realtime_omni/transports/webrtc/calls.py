@@ -143,7 +143,7 @@ async def create_call(
     except BadOffer as exc:
         return api_error(exc.status, exc.code, exc.message, exc.param)
     except ProtocolError as exc:
-        return api_error(400, exc.code, exc.message, f"session.{exc.param}" if exc.param else "session")
+        return api_error(400, exc.code, exc.message, exc.param or "session")  # (its param names the session's field)
     model = model or (session or {}).get("model")
     preface: list[dict[str, Any]] = []
     try:
