@@ -361,3 +361,53 @@ def test_sigkill_fails_pending_calls_then_restarts(embedded: IsolatedModel, loca
     fresh = local_vad.stream()
     np.testing.assert_allclose(vad.probabilities(speech_16k[:512 * 40]), fresh.probabilities(speech_16k[:512 * 40]), atol=1e-6)
     session.close()
+
+
+def test_two_sessions_opening_at_once_on_a_full_worker_do_not_both_fit():
+    """The worker is the authority on its capacity: with one slot left and two sessions opening
+    at the same moment (a model slow to open a session), one opens and the other is refused,
+    also when the open fails part way."""
+    import dataclasses
+    import multiprocessing
+
+    from realtime_omni.engines.base import ModelAtCapacity
+    from realtime_omni.engines.worker.process import WorkerHost
+
+    class SlowToOpen(EchoModel):
+        info = dataclasses.replace(EchoModel.info, max_sessions=1)
+        fail_next = False
+
+        def open_session(self):
+            time.sleep(0.2)  # e.g. an omni session taking its slots
+            if SlowToOpen.fail_next:
+                SlowToOpen.fail_next = False
+                raise RuntimeError("no memory for this session")
+            return super().open_session()
+
+    ours, _theirs = multiprocessing.Pipe()
+    host = WorkerHost(ours)
+    host.serve(SlowToOpen())
+    outcomes: list[str] = []
+
+    def open_(key: int) -> None:
+        try:
+            host.open(key)
+            outcomes.append("opened")
+        except ModelAtCapacity:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=open_, args=(key,)) for key in (1, 2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+    assert sorted(outcomes) == ["opened", "refused"] and host.live_sessions == 1
+    # a failed open gives its reservation back: after a close, the next open fits
+    host.close_session(1 if 1 in host._sessions else 2)
+    SlowToOpen.fail_next = True
+    try:
+        host.open(3)
+    except RuntimeError:
+        pass
+    host.open(4)
+    assert host.live_sessions == 1

@@ -107,13 +107,15 @@ def session_traits(model: VoiceModel) -> p.Traits:
 class _Entry:
     """One session's state in this worker: the engine session and its VAD streams."""
 
-    __slots__ = ("lock", "session", "vads", "closed")
+    __slots__ = ("lock", "session", "vads", "closed", "admitted")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.session: ModelSession | None = None
         self.vads: dict[int, VADStream] = {}
         self.closed = False
+        #: counted against max_sessions from admission on, while its engine session opens
+        self.admitted = False
 
 
 class _Stream:
@@ -259,7 +261,12 @@ class WorkerHost:
                 raise RuntimeError("model session is closed")
             if entry.session is None:
                 self._admit(key, entry)
-                entry.session = self.model.open_session()
+                try:
+                    entry.session = self.model.open_session()
+                except BaseException:
+                    with self._lock:
+                        entry.admitted = False
+                    raise
             return entry, entry.session
 
     def _admit(self, key: Any, entry: _Entry) -> None:
@@ -268,11 +275,12 @@ class WorkerHost:
         limit = self.model.info.max_sessions if self.model is not None else None
         if limit is None:
             return
-        with self._lock:
-            serving = sum(1 for other in self._sessions.values() if other is not entry and other.session is not None)
+        with self._lock:  # counted and reserved in one step: two opens at once cannot both fit
+            serving = sum(1 for other in self._sessions.values() if other is not entry and other.admitted)
             if serving >= limit:
                 self._sessions.pop(key, None)  # refused: it holds nothing here
                 raise ModelAtCapacity(f"this worker serves {serving} sessions, its most")
+            entry.admitted = True
 
     def _open(self, key: int) -> None:
         with contextlib.suppress(Exception):
