@@ -165,6 +165,30 @@ def test_close_leaves_no_child_process() -> None:
     assert all("resource_tracker" in cmd or "spawn_main" in cmd for cmd in others)
 
 
+def test_a_call_to_a_hung_worker_gives_up_at_its_deadline_and_the_worker_serves_on() -> None:
+    """A worker that stops answering (stopped by SIGSTOP here: a hung engine call looks the
+    same from the server) fails the call with WorkerTimeout at its deadline instead of holding
+    the caller's thread for ever; once it answers again, its late answer is dropped and the
+    next call works."""
+    from realtime_omni.engines.worker import WorkerTimeout
+
+    model = IsolatedModel("echo", call_timeout_s=0.5)
+    model.load()
+    try:
+        model.ping()
+        os.kill(model.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            with pytest.raises(WorkerTimeout, match="did not answer 'ping' within"):
+                model.ping()
+            assert time.monotonic() - began < 3.0
+        finally:
+            os.kill(model.pid, signal.SIGCONT)
+        assert model.ping() < 3.0
+    finally:
+        model.close()
+
+
 def test_worker_exits_when_the_server_dies() -> None:
     script = textwrap.dedent(
         """

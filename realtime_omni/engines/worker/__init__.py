@@ -5,7 +5,7 @@ registry builder ``name`` in a child process ("spawn"), proxies every session ca
 and restarts the child when it dies (pending calls raise :class:`WorkerCrashed`).
 """
 
-from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
+from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerTimeout, WorkerUnavailable
 from .proxy import IsolatedModel, IsolatedSession, IsolatedVADSession
 from .remote import RemoteSession, RemoteVADStream
 
@@ -18,5 +18,6 @@ __all__ = [
     "WorkerClosed",
     "WorkerCrashed",
     "WorkerError",
+    "WorkerTimeout",
     "WorkerUnavailable",
 ]

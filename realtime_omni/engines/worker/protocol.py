@@ -96,6 +96,11 @@ class WorkerClosed(WorkerUnavailable):
     """The isolated model was closed."""
 
 
+class WorkerTimeout(WorkerError):
+    """The worker did not answer a call within its deadline (a hung engine call): the caller
+    stops waiting; a late answer is dropped."""
+
+
 class RemoteError(Exception):
     """An engine exception that could not travel as itself (not picklable)."""
 

@@ -28,7 +28,7 @@ from ..base import (
 from ..settings import EngineSettings
 from . import protocol as p
 from .channel import CRASHED, ChannelDead
-from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerUnavailable
+from .protocol import WorkerClosed, WorkerCrashed, WorkerError, WorkerTimeout, WorkerUnavailable
 from .remote import RemoteSession, RemoteVADStream
 from .supervisor import Supervisor
 
@@ -60,6 +60,7 @@ class IsolatedModel(VoiceModel):
         *,
         engines: EngineSettings | None = None,
         call_wait_s: float = 60.0,
+        call_timeout_s: float = 120.0,
         load_timeout_s: float = 600.0,
         stream_window: int = 8,
         cancel_grace_s: float = 5.0,
@@ -69,6 +70,9 @@ class IsolatedModel(VoiceModel):
         self.name = name
         #: how long a call waits for a (re)starting worker before WorkerUnavailable
         self.call_wait_s = call_wait_s
+        #: how long a call waits for the worker's answer (twice the pipeline's step deadline):
+        #: a worker stuck in an engine call must not hold its callers' threads for ever
+        self.call_timeout_s = call_timeout_s
         self.load_timeout_s = load_timeout_s
         #: items a streamed call may have in flight (sent, not yet consumed) per call
         self.stream_window = max(2, stream_window)
@@ -158,7 +162,7 @@ class IsolatedModel(VoiceModel):
         except ChannelDead as exc:
             channel.forget(call)
             raise self._lost() from exc
-        if call.queue.get() is CRASHED:
+        if self._answer(channel, call, "ping") is CRASHED:
             raise self._lost()
         return time.perf_counter() - started
 
@@ -185,9 +189,18 @@ class IsolatedModel(VoiceModel):
                 raise self._lost() from exc
             return channel, call
 
+    def _answer(self, channel: Any, call: Any, method: str) -> Any:
+        """The worker's answer to ``call``, within :attr:`call_timeout_s`."""
+        try:
+            return call.queue.get(timeout=self.call_timeout_s)
+        except queue.Empty:
+            channel.forget(call)  # an answer that comes later finds no call: dropped
+            raise WorkerTimeout(f"model {self.name!r} did not answer {method!r} within "
+                                f"{self.call_timeout_s:.0f} s") from None
+
     def _call(self, key: int, method: str, args: tuple[Any, ...], wait_s: float | None = None) -> Any:
         channel, call = self._begin(p.CALL, key, method, args, wait_s)
-        msg = call.queue.get()
+        msg = self._answer(channel, call, method)
         if msg is CRASHED:
             raise self._lost()
         if msg[0] == p.RESULT:
