@@ -189,6 +189,46 @@ def test_a_call_to_a_hung_worker_gives_up_at_its_deadline_and_the_worker_serves_
         model.close()
 
 
+class _SlowLoadingEcho(EchoModel):
+    def load(self, progress=lambda _msg: None) -> None:
+        time.sleep(2.0)
+
+
+def slow_loading_echo() -> EchoModel:
+    """An echo model that takes 2 s to load (built in the worker process: importable)."""
+    return _SlowLoadingEcho()
+
+
+def test_a_session_closed_while_its_call_waits_for_a_restart_is_not_reopened_there() -> None:
+    """A call waiting for a restarting worker, and its session closed meanwhile: the call
+    fails as closed when the new worker is up, instead of opening the session afresh there
+    (nothing would ever close that one, and it would hold one of the worker's slots)."""
+    model = IsolatedModel("slow-echo", slow_loading_echo)
+    model.load()
+    try:
+        session = model.open_session()
+        os.kill(model.pid, signal.SIGKILL)
+        time.sleep(0.5)  # the supervisor has seen it die and is starting another (2 s to load)
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                model._call(session.key, "stats", ())
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001
+                outcome.append(exc)
+
+        waiting = threading.Thread(target=call)
+        waiting.start()
+        time.sleep(0.2)
+        session.close()  # the worker is down: its close cannot reach it
+        waiting.join(60)
+        assert len(outcome) == 1 and isinstance(outcome[0], WorkerClosed), outcome
+        assert model.ping() < 5.0  # the new worker is up and serves
+    finally:
+        model.close()
+
+
 def test_worker_exits_when_the_server_dies() -> None:
     script = textwrap.dedent(
         """

@@ -178,6 +178,12 @@ class IsolatedModel(VoiceModel):
         wait = self.call_wait_s if wait_s is None else wait_s
         while True:
             channel = self._supervisor.channel(wait)
+            if key != p.NO_SESSION and method != "close":
+                with self._open_lock:
+                    if key not in self._open:
+                        # closed while this call waited for a restarting worker: the new
+                        # worker would open the session anew, and nothing would close it
+                        raise WorkerClosed(f"model {self.name!r}: the session was closed")
             try:
                 call = channel.open_call()
             except ChannelDead:
