@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 
@@ -46,6 +48,24 @@ class ClientSecret:
     size: int = 0  # bytes of its session settings (JSON)
 
 
+def _own_or_loopback(origin: str, host: str | None) -> bool:
+    """An Origin of this server itself (same host and port as the request's Host) or of a page
+    served from this machine (a loopback address or localhost)."""
+    try:
+        parts = urlsplit(origin)
+        netloc, hostname = parts.netloc, parts.hostname or ""
+    except ValueError:  # e.g. "http://[bad"
+        return False
+    if host is not None and netloc.lower() == host.lower():
+        return True
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
+
+
 def key_digest(key: str) -> str:
     """What is stored of a key to tell owners apart (never the key itself)."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
@@ -77,8 +97,16 @@ class Guard:
 
     def check_origin(self, headers: Headers) -> None:
         origin = headers.get("origin")
-        if origin is None or self.allowed_origins is None:
+        if origin is None:
             return  # non-browser clients send no Origin
+        if self.allowed_origins is None:
+            # no list: with keys, any page (it needs a key or a secret); without keys, only this
+            # server's own pages and pages on this machine, so that a site the user visits
+            # cannot drive a local server (a WebSocket is not held back by CORS)
+            if self.enabled or _own_or_loopback(origin, headers.get("host")):
+                return
+            raise AuthError(ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin!r} is not allowed: without API keys only "
+                            "this server's and this machine's pages are (set auth.allowed_origins)", status=403)
         if origin not in self.allowed_origins and "*" not in self.allowed_origins:
             raise AuthError(ErrorCode.ORIGIN_NOT_ALLOWED, f"origin {origin!r} is not allowed", status=403)
 

@@ -43,3 +43,21 @@ def test_live_secrets_are_bounded_and_spent_ones_make_room():
     assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
     guard.admit_owned(Headers({"authorization": f"Bearer {issued[0].value}"}))
     assert guard.issue_secret({}, 600).value.startswith("ek_")
+
+
+def test_without_keys_or_an_origin_list_only_this_servers_and_this_machines_pages_get_in():
+    """A local server without API keys: a page of any site the user visits must not drive it
+    over a WebSocket (no CORS there); its own pages, pages on this machine and clients without
+    an Origin (SDKs) do. With keys, or with a list, the rules stay as they were."""
+    open_guard = Guard()
+    for origin, host in (("http://127.0.0.1:8000", "127.0.0.1:8000"), ("http://localhost:7860", "127.0.0.1:8000"),
+                         ("http://[::1]:3000", "127.0.0.1:8000"), ("http://192.168.1.5:8000", "192.168.1.5:8000")):
+        open_guard.check_origin(Headers({"origin": origin, "host": host}))
+    open_guard.check_origin(Headers({"host": "127.0.0.1:8000"}))  # no Origin: not a browser
+    for origin in ("https://evil.example", "http://192.168.1.5:9999", "http://127.0.0.1.evil.example", "null",
+                   "http://[bad"):
+        with pytest.raises(AuthError) as info:
+            open_guard.check_origin(Headers({"origin": origin, "host": "192.168.1.5:8000"}))
+        assert info.value.status == 403
+    Guard(api_keys=["sk-real"]).check_origin(Headers({"origin": "https://app.example", "host": "h"}))
+    Guard(allowed_origins=["*"]).check_origin(Headers({"origin": "https://app.example", "host": "h"}))
