@@ -4,7 +4,7 @@ Each listing or call opens its own connection and closes it: a voice session cal
 and then, and nothing is held open between turns. Every request has a deadline and follows no redirect to
 another origin (the URL was checked against the operator's list: httpx follows none, and the
 ``mcp`` transport only 307/308 within the same origin); what comes back is bounded before it
-reaches the session (its size only by the deadline while it downloads). Failures become :class:`McpFailure` with
+reaches the session, and each HTTP reply is cut past :data:`MAX_REPLY_BYTES` as it streams in. Failures become :class:`McpFailure` with
 the error object the Realtime protocol puts on an ``mcp_call`` item.
 """
 
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 MAX_OUTPUT_CHARS = 64 * 1024
 #: tools kept from one server's listing
 MAX_LISTED_TOOLS = 128
+#: bytes one HTTP reply of an MCP server may have: read as it streams in, cut past this (a server
+#: that streams gigabytes is stopped at the limit, not at the deadline)
+MAX_REPLY_BYTES = 4 * 1024 * 1024
+
+
+class ReplyTooLarge(Exception):
+    """An MCP server's reply passed :data:`MAX_REPLY_BYTES`."""
 
 
 class McpFailure(Exception):
@@ -53,10 +60,41 @@ async def _client(server: McpServer, timeout_s: float) -> AsyncIterator[Any]:
     import mcp
     from mcp.client.streamable_http import streamable_http_client
 
-    http = httpx2.AsyncClient(headers=server.headers, timeout=httpx2.Timeout(timeout_s), follow_redirects=False)
+    http = httpx2.AsyncClient(headers=server.headers, timeout=httpx2.Timeout(timeout_s), follow_redirects=False,
+                              transport=_capped_transport(httpx2.AsyncHTTPTransport(), MAX_REPLY_BYTES))
     async with http, mcp.Client(streamable_http_client(server.url, http_client=http),
                                 read_timeout_seconds=timeout_s) as client:
         yield client
+
+
+def _capped_transport(inner: Any, limit: int) -> Any:
+    """``inner`` with every response body counted as it streams and cut past ``limit`` bytes."""
+    import httpx2
+
+    class CappedStream(httpx2.AsyncByteStream):
+        def __init__(self, stream: Any) -> None:
+            self.stream, self.seen = stream, 0
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self.stream:
+                self.seen += len(chunk)
+                if self.seen > limit:
+                    raise ReplyTooLarge(f"the MCP server's reply passed {limit} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    class CappedTransport(httpx2.AsyncBaseTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await inner.handle_async_request(request)
+            return httpx2.Response(response.status_code, headers=response.headers, extensions=response.extensions,
+                                   stream=CappedStream(response.stream))
+
+        async def aclose(self) -> None:
+            await inner.aclose()
+
+    return CappedTransport()
 
 
 def _reraise_cancel(exc: BaseException) -> None:
@@ -81,6 +119,8 @@ def _failure(exc: BaseException) -> McpFailure:
     match exc:
         case McpFailure():
             return exc
+        case ReplyTooLarge():
+            return McpFailure({"type": "http_error", "code": 502, "message": str(exc)})
         case httpx2.HTTPStatusError():
             return McpFailure({"type": "http_error", "code": exc.response.status_code,
                                "message": f"the MCP server answered HTTP {exc.response.status_code}"})

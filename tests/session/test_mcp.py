@@ -364,3 +364,22 @@ def test_headers_and_paths_that_would_leave_the_allowed_server_are_refused(url, 
     codes = [e["code"] for e in errors_of(d)]
     assert codes in (["invalid_value"], ["mcp_server_not_allowed"])
     assert not [a for a in d.actions if isinstance(a, act.ListMcpTools)]
+
+
+def test_a_reply_larger_than_the_cap_is_cut_while_it_streams(url, monkeypatch):
+    """An MCP server's reply is counted as it arrives and stopped past the byte cap, with a
+    coded error, not read whole until the deadline (here the 300 kB flood against a 100 kB cap)."""
+    import time
+
+    from realtime_omni.mcp import client
+
+    from realtime_omni.mcp.servers import McpServer
+
+    monkeypatch.setattr(client, "MAX_REPLY_BYTES", 100_000)
+    server = McpServer(label="local", url=url)
+    began = time.monotonic()
+    with pytest.raises(McpFailure) as info:
+        asyncio.run(call_tool(server, "flood", {}, 10.0))
+    assert time.monotonic() - began < 5.0
+    assert info.value.error["code"] == 502 and "100000 bytes" in info.value.error["message"]
+    assert asyncio.run(call_tool(server, "get_time", {"city": "Kyiv"}, 10.0))  # the next call is unaffected
