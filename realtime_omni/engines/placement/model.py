@@ -269,6 +269,8 @@ class RayModel(WorkerPool, VoiceModel):
                                        timeout=self.call_timeout_s if timeout is None else timeout)
             except ray.exceptions.GetTimeoutError as exc:
                 raise WorkerUnavailable(f"model {self.name!r} worker {worker.worker_id} did not answer in time") from exc
+            except ray.exceptions.ActorUnavailableError as exc:  # for now (a network blip): not dead
+                raise self._unreachable(worker) from exc
             except ray.exceptions.RayActorError as exc:
                 raise self._lost(worker, exc) from exc
             if ok:
@@ -319,6 +321,8 @@ class RayModel(WorkerPool, VoiceModel):
                 except StopIteration:
                     finished = True
                     raise self._lost(worker) from None  # ended without END: the actor went away
+                except ray.exceptions.ActorUnavailableError as exc:
+                    raise self._unreachable(worker) from exc
                 except ray.exceptions.RayActorError as exc:
                     raise self._lost(worker, exc) from exc
                 if ref.is_nil():
@@ -329,6 +333,8 @@ class RayModel(WorkerPool, VoiceModel):
                     continue
                 try:
                     msg = ray.get(ref, timeout=self.call_timeout_s)
+                except ray.exceptions.ActorUnavailableError as exc:
+                    raise self._unreachable(worker) from exc
                 except ray.exceptions.RayActorError as exc:
                     raise self._lost(worker, exc) from exc
                 kind = msg[0]

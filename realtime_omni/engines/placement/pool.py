@@ -109,6 +109,13 @@ class WorkerPool:
         worker.dead = True
         return WorkerCrashed(f"model {self.name!r} worker actor {worker.worker_id} died during the call")
 
+    def _unreachable(self, worker: Worker) -> WorkerError:
+        """Ray says the actor is unavailable for now (ActorUnavailableError: a network blip or
+        its node restarting), not dead: the call fails, the worker keeps its sessions and slot."""
+        if self._closing.is_set():
+            return WorkerClosed(f"model {self.name!r} was closed during the call")
+        return WorkerUnavailable(f"model {self.name!r} worker actor {worker.worker_id} is unreachable for now")
+
     def _watch(self) -> None:
         """Poll each worker's load (its own count of live sessions); replace dead workers; start
         workers on nodes that joined the cluster since."""
@@ -142,6 +149,8 @@ class WorkerPool:
             if dead not in self.workers:
                 return
             self.workers.remove(dead)
+        with contextlib.suppress(Exception):  # if only thought dead, it must not keep its GPU
+            _ray().kill(dead.handle, no_restart=True)
         nodes = {node_id for node_id, _ in self._slots()}
         if dead.node_id not in nodes:
             log.error("model %s: node %s of worker %s is gone; not replacing it", self.name, dead.node_id[:8],
