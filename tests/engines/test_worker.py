@@ -229,6 +229,38 @@ def test_a_session_closed_while_its_call_waits_for_a_restart_is_not_reopened_the
         model.close()
 
 
+class _HangsOnItsSecondLoad(EchoModel):
+    def load(self, progress=lambda _msg: None) -> None:
+        counter = os.environ["REALTIME_OMNI_TEST_LOAD_COUNTER"]
+        with open(counter, "a") as f:
+            f.write("x")
+        with open(counter) as f:
+            if len(f.read()) == 2:
+                time.sleep(120)  # the first restart hangs while loading
+
+
+def hangs_on_its_second_load() -> EchoModel:
+    return _HangsOnItsSecondLoad()
+
+
+def test_a_restarted_worker_that_hangs_while_loading_is_killed_and_started_again(tmp_path, monkeypatch) -> None:
+    """load_timeout_s holds for restarts too: a worker that never reports ready after a crash
+    is killed and another started, instead of leaving the model unavailable for good."""
+    monkeypatch.setenv("REALTIME_OMNI_TEST_LOAD_COUNTER", str(tmp_path / "loads"))
+    model = IsolatedModel("hang-echo", hangs_on_its_second_load, load_timeout_s=3.0, call_wait_s=30.0)
+    model.load()
+    try:
+        first = model.pid
+        began = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        time.sleep(0.5)  # the supervisor has seen it die
+        assert model.ping() < 5.0  # waits through the hung restart (3 s) and the next one
+        assert 2.5 < time.monotonic() - began < 25.0
+        assert (tmp_path / "loads").read_text() == "xxx"
+    finally:
+        model.close()
+
+
 def test_worker_exits_when_the_server_dies() -> None:
     script = textwrap.dedent(
         """

@@ -53,6 +53,8 @@ class Supervisor:
         self._progress: Callable[[str], None] = lambda _msg: None
         self._first: dict[str, Any] = {}  # the first load's outcome
         self._first_done = threading.Event()
+        #: a restarted worker that does not report READY within this is killed and started again
+        self._load_timeout_s = 600.0
         self.info: ModelInfo | None = None
         self.traits: p.Traits | None = None
         self.restarts = 0
@@ -69,6 +71,7 @@ class Supervisor:
             if self._thread is not None:
                 raise RuntimeError("worker already started")
             self._progress = progress
+            self._load_timeout_s = timeout
             self._thread = threading.Thread(target=self._run, name=f"worker-{self.name}-supervisor", daemon=True)
             self._thread.start()
         if not self._first_done.wait(timeout):
@@ -139,7 +142,7 @@ class Supervisor:
             while not self._closing:
                 started = time.monotonic()
                 process, channel, control = self._spawn()
-                outcome = self._await_load(control)
+                outcome = self._await_load(control, started + self._load_timeout_s)
                 if outcome[0] == "ready":
                     _, info, traits = outcome
                     self.last_start_s = time.monotonic() - started
@@ -163,6 +166,10 @@ class Supervisor:
                     return  # a model that cannot load at all is not restarted
                 elif outcome[0] == "failed":
                     log.error("model %s: worker failed to reload:\n%s", self.name, outcome[1])
+                elif outcome[0] == "hung":
+                    log.error("model %s: worker pid %d did not load within %.0f s; killing it", self.name,
+                              process.pid, self._load_timeout_s)
+                    process.kill()  # reaped below, and another started
                 if self._closing:
                     return
                 # the worker died (or failed to reload): reap it and start another
@@ -210,13 +217,15 @@ class Supervisor:
         channel.start()
         return process, channel, control
 
-    def _await_load(self, control: queue.SimpleQueue[Any]) -> tuple[Any, ...]:
+    def _await_load(self, control: queue.SimpleQueue[Any], deadline: float) -> tuple[Any, ...]:
         while True:
             try:
                 msg = control.get(timeout=_POLL_S)
             except queue.Empty:
                 if self._closing:
                     return ("closing",)
+                if time.monotonic() > deadline and self._first_done.is_set():  # a restart that hangs
+                    return ("hung",)
                 continue
             if msg is None:
                 return ("died",)
