@@ -189,6 +189,13 @@ def test_a_call_to_a_hung_worker_gives_up_at_its_deadline_and_the_worker_serves_
         model.close()
 
 
+def _until_not_ready(model: IsolatedModel, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while model.ready and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not model.ready
+
+
 class _SlowLoadingEcho(EchoModel):
     def load(self, progress=lambda _msg: None) -> None:
         time.sleep(2.0)
@@ -208,7 +215,7 @@ def test_a_session_closed_while_its_call_waits_for_a_restart_is_not_reopened_the
     try:
         session = model.open_session()
         os.kill(model.pid, signal.SIGKILL)
-        time.sleep(0.5)  # the supervisor has seen it die and is starting another (2 s to load)
+        _until_not_ready(model)  # the supervisor has seen it die and is starting another (2 s to load)
         outcome: list[BaseException | None] = []
 
         def call() -> None:
@@ -253,7 +260,7 @@ def test_a_restarted_worker_that_hangs_while_loading_is_killed_and_started_again
         first = model.pid
         began = time.monotonic()
         os.kill(first, signal.SIGKILL)
-        time.sleep(0.5)  # the supervisor has seen it die
+        _until_not_ready(model)  # the supervisor has seen it die
         assert model.ping() < 5.0  # waits through the hung restart (3 s) and the next one
         assert 2.5 < time.monotonic() - began < 25.0
         assert (tmp_path / "loads").read_text() == "xxx"
