@@ -301,13 +301,14 @@ class IsolatedSession(RemoteSession):
         if self.closed:
             return
         self.closed = True
-        with self._owner._open_lock:
-            self._owner._open.discard(self.key)
         try:
             # never wait for a restarting worker: a new one holds no state for this session
             self._call_now("close", ())
         except WorkerError:
             pass
+        finally:  # the slot is free once the worker has let the session go (or is gone)
+            with self._owner._open_lock:
+                self._owner._open.discard(self.key)
 
 
 class IsolatedVADSession(IsolatedSession):
