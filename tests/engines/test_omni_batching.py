@@ -355,10 +355,9 @@ def test_steps_queued_ahead_run_in_order_one_per_batch_and_withdrawn_ones_never_
         batcher.close()
 
 
-def test_a_step_that_timed_out_leaves_the_queue_and_a_withdraw_keeps_one_deadline():
-    """A session that gave up on a step (its deadline passed while the loop was stuck) takes it
-    out of the queue, so it never runs later; withdrawing several running steps waits once for
-    the step deadline, not once per step."""
+def _stuck_on_minus_one() -> tuple[StepBatcher, threading.Event, threading.Event, list[float]]:
+    """A toy stage whose loop stops inside the step that carries -1 until ``gate`` is set
+    (``started`` says it got there); ``ran``: every real row's value, in the order run."""
     gate, started = threading.Event(), threading.Event()
     ran: list[float] = []
 
@@ -376,6 +375,14 @@ def test_a_step_that_timed_out_leaves_the_queue_and_a_withdraw_keeps_one_deadlin
 
     batcher = StepBatcher("toy", make, [RowInput((1,), "float32")], capacity=4, device="cpu", scratch=99,
                           graphs=False, gather_s=0.0)
+    return batcher, gate, started, ran
+
+
+def test_a_step_that_timed_out_leaves_the_queue_and_a_withdraw_keeps_one_deadline():
+    """A session that gave up on a step (its deadline passed while the loop was stuck) takes it
+    out of the queue, so it never runs later; withdrawing several running steps waits once for
+    the step deadline, not once per step."""
+    batcher, gate, started, ran = _stuck_on_minus_one()
     batcher.step_timeout_s = 0.3
     blocker = threading.Thread(target=lambda: pytest.raises(TimeoutError, batcher.step, (torch.tensor([-1.0]),), 3))
     try:
@@ -441,23 +448,7 @@ def test_closing_a_reply_while_its_first_frame_queues_steps_withdraws_them():
     and withdraws what it queued: nothing of the closed reply runs after the close."""
     from realtime_omni.engines.omni.talker_stream import TalkerStream
 
-    gate, started = threading.Event(), threading.Event()
-    ran: list[float] = []
-
-    def make(bucket, columns, write_pos, inputs):
-        (x,) = inputs
-
-        def step():
-            ran.extend(float(v) for v, p in zip(x[:, 0], write_pos) if int(p) != 99)
-            if -1.0 in ran:
-                started.set()
-                gate.wait(5)
-            return (x,)
-
-        return step
-
-    batcher = StepBatcher("toy", make, [RowInput((1,), "float32")], capacity=4, device="cpu", scratch=99,
-                          graphs=False, gather_s=0.0)
+    batcher, gate, started, ran = _stuck_on_minus_one()
     stream = TalkerStream.__new__(TalkerStream)  # only what close() touches
     stream.step_lock, stream.ahead, stream.done, stream.logits = threading.Lock(), None, False, None
     first_frame_queued = threading.Event()
