@@ -188,7 +188,7 @@ class WorkerHost:
                 msg = p.loads(self.conn.recv_bytes())
                 op = msg[0]
                 if op == p.CALL:
-                    if msg[3] in self.inline_methods:
+                    if msg[3] in self.inline_methods and self._is_open(msg[2]):
                         self._run_call(msg[1], msg[2], msg[3], msg[4])
                     else:
                         self._pool.submit(self._run_call, msg[1], msg[2], msg[3], msg[4])
@@ -244,6 +244,14 @@ class WorkerHost:
         done.join(2.0)
 
     # -- sessions -----------------------------------------------------------------------------
+    def _is_open(self, key: int) -> bool:
+        """The session's engine session is open (a per-frame call on the reader thread cannot
+        wait for an open, which may be slow, while every other stream's credits and cancels wait
+        behind it: the first call of a session goes to the pool)."""
+        with self._lock:
+            entry = self._sessions.get(key)
+            return entry is not None and entry.session is not None
+
     def _entry(self, key: int, create: bool) -> _Entry | None:
         with self._lock:
             if key in self._closed_keys:
