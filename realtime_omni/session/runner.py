@@ -422,7 +422,10 @@ class SessionRunner(ConnectionLink):
         finally:
             if self.model is not None:  # cancelled before it got there: closed off the loop all the same
                 model, self.model = self.model, None
-                asyncio.get_running_loop().run_in_executor(None, _close_model, model)
+                try:
+                    asyncio.get_running_loop().run_in_executor(None, _close_model, model)
+                except RuntimeError:  # the loop's executor is gone (the server is stopping)
+                    _close_model(model)
             # Wake the writer after what is queued (the oldest events give way if it is full).
             while True:
                 try:
