@@ -164,6 +164,8 @@ class SessionManager:
                 raise ResumeError("unknown or expired resume token")
             # one attachment at a time: concurrent resumes take over one after the other
             async with runner.attach_lock:
+                if runner.close_reason is not None:  # ending (its grace ran out meanwhile): not to be resumed
+                    raise ResumeError("unknown or expired resume token")
                 if runner.detached_since is None:
                     # The old connection may be half-dead (the server has not seen the drop
                     # yet): the token holder takes over and the old connection is let go.
@@ -174,6 +176,8 @@ class SessionManager:
                     except asyncio.TimeoutError:
                         raise ResumeError("this session is still connected elsewhere") from None
                 missed, gap = await runner.attach(last_seq)
+                if runner.close_reason is not None or runner.closed.is_set():
+                    raise ResumeError("unknown or expired resume token")
             self.observer.session_resumed(runner.transport)
             return runner, missed, gap
         if self.store is not None:
