@@ -350,6 +350,9 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
             self._vad_pending = self._vad_pending[whole:]
 
     def _on_input_audio_buffer_commit(self, event: Any) -> None:
+        tail = self.input.end_streams()  # the whole of what was appended, the resamplers' delay included
+        if self.detector is not None and len(tail):  # the VAD's clock keeps step with the buffer's
+            self._vad_pending = np.concatenate([self._vad_pending, tail])
         if self.input.duration_ms < MIN_COMMIT_MS:
             raise ProtocolError(
                 ErrorCode.BUFFER_TOO_SMALL,
@@ -364,7 +367,7 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
             self._prefill_ahead()  # the client asks for the reply itself, usually a moment later
 
     def _on_input_audio_buffer_clear(self, event: Any) -> None:
-        self.input.clear()
+        self.input.clear(streams=True)
         self._speech_item_id = None
         self._drop_speculation()
         if self.detector is not None:

@@ -34,6 +34,10 @@ class InputAudioBuffer:
         if resampler is None:
             resampler = self._resamplers[audio.rate] = StreamResampler(audio.rate, MODEL_RATE)
         pcm = resampler.process(audio.samples)
+        self._hold(pcm)
+        return pcm
+
+    def _hold(self, pcm: np.ndarray) -> None:
         if len(pcm):
             self._chunks.append(pcm)
             self._samples += len(pcm)
@@ -42,7 +46,17 @@ class InputAudioBuffer:
                 dropped = self._chunks.pop(0)
                 self._samples -= len(dropped)
                 self.buffer_start += len(dropped)
-        return pcm
+
+    def end_streams(self) -> np.ndarray:
+        """The client says its audio so far is complete (a manual commit): what each resampler
+        still holds back (its filter delay: about 20 ms from 24 kHz, 60 ms from 8 kHz) joins the
+        buffer, and the next audio starts a fresh stream. Returns those samples."""
+        tails = []
+        for resampler in self._resamplers.values():
+            tails.append(resampler.flush())
+            self._hold(tails[-1])
+            resampler.reset()
+        return np.concatenate(tails) if tails else np.zeros(0, dtype=np.int16)
 
     @property
     def duration_ms(self) -> float:
@@ -68,7 +82,12 @@ class InputAudioBuffer:
         self.clear()
         return audio
 
-    def clear(self) -> None:
+    def clear(self, streams: bool = False) -> None:
+        """Drop the buffered audio (``streams``: and what the resamplers hold back of it, so
+        none of it reaches the next turn)."""
+        if streams:
+            for resampler in self._resamplers.values():
+                resampler.reset()
         self._chunks.clear()
         self._samples = 0
         self.buffer_start = self.stream_samples

@@ -440,3 +440,22 @@ def test_a_turn_committed_by_hand_is_prefilled_unless_it_cannot_match():
     c.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
     c.send(type="input_audio_buffer.append", audio=pcm24(300))
     assert not [a for a in c.send(type="input_audio_buffer.commit") if isinstance(a, act.Prefill)]
+
+
+def test_a_manual_commit_holds_all_the_audio_appended_whatever_its_rate():
+    """100 ms appended in G.711 (8 kHz) or PCM (24 kHz) is 100 ms committed: the resampler's
+    filter delay is drained at the commit, not carried into the next turn."""
+    for fmt, payload in (("audio/pcmu", base64.b64encode(b"\xff" * 800).decode()), ("audio/pcm", pcm24(100))):
+        d = Driver(has_vad=False)
+        d.send(type="session.update", session={"type": "realtime", "audio": {"input": {"format": {"type": fmt}}}})
+        d.take()
+        d.send(type="input_audio_buffer.append", audio=payload)
+        d.send(type="input_audio_buffer.commit")
+        committed = [e for e in d.events if e["type"] == "input_audio_buffer.committed"]
+        assert committed, (fmt, [e for e in d.events if e["type"] == "error"])
+        item = list(d.s.conversation)[-1]
+        assert abs(len(item.audio16k) - 1600) <= 2, (fmt, len(item.audio16k))  # 100 ms at 16 kHz
+        # a clear drops what the resampler held back too: the next turn starts clean
+        d.send(type="input_audio_buffer.append", audio=payload)
+        d.send(type="input_audio_buffer.clear")
+        assert d.s.input.duration_ms == 0 and d.s.input.end_streams().size == 0
