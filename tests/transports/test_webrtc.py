@@ -362,6 +362,35 @@ def test_a_hostile_timestamp_jump_is_not_filled() -> None:
     assert decoder.decoded_samples == 4 * 960
 
 
+def test_a_packet_without_payload_does_not_deafen_the_call() -> None:
+    """An RTP packet with no payload (padding only) would tell the Opus decoder the stream has
+    ended, after which it decodes nothing; it is skipped, and the packets after it are heard."""
+    from types import SimpleNamespace
+
+    from realtime_omni.transports.webrtc.incoming import InlineAudioDecoder
+
+    frames: asyncio.Queue = asyncio.Queue()
+    decoder = InlineAudioDecoder(frames)
+    codec = SimpleNamespace(name="opus")
+    encoder = av.CodecContext.create("libopus", "w")
+    encoder.sample_rate, encoder.layout, encoder.format = 48_000, "mono", "s16"
+    tone = (8000 * np.sin(2 * np.pi * 440 * np.arange(960 * 6) / 48_000)).astype(np.int16)
+    payloads = []
+    for k in range(6):
+        pcm = av.AudioFrame.from_ndarray(tone[None, k * 960 : (k + 1) * 960], format="s16", layout="mono")
+        pcm.sample_rate, pcm.pts = 48_000, k * 960
+        payloads += [bytes(p) for p in encoder.encode(pcm)]
+    decoder.put((codec, SimpleNamespace(data=payloads[0], timestamp=0)))
+    decoder.put((codec, SimpleNamespace(data=b"", timestamp=960)))  # the empty one
+    for k, payload in enumerate(payloads[1:], start=1):
+        decoder.put((codec, SimpleNamespace(data=payload, timestamp=k * 960)))
+    heard = []
+    while not frames.empty():
+        heard.append(frames.get_nowait().to_ndarray().reshape(-1))
+    audio = np.concatenate(heard)
+    assert len(audio) >= 5 * 960 and np.abs(audio[-960:]).max() > 1000  # the tone after it is heard
+
+
 # ---------------------------------------------------------------------------------- (c) leaks
 async def test_hangup_and_peer_loss_release_everything(echo_server) -> None:
     base_pcs = open_peer_connections()

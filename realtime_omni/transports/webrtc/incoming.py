@@ -109,6 +109,11 @@ class InlineAudioDecoder:
             self._frames.put_nowait(None)
             return
         codec, encoded = item
+        if not encoded.data:
+            # a packet without payload (padding only): to the decoder an empty packet means
+            # "flush, the stream has ended", after which it decodes nothing for the rest of the call
+            self.errors += 1
+            return
         if codec.name != self._codec_name:
             self._codec_name = codec.name
             self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
@@ -116,6 +121,10 @@ class InlineAudioDecoder:
             self._conceal_gap(encoded.timestamp)
         try:
             frames = self._decoder.decode(encoded)
+        except av.error.EOFError:  # the decoder ended all the same: a fresh one for what follows
+            self.errors += 1
+            self._decoder = _MonoOpusDecoder() if self._codec_name.lower() == "opus" else get_decoder(codec)
+            return
         except av.FFmpegError as exc:
             self.errors += 1
             log.debug("audio decode failed: %s", exc)
