@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 from typing import Literal
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 #: how long a new session's client may wait for its first store write (a resume token that the
 #: store has not got would not survive a crash of the process)
 FIRST_WRITE_S = 2.0
+#: sessions remembered as ended (see SessionManager._ended); a delete is written within seconds
+ENDED_MEMORY = 4096
+#: a resume waits at most this long for the store to find its session
+STORE_LOAD_S = 10.0
 
 
 class SessionLimitError(Exception):
@@ -76,6 +81,9 @@ class SessionManager:
         self.persister = Persister(store, self.store_executor, store_transcripts=store_transcripts) if store else None
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
+        #: sessions that ended here for good, until their rows are surely gone from the store: a
+        #: resume in the moment before the delete is written must not rebuild them from the row
+        self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.total_opened = 0
         #: replies prepared during the user's pause and released at the end-of-turn decision
         self.speculations_adopted = 0
@@ -116,7 +124,12 @@ class SessionManager:
         )
         core.accepts_model = lambda name, served=model.info.id: self.registry.resolve(name) == served
         if snapshot is not None:
-            core.restore(snapshot)
+            try:
+                core.restore(snapshot)
+            except Exception as exc:  # noqa: BLE001 - a row this server cannot read (older schema, damage)
+                model_session.close()
+                log.warning("session %s: stored row not restorable: %s", snapshot.get("id"), exc)
+                raise ResumeError("unknown or expired resume token") from None
         else:
             try:
                 core.start_as(session_type)
@@ -182,12 +195,19 @@ class SessionManager:
             return runner, missed, gap
         if self.store is not None:
             loop = asyncio.get_running_loop()
-            snapshot = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token), self.persist_ttl_s)
+            try:
+                async with asyncio.timeout(STORE_LOAD_S):
+                    snapshot = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token),
+                                                          self.persist_ttl_s)
+            except TimeoutError:
+                raise ResumeError("the session store did not answer in time; try again") from None
             if snapshot is not None and snapshot.get("owner") != owner:
                 raise ResumeError("unknown or expired resume token")
-            if snapshot is not None and snapshot["id"] not in self.sessions:
+            if snapshot is not None and snapshot.get("id") not in self.sessions and snapshot.get("id") not in self._ended:
                 stored_seq = int(snapshot.get("last_seq", 0))
                 # Number on from whatever the client saw last, so no number is ever reused.
+                if not isinstance(snapshot.get("model"), str):  # a row this server cannot read
+                    raise ResumeError("unknown or expired resume token")
                 runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
                                    transport=transport)
                 self.observer.session_resumed(transport)
@@ -203,7 +223,12 @@ class SessionManager:
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
         if self.persister is not None:
-            self.persister.ended(runner, keep=keeps_row(runner.close_reason))
+            keep = keeps_row(runner.close_reason)
+            self.persister.ended(runner, keep=keep)
+            if not keep:
+                self._ended[runner.core.id] = None
+                while len(self._ended) > ENDED_MEMORY:
+                    self._ended.popitem(last=False)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Close every session and the store within ``timeout`` seconds, whatever is stuck.

@@ -154,3 +154,25 @@ async def test_a_live_session_is_not_purged_however_quiet(registry, tmp_path):
             assert conn.execute("SELECT COUNT(*) FROM session_items").fetchone()[0] == 1
         await ws.close()
         await until_rows(db, 0, timeout=5)
+
+
+async def test_a_session_ended_by_its_client_is_not_rebuilt_from_its_row_before_the_delete(registry, tmp_path):
+    """A client closes its session and resumes at once, before the store's delete is written:
+    the ended session stays ended (resume_token_invalid), it is not rebuilt from the row."""
+    db = tmp_path / "sessions.db"
+    with ServerThread(registry, session_store=f"sqlite:///{db}", resume_grace_s=5.0) as srv:
+        ws = await websockets.connect(f"{srv.ws}/v1/realtime?model=echo")
+        created = await recv_type(ws, "session.created")
+        await ws.send(ITEM)
+        await recv_type(ws, "conversation.item.done")
+        await until_rows(db, 1, timeout=5)
+        await ws.close()  # client_closed: the session ends for good
+        while srv.manager.sessions:
+            await asyncio.sleep(0.005)
+        token = created["session"]["resume_token"]
+        again = await websockets.connect(f"{srv.ws}/v1/realtime?resume_token={token}")
+        event = json.loads(await asyncio.wait_for(again.recv(), 10))
+        assert event["type"] == "error" and event["error"]["code"] == "resume_token_invalid"
+        await again.close()
+        await until_rows(db, 0, timeout=10)
+        assert srv.manager.sessions == {}
