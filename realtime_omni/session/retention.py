@@ -39,12 +39,25 @@ def purge_interval(ttl_s: float) -> float:
     return min(max(ttl_s / 4, 0.5), 300.0)
 
 
+#: what the words of a call item are in (its arguments, what it returned, why it was refused)
+_SAID = ("arguments", "output", "reason")
+
+
 def without_transcripts(snapshot: dict[str, Any]) -> dict[str, Any]:
-    """The snapshot with every content part reduced to its type (no text, transcript, audio)."""
+    """The snapshot with every content part reduced to its type (no text, transcript, audio),
+    and function and MCP calls without their arguments, outputs and refusal reasons (what was
+    said reaches them: "book a table for Anna at eight")."""
     items = []
     for item in snapshot.get("items", []):
-        parts = [{"type": part.get("type")} for part in item.get("content") or []]
-        items.append({**item, "content": parts})
+        kept = {**item, "content": [{"type": part.get("type")} for part in item.get("content") or []]}
+        for key in _SAID:
+            if isinstance(kept.get(key), str):
+                kept[key] = ""
+        if isinstance(kept.get("error"), dict):
+            kept["error"] = {"type": kept["error"].get("type")}
+        if "content" not in item:
+            del kept["content"]
+        items.append(kept)
     return {**snapshot, "items": items}
 
 

@@ -119,11 +119,19 @@ async def test_transcripts_can_be_kept_out_of_the_store(registry, tmp_path):
     db = tmp_path / "sessions.db"
     settings = {"session_store": f"sqlite:///{db}", "store_transcripts": False}
     with ServerThread(registry, **settings) as first:
-        ws = await websockets.connect(f"{first.ws}/v1/realtime?model=echo")
+        ws = await websockets.connect(f"{first.ws}/v1/realtime?model=embedded")
         created = await recv_type(ws, "session.created")
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief."}}))
         await ws.send(ITEM)
         done = await recv_type(ws, "conversation.item.done")
+        # what was said reaches calls too: their arguments and outputs stay out as well (the
+        # embedded model calls functions: echo takes no call items)
+        for item in ({"type": "function_call", "call_id": "call_1", "name": "remember",
+                      "arguments": json.dumps({"secret": "swordfish"})},
+                     {"type": "function_call_output", "call_id": "call_1", "output": "stored swordfish"}):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": item}))
+            added = await recv_type(ws, "conversation.item.done")
+            assert added["item"]["type"] == item["type"]
         await until_rows(db, 1, timeout=5)
         await asyncio.sleep(0.5)  # the snapshot after the item is written off the loop
         ws.transport.abort()
