@@ -22,6 +22,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+#: seconds a Redis call may take (connect, or answer) before it fails
+REDIS_TIMEOUT_S = 5.0
+
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
@@ -180,7 +183,9 @@ class RedisStore(SessionStore):
     def __init__(self, url: str, ttl_s: float = 3600.0, prefix: str = "realtime_omni") -> None:
         import redis  # optional dependency
 
-        self._redis = redis.Redis.from_url(url)
+        # a Redis that stops answering fails a call in seconds instead of holding the store's
+        # thread (and every resume and write behind it) for ever
+        self._redis = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S)
         self._redis.ping()
         self.ttl_s = int(ttl_s)
         self.prefix = prefix
