@@ -42,10 +42,17 @@ class InputAudioBuffer:
             self._chunks.append(pcm)
             self._samples += len(pcm)
             self.stream_samples += len(pcm)
-            while self._samples > self._max_samples and self._chunks:
-                dropped = self._chunks.pop(0)
-                self._samples -= len(dropped)
-                self.buffer_start += len(dropped)
+            excess = self._samples - self._max_samples
+            while excess > 0 and self._chunks:  # the oldest samples go, only as many as needed
+                head = self._chunks[0]  # (after a peek, one chunk holds the whole buffer)
+                drop = min(len(head), excess)
+                if drop == len(head):
+                    self._chunks.pop(0)
+                else:
+                    self._chunks[0] = head[drop:]
+                self._samples -= drop
+                self.buffer_start += drop
+                excess -= drop
 
     def end_streams(self) -> np.ndarray:
         """The client says its audio so far is complete (a manual commit): what each resampler

@@ -459,3 +459,18 @@ def test_a_manual_commit_holds_all_the_audio_appended_whatever_its_rate():
         d.send(type="input_audio_buffer.append", audio=payload)
         d.send(type="input_audio_buffer.clear")
         assert d.s.input.duration_ms == 0 and d.s.input.end_streams().size == 0
+
+
+def test_a_full_input_buffer_drops_only_its_oldest_excess_even_after_a_peek():
+    """Past its bound the buffer drops the oldest samples, as many as it must: a peek (which
+    joins the buffer into one chunk) before the append must not make it drop everything."""
+    from realtime_omni.audio import Pcm
+    from realtime_omni.session.input_buffer import InputAudioBuffer
+
+    buffer = InputAudioBuffer(max_seconds=1.0)
+    buffer.append(Pcm(np.arange(14_400, dtype=np.int16), 16_000))  # 0.9 s
+    buffer.peek()
+    buffer.append(Pcm(np.full(3_200, 7, dtype=np.int16), 16_000))  # 0.2 s more: 0.1 s over
+    assert buffer.duration_ms == 1000.0 and buffer.buffer_start == 1_600
+    audio = buffer.peek()
+    assert audio[0] == 1_600 and audio[-1] == 7 and len(audio) == 16_000
