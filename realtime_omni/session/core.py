@@ -384,15 +384,17 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
                                 param="item.call_id")
         for index, part in enumerate(item.content):
             if part.get("type") == "input_audio" and part.get("audio"):
+                param = f"item.content.{index}.audio"
                 try:
                     wire = base64.b64decode(part.pop("audio"), validate=True)
+                except (binascii.Error, ValueError):
+                    raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param=param) from None
+                try:
                     pcm = StreamResampler(self.config.input_format.rate, MODEL_RATE).process(
                         self.config.input_format.decode(wire), last=True
                     )
-                except (binascii.Error, ValueError):
-                    raise ProtocolError(
-                        ErrorCode.INVALID_BASE64, "audio is not valid base64 audio", param=f"item.content.{index}.audio"
-                    ) from None
+                except ValueError as exc:  # e.g. an odd byte count of 16-bit PCM
+                    raise ProtocolError(ErrorCode.INVALID_AUDIO, str(exc), param=param) from None
                 item.audio16k = pcm if item.audio16k is None else np.concatenate([item.audio16k, pcm])
                 if not part.get("transcript") and not self.model.hears_audio:
                     self._pending_transcripts.add(item.id)

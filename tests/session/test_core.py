@@ -474,3 +474,12 @@ def test_a_full_input_buffer_drops_only_its_oldest_excess_even_after_a_peek():
     assert buffer.duration_ms == 1000.0 and buffer.buffer_start == 1_600
     audio = buffer.peek()
     assert audio[0] == 1_600 and audio[-1] == 7 and len(audio) == 16_000
+
+
+def test_an_audio_part_that_is_not_base64_or_not_whole_samples_gets_its_own_code():
+    d = Driver(has_vad=False)
+    for audio, code in (("!!notbase64", "invalid_base64"), (base64.b64encode(b"\x01\x02\x03").decode(), "invalid_audio")):
+        d.send(type="conversation.item.create", item={"type": "message", "role": "user",
+                                                      "content": [{"type": "input_audio", "audio": audio}]})
+        error = d.events[-1]["error"]
+        assert (error["code"], error["param"]) == (code, "item.content.0.audio")
