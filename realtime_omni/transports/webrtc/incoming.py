@@ -116,14 +116,14 @@ class InlineAudioDecoder:
             return
         if codec.name != self._codec_name:
             self._codec_name = codec.name
-            self._decoder = _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
+            self._decoder = _decoder_for(codec)
         if isinstance(self._decoder, _MonoOpusDecoder):
             self._conceal_gap(encoded.timestamp)
         try:
             frames = self._decoder.decode(encoded)
         except av.error.EOFError:  # the decoder ended all the same: a fresh one for what follows
             self.errors += 1
-            self._decoder = _MonoOpusDecoder() if self._codec_name.lower() == "opus" else get_decoder(codec)
+            self._decoder = _decoder_for(codec)
             return
         except av.FFmpegError as exc:
             self.errors += 1
@@ -187,6 +187,11 @@ class ImmediateAudioJitterBuffer(JitterBuffer):
             return False, None
         self._last = seq
         return False, JitterFrame(data=packet._data, timestamp=packet.timestamp)
+
+
+def _decoder_for(codec: Any) -> Any:
+    """Opus decoded straight to mono; other codecs with aiortc's own decoder."""
+    return _MonoOpusDecoder() if codec.name.lower() == "opus" else get_decoder(codec)
 
 
 class _MonoOpusDecoder:
