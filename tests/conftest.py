@@ -39,10 +39,11 @@ def server(registry):
 
 @pytest.fixture(scope="session")
 def say(embedded):
-    """Text → speech (int16) at the requested rate, synthesized by the embedded Piper voice."""
+    """Text → speech (int16) at the requested rate, synthesized by the embedded Piper voice
+    without its sampling noise: the same words on every run, so what the ASR hears is too."""
 
     def _say(text: str, rate: int = 24_000) -> np.ndarray:
-        chunks = list(embedded.tts.synthesize(text))
+        chunks = list(embedded.tts.synthesize(text, steady=True))
         pcm = np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
         return resample_once(pcm, embedded.tts.sample_rate, rate)
 

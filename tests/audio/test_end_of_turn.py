@@ -29,7 +29,7 @@ def say():
     tts = PiperTTS(threads=1)
 
     def _say(text: str) -> np.ndarray:
-        pcm = np.concatenate(list(tts.synthesize(text)))
+        pcm = np.concatenate(list(tts.synthesize(text, steady=True)))
         return resample_once(pcm, tts.sample_rate, 16_000)
 
     return _say

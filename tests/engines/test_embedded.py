@@ -38,7 +38,7 @@ def model() -> EmbeddedModel:
 @pytest.fixture(scope="module")
 def question_16k(model: EmbeddedModel) -> np.ndarray:
     """Piper's rendition of QUESTION at 16 kHz, with 0.5 s of silence on both sides."""
-    speech = np.concatenate(list(model.tts.synthesize(QUESTION)))
+    speech = np.concatenate(list(model.tts.synthesize(QUESTION, steady=True)))
     speech16 = resample_once(speech, model.info.output_rate, 16_000)
     silence = np.zeros(SILENCE, dtype=np.int16)
     clip = np.concatenate([silence, speech16, silence])

@@ -51,6 +51,7 @@ async def test_weather_function_is_called_its_output_returned_and_the_answer_use
         await ask(conn)
         await conn.response.create(response={"tool_choice": NAMED, "output_modalities": ["audio"]})
         events = await collect_until_done(conn)
+        question_id = next(e.item.id for e in events if e.type == "conversation.item.added" and e.item.role == "user")
         types = [e.type for e in events]
         assert "response.output_audio.delta" not in types, "a call is not spoken"
         deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
@@ -68,20 +69,24 @@ async def test_weather_function_is_called_its_output_returned_and_the_answer_use
         await conn.conversation.item.create(item={"type": "function_call_output", "call_id": done.call_id,
                                                   "output": json.dumps({"forecast": FORECAST})})
         # the spoken answer, then (the model is tiny and samples) up to fifteen more text answers
-        # out of band, until one uses the function's output (three were not always enough: a full
-        # run once got two empty answers in a row; seven once all missed it: each misses about
-        # three times in four). They ask for the function's result without naming it: it can only
-        # come from the conversation
+        # out of band, until one uses the function's output. Those read only the question, the
+        # call and its output, by reference (a first answer that went astray, in the context,
+        # made all sixteen go astray once). They ask for the function's result without naming it:
+        # it can only come from the conversation
         await conn.response.create()
         events = await collect_until_done(conn)
+        output_id = next(e.item.id for e in events
+                         if e.type == "conversation.item.added" and e.item.type == "function_call_output")
         spoken = "".join(e.delta for e in events if e.type == "response.output_audio_transcript.delta")
         assert events[-1].response.output[0].type == "message"
         assert len(transcribe(audio_of(events), 24_000).split()) >= 1, "the answer is speech"
+        references = [{"type": "item_reference", "id": i} for i in (question_id, added.item.id, output_id)]
         answers = [spoken]
         for _ in range(15):
             if uses_forecast(answers[-1]):
                 break
             await conn.response.create(response={"conversation": "none", "output_modalities": ["text"],
+                                                 "input": references,
                                                  "instructions": "Tell the user what get_weather returned."})
             events = await collect_until_done(conn)
             answers.append("".join(e.delta for e in events if e.type == "response.output_text.delta"))

@@ -53,13 +53,17 @@ class PiperTTS:
         self._config = SynthesisConfig(normalize_audio=False)
         self._length_scale = config.length_scale or 1.0  # the voice's own rate
 
-    def synthesize(self, text: str, speed: float = 1.0) -> Iterator[np.ndarray]:
+    def synthesize(self, text: str, speed: float = 1.0, *, steady: bool = False) -> Iterator[np.ndarray]:
         """int16 audio per Piper sentence chunk (empty iterator for unspeakable text); ``speed``
-        scales the speaking rate (Piper's ``length_scale`` is its inverse)."""
+        scales the speaking rate (Piper's ``length_scale`` is its inverse). ``steady`` leaves out
+        the voice's sampling noise, so the same text always gives the same samples (test speech
+        that an ASR must hear the same way on every run)."""
         cleaned = _UNSPEAKABLE.sub(" ", text)
         if not cleaned.strip():
             return
         config = self._config if speed == 1.0 else replace(self._config, length_scale=self._length_scale / speed)
+        if steady:
+            config = replace(config, noise_scale=0.0, noise_w_scale=0.0)
         for chunk in self.voice.synthesize(cleaned, config):
             yield chunk.audio_int16_array
 
