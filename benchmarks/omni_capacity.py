@@ -92,8 +92,11 @@ def stats_delta(before: dict, after: dict) -> dict:
             new = a["requests"] - b.get("requests", 0)
             recent = a.get("recent", [])[-new:] if 0 < new <= len(a.get("recent", [])) else []
             out[name]["requests"] = new
-            out[name]["wait_ms"] = _spread([1000 * w for w, _ in recent])
-            out[name]["latency_ms"] = _spread([1000 * t for _, t in recent])
+            out[name]["wait_ms"] = _spread([1000 * w for _, w, _ in recent])
+            out[name]["latency_ms"] = _spread([1000 * t for _, _, t in recent])
+            prepared = [1000 * p for p, _, _ in recent if p is not None]
+            if prepared:  # the session's own work before queuing it (its prompt, its inputs)
+                out[name]["prepared_ms"] = _spread(prepared)
         for key in ("graph_rows", "eager_rows", "padded_rows"):  # codec: windows by graph or eagerly
             if key in a:
                 out[name][key] = a[key] - b.get(key, 0)
@@ -239,7 +242,7 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
                                    for k, v in res["batches"].items()}
     brief["first_token_ms"], brief["first_codes_ms"] = res["first_token_ms"], res["first_codes_ms"]
-    brief["prefill_ms"] = {k: {"wait": v["wait_ms"], "done": v["latency_ms"]}
+    brief["prefill_ms"] = {k: {"prepared": v.get("prepared_ms"), "wait": v["wait_ms"], "done": v["latency_ms"]}
                            for k, v in res["batches"].items() if "wait_ms" in v}
     codec = res["batches"].get("codec", {})
     brief["codec_window_codes"] = res["codec_window_codes"]

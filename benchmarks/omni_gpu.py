@@ -282,6 +282,8 @@ def one_shot(model, msg, reply_tokens: int, frames: int):
     """The reference ``generate`` for the same prompt, forced to the same lengths."""
     import torch
 
+    from realtime_omni.engines.omni.audio_features import log_mel
+
     loaded = model.loaded
     session = model.open_session()
     r = session.thinker.renderer
@@ -295,7 +297,7 @@ def one_shot(model, msg, reply_tokens: int, frames: int):
     ids += rendered.ids + r.header("assistant")
     session.close()
     device = loaded.device
-    feats = rendered.audio_features[0][None].to(device=device, dtype=loaded.dtype)
+    feats = log_mel(loaded.feature_extractor, rendered.audio_clips, device)[0][None].to(loaded.dtype)
     kw = dict(input_ids=torch.tensor([ids], device=device), input_features=feats,
               feature_attention_mask=torch.ones((1, feats.shape[-1]), dtype=torch.long, device=device),
               thinker_max_new_tokens=reply_tokens, thinker_min_new_tokens=reply_tokens,

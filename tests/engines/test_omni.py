@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from realtime_omni.engines.base import ThinkRequest, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.audio_features import log_mel  # noqa: E402
 from realtime_omni.engines.omni.codec import CodecSettings, OmniCodec  # noqa: E402
 from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
 from realtime_omni.engines.settings import OmniSettings  # noqa: E402
@@ -296,7 +297,7 @@ def test_streaming_equals_one_shot_generate(omni):
         stream_tokens = [o.hidden.token_id for o in outputs if o.hidden.token_id >= 0]
         stream_codes = torch.cat([c.codes.codes for c in chunks if len(c.codes)], dim=0)
         r = session.thinker.renderer.render(msg)
-        feats = r.audio_features[0][None]
+        feats = log_mel(loaded.feature_extractor, r.audio_clips, loaded.device)[0][None]
         input_ids = torch.tensor([session.thinker.ctx.ids[:prompt_len]])
     finally:
         session.close()
@@ -858,10 +859,11 @@ def test_audio_encoded_without_device_reads_equals_the_encoders_own(omni):
     session = model.open_session()
     try:
         renderer = session.thinker.renderer
-        feats = [renderer.render(TurnMessage(role="user", audio=user_audio(sec, seed=i))).audio_features[0]
+        clips = [renderer.render(TurnMessage(role="user", audio=user_audio(sec, seed=i))).audio_clips[0]
                  for i, sec in enumerate((0.4, 2.7, 1.3))]
     finally:
         session.close()
+    feats = log_mel(model.loaded.feature_extractor, clips, model.loaded.device)
     frames = max(f.shape[-1] for f in feats)
     batch = torch.zeros((len(feats), feats[0].shape[0], frames))
     mask = torch.zeros((len(feats), frames), dtype=torch.long)
@@ -873,6 +875,29 @@ def test_audio_encoded_without_device_reads_equals_the_encoders_own(omni):
         got = encode_audio(model.loaded, feats)
     assert got.shape == want.shape and got.shape[0] > 30
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_features_computed_in_a_batch_equal_the_feature_extractors():
+    """The prefill computes the log-mel features of all its clips in one batch on the device;
+    each clip's frames must be those the checkpoint's extractor gives it alone (lengths below
+    the 0.1 s floor, off the hop grid, across the encoder's chunk, and the int16 scaling)."""
+    from transformers import WhisperFeatureExtractor
+
+    from realtime_omni.engines.omni.audio_features import clip_waveform
+
+    fe = WhisperFeatureExtractor(feature_size=128, sampling_rate=16_000, hop_length=160, chunk_length=300,
+                                 n_fft=400, padding_value=0.0, dither=0.0, return_attention_mask=True)
+    rng = np.random.default_rng(5)
+    clips = [clip_waveform((rng.standard_normal(n) * 3000).astype(np.int16)) for n in (500, 1_600, 19_751, 67_200)]
+    clips.append(clip_waveform(np.zeros(4_000, np.float32)))  # silence: the floor alone
+    got = log_mel(fe, clips, torch.device("cpu"))
+    for clip, features in zip(clips, got, strict=True):
+        padded = -(-(clip.size + 400) // 160) * 160
+        alone = fe(clip, sampling_rate=16_000, return_attention_mask=True, padding="max_length",
+                   max_length=padded, truncation=False, return_tensors="pt")
+        frames = int(alone["attention_mask"][0].sum())
+        torch.testing.assert_close(features, alone["input_features"][0][:, :frames], rtol=0, atol=1e-6)
+    assert clips[0].size == 1_600 and clips[2].size == 19_751
 
 
 def test_token_rows_keep_the_newest_turn():

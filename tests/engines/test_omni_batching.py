@@ -208,7 +208,9 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     waited = prefill["wait_s"] - prefill_before["wait_s"]
     took = prefill["latency_s"] - prefill_before["latency_s"]
     assert 0.0 <= waited < took
-    assert all(0.0 <= wait < total for wait, total in prefill["recent"][-3:])
+    assert all(0.0 <= wait < total for _, wait, total in prefill["recent"][-3:])
+    # each turn's preparation (its prompt rendered) is timed, and precedes the queuing
+    assert all(prepared is not None and 0.0 < prepared < 10.0 for prepared, _, _ in prefill["recent"][-3:])
     # the model's stats (what /metrics exports) carry the same counters
     assert batched.stats()["thinker prefill"]["requests"] == prefill["requests"]
 

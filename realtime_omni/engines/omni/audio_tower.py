@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .audio_features import log_mel
+
 
 def _after_convs(lengths: np.ndarray, n_window: int) -> np.ndarray:
     """Frames after the encoder's three stride-2 convolutions (its own formula)."""
@@ -51,23 +53,24 @@ def encoder_layout(feature_lens: list[int], n_window: int, n_window_infer: int) 
             "max_seqlen": int(np.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0}
 
 
-def encode_audio(loaded: Any, clips: list[Any]) -> Any:
-    """Audio embeddings of ``clips`` (host tensors ``(mel, frames)``, each its valid frames), in
-    clip order, as ``(tokens, hidden)`` on the device: the placeholders' rows of the thinker."""
+def encode_audio(loaded: Any, features: list[Any]) -> Any:
+    """Audio embeddings of ``features`` (``(mel, frames)`` tensors on the device, each its valid
+    frames), in clip order, as ``(tokens, hidden)`` on the device: the placeholders' rows of the
+    thinker."""
     import torch
 
     tower = loaded.thinker.model.audio_tower
     cfg = tower.config
-    lens = [int(c.shape[-1]) for c in clips]
+    lens = [int(f.shape[-1]) for f in features]
     layout = encoder_layout(lens, int(cfg.n_window), int(cfg.n_window_infer))
-    flat = torch.cat([c.float() for c in clips], dim=-1)  # (mel, total frames)
+    flat = torch.cat([f.float() for f in features], dim=-1)  # (mel, total frames)
     pieces = flat.T.split(layout["chunk_lengths"].tolist(), dim=0)
     padded = torch.nn.utils.rnn.pad_sequence(list(pieces), batch_first=True).transpose(1, 2)
     device = loaded.device
     dtype = next(tower.parameters()).dtype
     out = tower(
         None, feature_lens=None, return_dict=True,
-        padded_feature=to_device(padded.contiguous(), device).to(dtype),
+        padded_feature=padded.contiguous().to(device=device, dtype=dtype),
         chunk_lengths=torch.as_tensor(layout["chunk_lengths"]),
         valid_indices=to_device(torch.as_tensor(layout["valid_indices"], dtype=torch.long), device),
         cu_seqlens=torch.as_tensor(layout["cu_seqlens"]),  # stays on the host: the layers split by it
@@ -85,9 +88,12 @@ def to_device(host: Any, device: Any) -> Any:
 
 
 def merge_audio(loaded: Any, ids: Any, mm: dict[str, Any]) -> dict[str, Any]:
-    """The thinker's inputs for ``ids`` (host ``(B, T)``) with the clips of ``mm["audio_clips"]``
-    encoded here (:func:`encode_audio`) and written into their placeholders' rows: returns the
-    forward's keyword arguments (``input_ids``, ``inputs_embeds`` and what else ``mm`` holds)."""
+    """The thinker's inputs for ``ids`` (host ``(B, T)``) with the waveforms of
+    ``mm["audio_clips"]`` turned into features on the device, all at once
+    (:func:`~.audio_features.log_mel`): returns the forward's keyword arguments (``input_ids``
+    and what else ``mm`` holds). Qwen3's clips are encoded here (:func:`encode_audio`) and written
+    into their placeholders' rows (``inputs_embeds``); Qwen2.5's features are handed on
+    (``input_features`` and its mask) to the audio tower of its own forward."""
     import torch
 
     rest = {k: v for k, v in mm.items() if k != "audio_clips"}
@@ -96,8 +102,18 @@ def merge_audio(loaded: Any, ids: Any, mm: dict[str, Any]) -> dict[str, Any]:
     clips = mm.get("audio_clips")
     if not clips:
         return {"input_ids": device_ids, **rest}
+    features = log_mel(loaded.feature_extractor, clips, device)
+    if loaded.arch != "qwen3_omni_moe":
+        frames = max(int(f.shape[-1]) for f in features)
+        dtype = next(loaded.thinker.model.audio_tower.parameters()).dtype
+        batch = torch.stack([torch.nn.functional.pad(f, (0, frames - f.shape[-1])) for f in features])
+        mask = torch.zeros((len(features), frames), dtype=torch.long)
+        for row, f in enumerate(features):
+            mask[row, : f.shape[-1]] = 1
+        return {"input_ids": device_ids, "input_features": batch.to(dtype), "feature_attention_mask":
+                to_device(mask, device), **rest}
     embeds = loaded.thinker.model.get_input_embeddings()(device_ids)
-    audio = encode_audio(loaded, clips).to(embeds.dtype)
+    audio = encode_audio(loaded, features).to(embeds.dtype)
     where = torch.nonzero(ids.reshape(-1) == int(loaded.tokens.audio)).reshape(-1)
     if where.numel() != audio.shape[0]:
         raise ValueError(f"{where.numel()} audio placeholders for {audio.shape[0]} audio embeddings")

@@ -9,21 +9,17 @@ from typing import Any
 import numpy as np
 
 from ..base import TurnMessage
+from .audio_features import clip_frames, clip_waveform
 from .loader import LoadedOmni, audio_token_count
 from .tool_calls import call_body, response_text
-
-#: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
-MIN_AUDIO_SAMPLES = 1_600
-#: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
-MAX_AUDIO_SAMPLES = 300 * 16_000
-
 
 
 @dataclass
 class Rendered:
     ids: list[int]
-    audio_features: list[Any] = field(default_factory=list)  # (mel, frames) float tensors
-    audio_lengths: list[int] = field(default_factory=list)
+    #: float32 16 kHz waveforms: their features are computed with the prefill that encodes them
+    audio_clips: list[np.ndarray] = field(default_factory=list)
+    audio_lengths: list[int] = field(default_factory=list)  # their feature frames
     pixel_values: list[Any] = field(default_factory=list)
     image_grids: list[list[int]] = field(default_factory=list)
     items: list[tuple[int, str, Any]] = field(default_factory=list)  # (offset, kind, value)
@@ -88,30 +84,12 @@ class PromptRenderer:
         return Rendered(ids=self.header("assistant") + [tools.open, *body, tools.close] + self.closing())
 
     def _audio(self, out: Rendered, pcm16k: np.ndarray) -> None:
-        import torch
-
-        audio = np.asarray(pcm16k)
-        if audio.dtype == np.int16:
-            audio = audio.astype(np.float32) / 32768.0
-        else:
-            audio = audio.astype(np.float32)
-        audio = audio.reshape(-1)[-MAX_AUDIO_SAMPLES:]
-        if audio.size < MIN_AUDIO_SAMPLES:
-            audio = np.pad(audio, (0, MIN_AUDIO_SAMPLES - audio.size))
-        fe = self.loaded.feature_extractor
-        # pad to the clip length plus one FFT window: the valid frames then equal those of the
-        # processor's 300 s "max_length" padding (trailing zeros, same normalisation maximum)
-        hop = int(getattr(fe, "hop_length", 160))
-        n_fft = int(getattr(fe, "n_fft", 400))
-        target = int(np.ceil((audio.size + n_fft) / hop)) * hop
-        feats = fe(audio, sampling_rate=16_000, return_attention_mask=True, padding="max_length",
-                   max_length=target, truncation=False, return_tensors="pt")
-        length = int(feats["attention_mask"][0].sum())
-        features = feats["input_features"][0][:, :length]
+        clip = clip_waveform(pcm16k)
+        length = clip_frames(clip.size, int(getattr(self.loaded.feature_extractor, "hop_length", 160)))
         n_tokens = audio_token_count(self.loaded, length)
         out.items.append((len(out.ids), "audio", length))
         out.ids += [self.tok.audio_start] + [self.tok.audio] * n_tokens + [self.tok.audio_end]
-        out.audio_features.append(features.to(torch.float32))
+        out.audio_clips.append(clip)
         out.audio_lengths.append(length)
 
     def _image(self, out: Rendered, image: np.ndarray) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -276,6 +277,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
         with self.lock:
             if not self._alive(turn, request):
                 return
+            self.preparing_since = time.perf_counter()  # (under the lock: a prefill ahead sets it too)
             self._drain_ahead()  # an earlier reply's generator left unclosed: nothing of it may run now
             prefilled, prompt, reply, logits = self._prefill(request, turn)
             self.last_prefill_tokens = prefilled

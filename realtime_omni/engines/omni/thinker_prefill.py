@@ -10,6 +10,7 @@ beside the other sessions' prefills; the results are the same.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..base import ThinkRequest
@@ -24,6 +25,10 @@ class ThinkerPrefill:
     """Mixed into :class:`~.thinker.StreamingThinker` (its state: ``ctx``, ``renderer``,
     ``settings``, ``rows``, ``loaded`` and the forward / append steps)."""
 
+    #: when this session began its latest prefill (the turn, or a prefill ahead): the batched
+    #: prefill counts the time until it was queued as its preparation
+    preparing_since: float | None = None
+
     def prefill_ahead(self, request: ThinkRequest) -> tuple[int, TalkerPrompt | None]:
         """Evaluate the conversation of ``request`` now, before a reply is asked for (the user's
         turn as it is committed, or at the pause that may end it). A reply asked for later with
@@ -37,6 +42,7 @@ class ThinkerPrefill:
         with self.lock, torch.inference_mode():
             if self.closed or self.running:
                 return 0, None
+            self.preparing_since = time.perf_counter()
             ids, rendered, close_len, budget = self._new_tokens(self._target(request))
             if not rendered or len(self.ctx) + len(ids) > budget:
                 return 0, None
@@ -115,10 +121,10 @@ class ThinkerPrefill:
         ctx = self.ctx
         loaded = self.loaded
         base = len(ctx)
-        feats, lengths, pixels, grids, items, records = [], [], [], [], [], []
+        clips, lengths, pixels, grids, items, records = [], [], [], [], [], []
         for offset, r, fp in rendered:
             records.append(MessageRecord(fp, base + offset, base + offset + len(r.ids)))
-            feats += r.audio_features
+            clips += r.audio_clips
             lengths += r.audio_lengths
             pixels += r.pixel_values
             grids += r.image_grids
@@ -131,19 +137,8 @@ class ThinkerPrefill:
 
         mm_kwargs: dict[str, Any] = {}
         device = loaded.device
-        if feats and loaded.arch == "qwen3_omni_moe":
-            mm_kwargs["audio_clips"] = feats  # encoded in the forward, without reading the device back
-        elif feats:
-            frames = max(f.shape[-1] for f in feats)
-            mel = feats[0].shape[0]
-            batch = torch.zeros((len(feats), mel, frames), dtype=torch.float32)
-            mask = torch.zeros((len(feats), frames), dtype=torch.long)
-            for i, f in enumerate(feats):
-                batch[i, :, : f.shape[-1]] = f
-                mask[i, : f.shape[-1]] = 1
-            audio_dtype = next(loaded.thinker.model.audio_tower.parameters()).dtype
-            mm_kwargs["input_features"] = batch.to(device=device, dtype=audio_dtype)
-            mm_kwargs["feature_attention_mask"] = mask.to(device)
+        if clips:  # features and encoding in the forward, without reading the device back
+            mm_kwargs["audio_clips"] = clips
         grid_t = None
         if pixels:
             vis_dtype = next(loaded.thinker.model.visual.parameters()).dtype
@@ -161,7 +156,7 @@ class ThinkerPrefill:
                 # with the prefills of the other sessions starting now, in one forward pass
                 decoder = self._decoder()
                 logits, src = self.rows.prefill.prefill(input_ids[0], positions, mm_kwargs, self.rows.slot,
-                                                        decoder.write_position())
+                                                        decoder.write_position(), self.preparing_since)
                 decoder.advance(len(ids))
             else:
                 with on_stream(loaded.stream("thinker")):

@@ -27,7 +27,7 @@ from .slots import SlotPool
 log = logging.getLogger(__name__)
 
 #: multimodal inputs whose rows can be merged across sessions (by concatenation on dim 0)
-MERGEABLE = {"input_features", "feature_attention_mask", "pixel_values", "image_grid_thw", "audio_clips"}
+MERGEABLE = {"pixel_values", "image_grid_thw", "audio_clips"}
 
 
 @dataclass(eq=False)
@@ -44,6 +44,8 @@ class PrefillRequest:
     parts: list[tuple[Any, ...]] = field(default_factory=list)
     queued_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None  # when its first batch began
+    #: seconds the session spent on it before queuing it (its prompt and inputs), when it says
+    prepared_s: float | None = None
 
     @property
     def length(self) -> int:
@@ -147,22 +149,28 @@ class PrefillBatcher(Mailbox):
         self.spans = DeviceSpans(graphs_available(loaded.device))
         self.bucketed = 0  # batches padded to a graph bucket
         self.replayed = 0  # of those, batches that replayed the bucket's graph
-        # per finished request: seconds queued before its first batch began, and until its last
-        # batch ended (a burst of new turns shows here, before any first token)
+        # per finished request: seconds spent preparing it (when the session says), queued before
+        # its first batch began, and until its last batch ended (a burst of new turns shows
+        # here, before any first token)
         self.requests = 0
         self.wait_s = 0.0
         self.latency_s = 0.0
-        self.recent: deque[tuple[float, float]] = deque(maxlen=1024)
+        self.recent: deque[tuple[float | None, float, float]] = deque(maxlen=1024)
         self._start()
 
-    def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int) -> tuple[Any, ...]:
-        """Prefill ``inputs`` (token ids, or embeddings ``(n, H)``) into ``slot`` from ``start``."""
+    def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int,
+                prepared_since: float | None = None) -> tuple[Any, ...]:
+        """Prefill ``inputs`` (token ids, or embeddings ``(n, H)``) into ``slot`` from ``start``;
+        ``prepared_since``: when the session began to prepare it (``time.perf_counter``)."""
         if set(mm) - MERGEABLE:
             raise ValueError(f"cannot batch prefill inputs {sorted(set(mm) - MERGEABLE)}")
         n = int(positions.shape[-1])
         if start + n > self.pool.length:
             raise ValueError(f"the prefill needs {start + n} tokens of a {self.pool.length}-token slot")
-        return self._submit(PrefillRequest(inputs, positions, mm, slot, start))
+        request = PrefillRequest(inputs, positions, mm, slot, start)
+        if prepared_since is not None:
+            request.prepared_s = max(request.queued_at - prepared_since, 0.0)
+        return self._submit(request)
 
     def _loop(self) -> None:
         while True:
@@ -237,7 +245,7 @@ class PrefillBatcher(Mailbox):
         self.requests += 1
         self.wait_s += wait
         self.latency_s += ended - req.queued_at
-        self.recent.append((wait, ended - req.queued_at))
+        self.recent.append((req.prepared_s, wait, ended - req.queued_at))
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
@@ -386,18 +394,10 @@ def talker_rows(loaded: Any, graphs: PrefillGraphs) -> RowsForward:
 
 def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Concatenate the sessions' audio clips and images in row order (the order their
-    placeholders take in the flattened batch), padding audio frames to the longest clip."""
+    placeholders take in the flattened batch)."""
     import torch
 
     merged: dict[str, Any] = {}
-    feats = [p["input_features"] for p in parts if "input_features" in p]
-    if feats:
-        frames = max(f.shape[-1] for f in feats)
-        merged["input_features"] = torch.cat(
-            [torch.nn.functional.pad(f, (0, frames - f.shape[-1])) for f in feats], dim=0)
-        merged["feature_attention_mask"] = torch.cat(
-            [torch.nn.functional.pad(p["feature_attention_mask"], (0, frames - p["feature_attention_mask"].shape[-1]))
-             for p in parts if "input_features" in p], dim=0)
     clips = [clip for p in parts for clip in p.get("audio_clips", ())]
     if clips:
         merged["audio_clips"] = clips
