@@ -355,13 +355,15 @@ def run_config(path: Path, args) -> dict:
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames,
                     "lookahead": args.lookahead, "dit_steps": args.dit_steps,
+                    "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
     settings = OmniSettings(device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
                             max_new_tokens=args.reply_tokens, talker_max_frames=most_frames + 1, seed=0,
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
-                            ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps)
+                            ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
+                            lean_code_predictor=not args.modules_code_predictor)
     model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0
@@ -438,6 +440,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--dit-steps", type=int, default=10,
                     help="Qwen2.5's codec: flow-matching steps per window (a build setting: one run per value)")
+    ap.add_argument("--modules-code-predictor", action="store_true",
+                    help="Qwen3's code predictor through transformers' modules, not the lean layout (a build setting)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
     ap.add_argument("--sweep", nargs="*", default=[],
                     help="variants run after the default levels, e.g. switch:switch_ms=0.5 "
@@ -476,6 +480,8 @@ def main(argv=None) -> int:
             cmd += ["--ramp-frames", *map(str, args.ramp_frames)]
         if args.check_alone:
             cmd.append("--check-alone")
+        if args.modules_code_predictor:
+            cmd.append("--modules-code-predictor")
         budget = args.timeouts[i] if args.timeouts and i < len(args.timeouts) else None
         report["models"].append(run_isolated(cmd, part, path, budget))
         args.out.write_text(json.dumps(report, indent=1, default=float))

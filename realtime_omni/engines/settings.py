@@ -64,6 +64,9 @@ class OmniSettings(_Section):
     cache_tokens: int = Field(default=8192, ge=64)
     #: replay per-token steps and codec windows as CUDA graphs (CUDA only)
     cuda_graphs: bool = True
+    #: Qwen3's code predictor frame in the lean layout (code_predictor_lean.py: about half the
+    #: kernels); off: through transformers' modules
+    lean_code_predictor: bool = True
     #: live sessions served by the batched stages (one KV slot each); a session beyond it is
     #: refused. 0: every session steps on its own (no batching)
     max_sessions: int = Field(default=16, ge=0, le=1024)

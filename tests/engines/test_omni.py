@@ -820,31 +820,78 @@ def test_short_attention_computes_what_sdpa_does(q_len, mask_kind):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_short_attention_gives_the_code_predictor_the_same_codes(omni):
-    """Switched on for a loaded Qwen3 model's code predictor, a reply's codes do not change."""
+def _code_predictor(layers: int):
+    """Qwen3's code predictor of the tiny config with ``layers`` layers and random weights, and
+    what :func:`frame_step` reads of a loaded model."""
+    import types
+
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as qwen3
+
+    talker_config = qwen3_config().talker_config
+    settings = talker_config.code_predictor_config.to_dict()
+    settings.update(num_hidden_layers=layers, layer_types=None)
+    cp_config = type(talker_config.code_predictor_config)(**settings)
+    torch.manual_seed(11)
+    cp = qwen3.Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration._from_config(
+        cp_config, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in cp.named_parameters():  # norms near one, the rest large enough to matter
+            param.copy_(1.0 + 0.1 * torch.randn_like(param) if "norm" in name else 0.3 * torch.randn_like(param))
+    width = talker_config.text_config.hidden_size
+    talker = types.SimpleNamespace(code_predictor=cp, codec_head=torch.nn.Linear(width, 4),
+                                   model=types.SimpleNamespace(codec_embedding=torch.nn.Embedding(
+                                       talker_config.text_config.vocab_size, width)))
+    return types.SimpleNamespace(talker=talker, config=types.SimpleNamespace(talker_config=talker_config),
+                                 cache_kwarg="past_key_values", device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_the_lean_code_predictor_frame_gives_the_modules_codes(sample):
+    """The frame laid out for fewer kernels (q, k, v in one projection, norms' weights in the
+    rotary tables, the cache read at its written columns, residuals in the projections) gives
+    the codes and embeddings transformers' modules give, over several layers and rows."""
+    from realtime_omni.engines.omni.code_predictor import CodePredictorSpec, frame_step
+    from realtime_omni.engines.omni.code_predictor_lean import supports
+
+    loaded = _code_predictor(layers=3)
+    assert supports(loaded.talker.code_predictor)
+    spec = CodePredictorSpec.of(loaded)
+    width = loaded.config.talker_config.text_config.hidden_size
+    for bucket in (1, 5):
+        gen = torch.Generator().manual_seed(bucket)
+        inputs = (torch.randn((bucket, width), generator=gen), torch.randint(0, 32, (bucket, 1), generator=gen),
+                  torch.rand((bucket, spec.groups - 1, spec.top_k), generator=gen))
+        with torch.inference_mode():
+            want = frame_step(loaded, sample, lean=False)(bucket, None, inputs)()
+            lean = frame_step(loaded, sample, lean=True)(bucket, None, inputs)
+            got, again = lean(), lean()  # the step's cache is rewritten, not accumulated
+        assert want[0].shape == (bucket, spec.groups - 1) and len(set(want[0].flatten().tolist())) > 2
+        assert torch.equal(got[0], want[0]) and torch.equal(again[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_short_attention_gives_the_code_predictor_the_same_codes():
+    """Switched on for the code predictor run through transformers' modules (the frame's path
+    where the lean layout does not apply), its codes do not change."""
+    from realtime_omni.engines.omni.code_predictor import CodePredictorSpec, frame_step
     from realtime_omni.engines.omni.fused import use_short_attention
 
-    model = omni
-    if model.loaded.arch != "qwen3_omni_moe":
-        pytest.skip("only Qwen3-Omni has a code predictor")
-    config = model.loaded.talker.code_predictor.model.config
-    before = config._attn_implementation
+    loaded = _code_predictor(layers=2)
+    config = loaded.talker.code_predictor.model.config
+    spec = CodePredictorSpec.of(loaded)
+    inputs = (torch.randn((3, loaded.config.talker_config.text_config.hidden_size)),
+              torch.randint(0, 32, (3, 1)), torch.rand((3, spec.groups - 1, spec.top_k)))
 
-    def codes() -> list:
-        session = model.open_session()
-        try:
-            _, chunks, _, _ = run_turn(session, request([TurnMessage(role="user", text="hi there")], max_tokens=6))
-        finally:
-            session.close()
-        return [c.codes.codes.tolist() for c in chunks if c.codes is not None]
+    def frame():
+        with torch.inference_mode():
+            return frame_step(loaded, True, lean=False)(3, None, inputs)()
 
-    want = codes()
-    try:
-        use_short_attention(config)
-        assert config._attn_implementation == "omni_short"
-        assert codes() == want and want
-    finally:
-        config._attn_implementation = before
+    want = frame()
+    use_short_attention(config)
+    assert config._attn_implementation == "omni_short"
+    got = frame()
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
 
 
 def test_audio_encoded_without_device_reads_equals_the_encoders_own(omni):

@@ -70,17 +70,27 @@ class CodeFrames:
         self.graph.release()
 
 
-def frame_step(loaded: LoadedOmni, do_sample: bool):
+def frame_step(loaded: LoadedOmni, do_sample: bool, lean: bool | None = None):
     """``make(bucket, _, (hidden, c0, noise))`` → a step computing ``bucket`` frames' residual
     codebooks at once: ``hidden`` (bucket, H) talker states, ``c0`` (bucket, 1) codebook-0
     codes, ``noise`` (bucket, G-1, k) uniform draws; returns codes (bucket, G-1) and the frames'
-    summed codebook embeddings (bucket, H). The cache is rebuilt every frame."""
+    summed codebook embeddings (bucket, H). The cache is rebuilt every frame. ``lean`` (None:
+    as the model's settings say, wherever the code predictor's layout allows it) runs the frame as
+    :class:`~.code_predictor_lean.LeanFrames` lays it out, in far fewer kernels; otherwise
+    through transformers' modules."""
     from transformers.cache_utils import StaticCache
+
+    from .code_predictor_lean import LeanFrames, supports
 
     talker = loaded.talker
     cp = talker.code_predictor
     spec = CodePredictorSpec.of(loaded)
     groups = spec.groups
+    if lean is None:
+        lean = loaded.lean_code_predictor and supports(cp)
+    if lean:
+        frames = LeanFrames(loaded)
+        return lambda bucket, _write_pos, inputs: frames.step(bucket, do_sample, spec, inputs)
 
     def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):
         import torch

@@ -139,6 +139,8 @@ class LoadedOmni:
     cache_kwarg: str = "cache"
     #: the model's function-call format (None: the model takes no tools)
     tools: ToolSupport | None = None
+    #: Qwen3's code predictor frames in the lean layout where it applies (the model's settings)
+    lean_code_predictor: bool = True
 
     @property
     def thinker(self):

@@ -202,6 +202,7 @@ class OmniModel(VoiceModel):
         elif self.loaded is None:
             self.loaded = load_omni(self.path, device=self.device, dtype=self.dtype,
                                     attn_implementation=self.attn_implementation, progress=progress)
+        self.loaded.lean_code_predictor = self.settings.lean_code_predictor
         self._setup_codec()
         progress(f"{self.loaded.arch} ready on {self.loaded.device} ({self.loaded.dtype}); "
                  f"speakers: {', '.join(self.loaded.speakers)}")
