@@ -7,6 +7,9 @@
 #   scripts/gpu-next.sh codec-steps
 #                                the same with a 48-code chunk and 5 DiT steps (about 220 s held)
 #   scripts/gpu-next.sh qwen3    Qwen3-Omni-30B-A3B at N = 1 ... 64 in one process (about 300 s held)
+#   scripts/gpu-next.sh qwen3-modules
+#                                the same at N = 16 ... 64 with the code predictor through transformers'
+#                                modules, against the lean layout of e1caa08 (about 250 s held)
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
 # Build the carried folders first with scripts/gpu-carry.sh (a fresh checkout has none).
@@ -50,8 +53,12 @@ case "${1:-}" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 1 8 16 32 48 64 --out "$OUT/q3.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
+  qwen3-modules)
+    timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 16 32 48 64 --modules-code-predictor --out "$OUT/q3_modules.json" 2>&1 | grep -v '^\[transformers\]' | tail -6 || true
+    ;;
   *)
-    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps|qwen3" >&2
+    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps|qwen3|qwen3-modules" >&2
     exit 2
     ;;
 esac

@@ -5,10 +5,11 @@ A frame runs the code predictor 15 times (one step per residual codebook) throug
 75 layer steps, each dozens of small kernels through transformers' modules (separate q, k and v
 projections, each norm, the rotary embedding rebuilt every forward, the cache's index writes,
 separate gate and up projections, the residual adds). At decode sizes a kernel's cost is mostly
-its launch and latency, not its work, so a frame costs about its kernel count; with dozens of
-sessions the talker stage spends most of its step here (see docs/benchmarks/omni-capacity.md).
+its launch and latency, not its work, so a frame costs about its kernel count: about 3 500 of
+the roughly 5 000 kernels of a batched talker step were here (docs/benchmarks/omni-capacity.md).
 
-Here each layer step is about eighteen kernels:
+Here a layer step is about 24 operations instead of 45 (a frame of 32 rows: 1835 instead of
+3473, counted by ``benchmarks/omni_code_predictor_ops.py``):
 
 - one projection for q, k and v (their weights concatenated once), one for gate and up;
 - q and k normalised together (one ``rms_norm``) and rotated with tables built once for the
