@@ -89,7 +89,7 @@ def frame_step(loaded: LoadedOmni, do_sample: bool, lean: bool | None = None):
     if lean is None:
         lean = loaded.lean_code_predictor and supports(cp)
     if lean:
-        frames = LeanFrames(loaded)
+        frames = LeanFrames.of(loaded)
         return lambda bucket, _write_pos, inputs: frames.step(bucket, do_sample, spec, inputs)
 
     def make(bucket: int, write_pos: Any, inputs: tuple[Any, ...]):

@@ -23,17 +23,23 @@ The result equals the modules' up to rounding; the tests compare them on the tin
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
+
+#: one rearrangement per code predictor, shared by every bucket's step and every session
+_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_building = threading.Lock()
 
 
 @dataclass
 class _Layer:
     input_norm: Any  # (H,)
-    qkv: Any  # (H, (Hq + 2 Hkv) D): transposed, for x @ w
+    qkv: Any  # (H, (Hq + 2 Hkv) D): for x @ w (a transposed view)
     cos: Any  # (P, Hq + Hkv, D): the rotation's tables for q's and k's heads, their norm
     sin: Any  # weights (and q's the attention's scaling) folded in
-    o: Any  # (Hq D, H)
+    o: Any  # (Hq D, H): a transposed view of the module's weight, as are gate_up and down
     post_norm: Any  # (H,)
     gate_up: Any  # (H, 2 I)
     down: Any  # (I, H)
@@ -51,8 +57,18 @@ def supports(cp: Any) -> bool:
 
 
 class LeanFrames:
-    """The code predictor's weights rearranged once per model; :meth:`step` builds a frame's
-    step for a bucket of rows (the interface of :func:`~.code_predictor.frame_step`)."""
+    """The code predictor's weights rearranged once per model (:meth:`of`); :meth:`step` builds
+    a frame's step for a bucket of rows (the interface of :func:`~.code_predictor.frame_step`)."""
+
+    @classmethod
+    def of(cls, loaded: Any) -> LeanFrames:
+        """The model's one instance (its fused q/k/v and gate/up weights exist once)."""
+        cp = loaded.talker.code_predictor
+        with _building:
+            frames = _built.get(cp)
+            if frames is None:
+                frames = _built[cp] = cls(loaded)
+            return frames
 
     def __init__(self, loaded: Any) -> None:
         import torch
@@ -86,11 +102,12 @@ class LeanFrames:
                              attn.k_norm.weight[None].expand(self.kv_heads, -1)], dim=0).float()  # (qk, D)
         rolled = weights.roll(self.dim // 2, dims=-1)
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0)
-        return _Layer(input_norm=layer.input_layernorm.weight.detach(), qkv=qkv.t().contiguous(),
+        # (transposed views: the matmuls read them as they are, as nn.Linear does)
+        return _Layer(input_norm=layer.input_layernorm.weight.detach(), qkv=qkv.t(),
                       cos=(cos[:, None, :] * weights).to(dtype).contiguous(),
                       sin=(sin[:, None, :] * rolled).to(dtype).contiguous(),
-                      o=attn.o_proj.weight.t().contiguous(), post_norm=layer.post_attention_layernorm.weight.detach(),
-                      gate_up=gate_up.t().contiguous(), down=mlp.down_proj.weight.t().contiguous())
+                      o=attn.o_proj.weight.detach().t(), post_norm=layer.post_attention_layernorm.weight.detach(),
+                      gate_up=gate_up.t(), down=mlp.down_proj.weight.detach().t())
 
     def _rotary(self, rotary: Any, like: Any) -> tuple[Any, Any]:
         """Per position 0..groups, ``cos`` and the signed ``sin`` ``(P, D)`` in float32, from the
