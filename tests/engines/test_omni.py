@@ -947,6 +947,22 @@ def test_features_computed_in_a_batch_equal_the_feature_extractors():
     assert clips[0].size == 1_600 and clips[2].size == 19_751
 
 
+def test_clips_are_batched_by_similar_length():
+    """A prefill's clips are padded together only with clips of similar length: every clip once,
+    and no batch padded past 4/3 of its clips' samples (a 300 s clip among 32 clips of 4 s would
+    otherwise pad each of them to 300 s)."""
+    from realtime_omni.engines.omni.audio_features import length_groups
+
+    rng = np.random.default_rng(2)
+    for lengths in ([64_000] * 32 + [4_800_000], list(rng.integers(1_600, 400_000, 50)), [1_600], []):
+        groups = length_groups([int(n) for n in lengths])
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for group in groups:
+            assert max(lengths[i] for i in group) * len(group) <= 4 / 3 * sum(lengths[i] for i in group) + 1
+    assert length_groups([64_000] * 32 + [4_800_000])[0] == [32]
+    assert len(length_groups([64_000] * 32)) == 1  # a burst of equal turns: one batch
+
+
 def test_token_rows_keep_the_newest_turn():
     """A superseded reply's thread that puts late must not wipe what the newer reply put."""
     from realtime_omni.engines.omni.context import TalkerPrompt, TokenRows

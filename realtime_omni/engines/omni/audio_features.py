@@ -14,6 +14,7 @@ a test compares the two.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -24,9 +25,10 @@ MIN_AUDIO_SAMPLES = 1_600
 #: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
 MAX_AUDIO_SAMPLES = 300 * 16_000
 
-#: per extractor, its mel filters and window on each device (copied once: a copy from pageable
-#: host memory would wait for the device's queue)
+#: per extractor, its mel filters and window on each device (copied once, at the first prefill
+#: with audio: the model's warm-up)
 _constants: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_constants_lock = threading.Lock()
 
 
 def clip_waveform(pcm16k: np.ndarray) -> np.ndarray:
@@ -53,8 +55,35 @@ def _padded_samples(samples: int, hop: int, n_fft: int) -> int:
 
 def log_mel(fe: Any, clips: list[np.ndarray], device: Any) -> list[Any]:
     """Features ``(mel, frames)`` on ``device`` of each waveform of ``clips`` (from
-    :func:`clip_waveform`), its valid frames only, computed in one batch without waiting for
-    the device."""
+    :func:`clip_waveform`), its valid frames only, computed in batches of similar lengths
+    (:func:`length_groups`) without waiting for the device."""
+    out: list[Any] = [None] * len(clips)
+    for group in length_groups([c.size for c in clips]):
+        for index, features in zip(group, _batch(fe, [clips[i] for i in group], device), strict=True):
+            out[index] = features
+    return out
+
+
+def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
+    """Indexes of ``lengths`` in groups padded together, longest first: a group takes the next
+    length while padding stays within ``waste`` of its padded size (so a batch holds at most 4/3
+    of its clips' samples, and one 300 s clip among 4 s ones is computed alone, not as dozens of
+    rows of 300 s)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for index in order:
+        group = groups[-1] if groups else None
+        if group is not None:
+            width = lengths[group[0]]
+            filled = sum(lengths[i] for i in group) + lengths[index]
+            if filled >= (1.0 - waste) * width * (len(group) + 1):
+                group.append(index)
+                continue
+        groups.append([index])
+    return groups
+
+
+def _batch(fe: Any, clips: list[np.ndarray], device: Any) -> list[Any]:
     import torch
 
     from .audio_tower import to_device  # (that module reads this one's features)
@@ -69,8 +98,10 @@ def log_mel(fe: Any, clips: list[np.ndarray], device: Any) -> list[Any]:
         waves = waves + float(fe.dither) * torch.randn_like(waves)
     filters, window = _device_constants(fe, waves.device)
     spectrum = torch.stft(waves, n_fft, hop, window=window, return_complex=True)
-    power = (spectrum[..., :-1].abs() ** 2).contiguous()
-    logs = torch.clamp(filters.T @ power, min=1e-10).log10()  # (B, mel, frames)
+    power = (spectrum[..., :-1].abs() ** 2).double()
+    # the mel projection in float64: on CUDA the loader lets float32 matmuls use TF32, which
+    # would round the extractor's float32 arithmetic away (rounded back to float32 here)
+    logs = torch.clamp((filters.T @ power).float(), min=1e-10).log10()  # (B, mel, frames)
     out = []
     for row, clip in enumerate(clips):
         # each clip's floor is its own maximum less 8 (over its own padded length, as alone)
@@ -81,13 +112,14 @@ def log_mel(fe: Any, clips: list[np.ndarray], device: Any) -> list[Any]:
 
 
 def _device_constants(fe: Any, device: Any) -> tuple[Any, Any]:
+    """The extractor's mel filters (float64) and window on ``device``, copied once (a plain
+    copy, finished before any stream reads them)."""
     import torch
 
-    from .audio_tower import to_device  # (that module reads this one's features)
-
-    per_device = _constants.setdefault(fe, {})
     key = str(device)
-    if key not in per_device:
-        filters = torch.from_numpy(np.ascontiguousarray(fe.mel_filters, dtype=np.float32))
-        per_device[key] = (to_device(filters, device), to_device(torch.hann_window(int(fe.n_fft)), device))
-    return per_device[key]
+    with _constants_lock:
+        per_device = _constants.setdefault(fe, {})
+        if key not in per_device:
+            filters = torch.from_numpy(np.asarray(fe.mel_filters, dtype=np.float64))
+            per_device[key] = (filters.to(device), torch.hann_window(int(fe.n_fft)).to(device))
+        return per_device[key]

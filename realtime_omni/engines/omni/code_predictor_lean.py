@@ -24,12 +24,11 @@ The result equals the modules' up to rounding; the tests compare them on the tin
 from __future__ import annotations
 
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-#: one rearrangement per code predictor, shared by every bucket's step and every session
-_built: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: one rearrangement per code predictor (kept on the module itself, so it goes with the model),
+#: shared by every bucket's step and every session
 _building = threading.Lock()
 
 
@@ -65,9 +64,10 @@ class LeanFrames:
         """The model's one instance (its fused q/k/v and gate/up weights exist once)."""
         cp = loaded.talker.code_predictor
         with _building:
-            frames = _built.get(cp)
+            frames = getattr(cp, "_lean_frames", None)
             if frames is None:
-                frames = _built[cp] = cls(loaded)
+                frames = cls(loaded)
+                object.__setattr__(cp, "_lean_frames", frames)  # (not a submodule: no state_dict entry)
             return frames
 
     def __init__(self, loaded: Any) -> None:
@@ -75,7 +75,8 @@ class LeanFrames:
 
         cp = loaded.talker.code_predictor
         config = cp.model.config
-        self.cp = cp
+        # (its parts, not the module: the module holds this instance)
+        self.lm_heads, self.codebooks = cp.lm_head, cp.model.codec_embedding
         self.codec_embedding = loaded.talker.model.codec_embedding
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
@@ -140,7 +141,7 @@ class LeanFrames:
         cache = torch.zeros((len(self.layers), 2, bucket, kv_heads, groups + 1, dim), dtype=like.dtype,
                             device=like.device)
         causal = torch.ones((2, 2), dtype=torch.bool, device=like.device).tril()  # step 1's two tokens
-        cp, width = self.cp, int(like.shape[0])
+        width = int(like.shape[0])
 
         def attend(x: Any, layer_index: int, layer: _Layer, start: int) -> Any:
             """One layer over ``x`` (B, T, H) at positions ``start`` .. ``start + T - 1``."""
@@ -179,14 +180,14 @@ class LeanFrames:
                 for index, layer in enumerate(self.layers):
                     x = attend(x, index, layer, start)
                 last = F.rms_norm(x[:, -1, :], (width,), self.final_norm, self.eps)
-                logits = cp.lm_head[j - 1](last).float()
+                logits = self.lm_heads[j - 1](last).float()
                 if do_sample:
                     code = sample_top_k_top_p(logits, noise[:, j - 1], spec.temperature, spec.top_k, 0.8)
                 else:
                     code = torch.argmax(logits, dim=-1, keepdim=True)
                 codes.append(code)
                 start += x.shape[1]
-                x = cp.model.codec_embedding[j - 1](code)
+                x = self.codebooks[j - 1](code)
                 embeds.append(x)
             return torch.cat(codes, dim=1), torch.cat(embeds, dim=1).sum(dim=1)
 
