@@ -181,14 +181,15 @@ def first_audio_table(models: list[dict]) -> list[str]:
     """A reply's first audio by phase: its turn waiting for a prefill batch and prefilled, the
     first thinker token, the talker's first codes, the codec's first audio (p50 / p95)."""
     lines = ["## First audio, phase by phase", "",
-             "Milliseconds, p50 / p95 over the level's sessions. The thinker prefill's preparation: the "
-             "session's own work on its turn before queuing it (the prompt rendered; since `audio_features.py` "
-             "the audio's features are computed in the batch, on the device). A prefill's wait: from its "
+             "Milliseconds, p50 / p95 over the level's sessions. A prefill's preparation: the session's "
+             "own work before queuing it (the thinker's: the turn's prompt rendered, since `audio_features.py` "
+             "without the audio's features, computed in the batch on the device; the talker's: its prompt "
+             "built from the thinker's first token). A prefill's wait: from its "
              "request to the start of the batch that runs it; done: until its result (the wait included). "
              "The first token, first codes and first audio count from the moment the reply is asked for; "
              "the first token comes after the thinker's preparation, its prefill and one decode step.", "",
-             "| model | sessions | thinker: prepared | thinker prefill: wait · done | first token | "
-             "talker prefill: wait · done | first codes | first audio |", "|---|---|---|---|---|---|---|---|"]
+             "| model | sessions | thinker prefill: prepared · wait · done | first token | "
+             "talker prefill: prepared · wait · done | first codes | first audio |", "|---|---|---|---|---|---|---|"]
 
     def pair(d) -> str:
         return f"{_f((d or {}).get('p50'))} / {_f((d or {}).get('p95'))}"
@@ -199,9 +200,9 @@ def first_audio_table(models: list[dict]) -> list[str]:
                 continue
             b = r["batches"]
             think, talk = b.get("thinker prefill", {}), b.get("talker prefill", {})
-            lines.append(f"| {m['name']} | {r['sessions']} | {pair(think.get('prepared_ms'))} | "
-                         f"{pair(think.get('wait_ms'))} · {pair(think.get('latency_ms'))} | "
-                         f"{pair(r['first_token_ms'])} | {pair(talk.get('wait_ms'))} · {pair(talk.get('latency_ms'))} | "
+            lines.append(f"| {m['name']} | {r['sessions']} | {pair(think.get('prepared_ms'))} · "
+                         f"{pair(think.get('wait_ms'))} · {pair(think.get('latency_ms'))} | {pair(r['first_token_ms'])} | "
+                         f"{pair(talk.get('prepared_ms'))} · {pair(talk.get('wait_ms'))} · {pair(talk.get('latency_ms'))} | "
                          f"{pair(r['first_codes_ms'])} | {pair(r['ttfa_ms'])} |")
     return lines + [""] if len(lines) > 6 else []
 

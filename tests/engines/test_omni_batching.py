@@ -185,6 +185,7 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     batched = pair["batched"]
     before = batched.batching.thinker.stats()
     prefill_before = batched.batching.prefill.stats()
+    talker_before = batched.batching.talker_prefill.stats()["requests"]
     sessions = [batched.open_session() for _ in range(3)]
     barrier = threading.Barrier(3)
 
@@ -211,6 +212,9 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     assert all(0.0 <= wait < total for _, wait, total in prefill["recent"][-3:])
     # each turn's preparation (its prompt rendered) is timed, and precedes the queuing
     assert all(prepared is not None and 0.0 < prepared < 10.0 for prepared, _, _ in prefill["recent"][-3:])
+    talker = batched.batching.talker_prefill.stats()  # the talker's prompt, built from the first token
+    new = talker["requests"] - talker_before
+    assert new >= 3 and all(p is not None and 0.0 < p < 10.0 for p, _, _ in talker["recent"][-new:])
     # the model's stats (what /metrics exports) carry the same counters
     assert batched.stats()["thinker prefill"]["requests"] == prefill["requests"]
 

@@ -106,6 +106,9 @@ class TalkerStream:
 
     frame_samples: int = 480
 
+    #: when this reply's talker began to build its prompt (set before the prefill)
+    preparing_since: float | None = None
+
     def __init__(self, loaded: LoadedOmni, settings: TalkerSettings, generator, turn: int,
                  prompt: TalkerPrompt | None, speaker: str, decoder: StaticDecoder,
                  frames: CodeFrames | None = None) -> None:
@@ -180,6 +183,7 @@ class TalkerStream:
                     if self.ended:
                         self.done = True  # nothing to speak
                     break
+                self.preparing_since = time.perf_counter()  # (the batched prefill times the preparation)
                 self._prefill()
                 self.prefilled = True
                 if fused:  # the batched talker takes the frames from here, from the slot's state
@@ -295,7 +299,7 @@ class TalkerStream:
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
         with self._own_caches():
             out, self.rows_run = prefill_rows(self.loaded, self.forward, decoder, self.rows, inputs[0], positions,
-                                              context_rows, self.prefix)
+                                              context_rows, self.prefix, self.preparing_since)
         return out
 
     def _step_with(self, fill: Callable[..., None]) -> Any:
