@@ -1,0 +1,91 @@
+"""Two or more ``omni_capacity.py`` runs of one model side by side (a build setting's A/B, e.g.
+the lean code predictor against transformers' modules), as docs/benchmarks/<stem>.{json,md,png}.
+
+    python3 benchmarks/omni_variant_report.py --title "..." --commit abc1234 --gpu "NVIDIA H200" \\
+        --stem omni-qwen3-lean lean:q3.json modules:q3_modules.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from omni_capacity_report import _f, first_audio_table, table
+
+
+def compare_table(variants: list[tuple[str, dict]]) -> list[str]:
+    """Per level, each variant's first audio, chunk RTF, throughput and talker step."""
+    labels = [label for label, _ in variants]
+    head = ("| sessions | " + " | ".join(f"{label}: TTFA p50 / p95 | {label}: chunk RTF p95 | {label}: audio s per "
+                                         f"wall s | {label}: talker ms per step (device)" for label in labels) + " |")
+    lines = [head, "|---|" + "---|" * (4 * len(labels))]
+    levels = sorted({r["sessions"] for _, m in variants for r in m["runs"]})
+    for n in levels:
+        cells = []
+        for _, m in variants:
+            r = next((r for r in m["runs"] if r["sessions"] == n), None)
+            if r is None:
+                cells += ["—"] * 4
+                continue
+            talker = r["batches"].get("talker", {})
+            cells += [f"{_f(r['ttfa_ms']['p50'])} / {_f(r['ttfa_ms']['p95'])}", _f(r["chunk_rtf"]["p95"], 2),
+                      _f(r["audio_s_per_wall_s"], 1),
+                      f"{_f(talker.get('ms_per_step'), 1)} ({_f(talker.get('device_ms_per_step'), 1)})"]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot(variants: list[tuple[str, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, m in variants:
+        n = [r["sessions"] for r in m["runs"]]
+        ax1.plot(n, [r["batches"].get("talker", {}).get("ms_per_step") for r in m["runs"]], "o-", label=label)
+        ax2.plot(n, [r["audio_s_per_wall_s"] for r in m["runs"]], "o-", label=label)
+    ax1.set(xlabel="concurrent sessions", ylabel="ms", title="Talker step (wall)")
+    ax2.set(xlabel="concurrent sessions", ylabel="audio s per wall s", title="Throughput")
+    ax1.legend()
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("variants", nargs="+", metavar="LABEL:PATH")
+    ap.add_argument("--title", required=True)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--gpu", required=True)
+    ap.add_argument("--stem", required=True)
+    ap.add_argument("--note", default="")
+    ap.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
+    args = ap.parse_args(argv)
+    variants = []
+    for spec in args.variants:
+        label, _, path = spec.partition(":")
+        variants.append((label, json.loads(Path(path).read_text())["models"][0]))
+    md = [f"# {args.title}", "", f"Machine: {args.gpu}. Commit `{args.commit[:12]}`. Generated "
+          f"{time.strftime('%Y-%m-%d')} by `benchmarks/omni_variant_report.py` from `benchmarks/omni_capacity.py` "
+          "runs (N sessions opened, then N replies together; random bf16 weights at real size).", ""]
+    if args.note:
+        md += [args.note, ""]
+    md += ["## Side by side", ""] + compare_table(variants) + [""]
+    for label, m in variants:
+        md += [f"## {label}", ""] + table(m) + [""]
+    md += first_audio_table([{**m, "name": f"{m['name']} ({label})"} for label, m in variants])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.stem}.md").write_text("\n".join(md) + "\n")
+    (args.out / f"{args.stem}.json").write_text(json.dumps({"title": args.title, "commit": args.commit,
+                                                            "gpu": args.gpu, "variants": dict(variants)}, indent=1))
+    plot(variants, args.out / f"{args.stem}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
