@@ -30,6 +30,8 @@ class Mailbox:
 
     name = "batcher"
     step_timeout_s = 60.0
+    #: how long the idle loop sleeps between looks at its closing (new work wakes it at once)
+    idle_wait_s = 0.5
 
     def __init__(self) -> None:
         self._queue: list[Any] = []
@@ -84,7 +86,7 @@ class Mailbox:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
         until ``enough(queued)``). False once closed."""
         while not self._queue and not self._closed:
-            self._cond.wait(0.5)
+            self._cond.wait(self.idle_wait_s)
         deadline = time.monotonic() + gather_s
         while not self._closed and not enough(len(self._queue)):
             left = deadline - time.monotonic()
