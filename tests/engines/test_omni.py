@@ -675,7 +675,7 @@ def test_a_config_alone_speaks_with_random_weights_when_asked(tmp_path):
 def test_graph_safe_sampling_draws_from_top_k_top_p():
     """The code predictor samples inside its CUDA graph; the draws must follow temperature →
     top-k → top-p exactly as the reference sampler's distribution does."""
-    from realtime_omni.engines.omni.code_predictor import sample_top_k_top_p
+    from realtime_omni.engines.omni.sampling import sample_top_k_top_p
 
     logits = torch.tensor([2.0, 1.6, 1.1, 0.4, 0.0, -1.0, -3.0])
     temperature, top_k, top_p = 0.9, 5, 0.8

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .device_copy import to_device
+
 #: shortest user audio passed to the audio tower (shorter clips are zero-padded): 0.1 s
 MIN_AUDIO_SAMPLES = 1_600
 #: longest user audio kept (the feature extractor's 300 s window); longer clips keep their end
@@ -85,8 +87,6 @@ def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
 
 def _batch(fe: Any, clips: list[np.ndarray], device: Any) -> list[Any]:
     import torch
-
-    from .audio_tower import to_device  # (that module reads this one's features)
 
     hop, n_fft = int(fe.hop_length), int(fe.n_fft)
     width = max(_padded_samples(c.size, hop, n_fft) for c in clips)

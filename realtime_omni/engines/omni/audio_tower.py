@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .audio_features import log_mel
+from .device_copy import to_device
 
 
 def _after_convs(lengths: np.ndarray, n_window: int) -> np.ndarray:
@@ -77,14 +78,6 @@ def encode_audio(loaded: Any, features: list[Any]) -> Any:
         max_seqlen=layout["max_seqlen"],
     )
     return out.last_hidden_state
-
-
-def to_device(host: Any, device: Any) -> Any:
-    """A host tensor on ``device`` without waiting for the stream: pageable memory would make
-    the host wait until the stream reaches the copy; pinned memory lets it queue (CUDA only)."""
-    if getattr(device, "type", str(device)) != "cuda" or host.device.type != "cpu":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def merge_audio(loaded: Any, ids: Any, mm: dict[str, Any]) -> dict[str, Any]:

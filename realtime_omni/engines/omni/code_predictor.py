@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .code_predictor_lean import LeanFrames, supports
 from .graphs import StepGraph, on_stream, same_device
 from .loader import LoadedOmni
+from .sampling import sample_top_k_top_p
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,6 @@ def frame_step(loaded: LoadedOmni, do_sample: bool, lean: bool | None = None):
     through transformers' modules."""
     from transformers.cache_utils import StaticCache
 
-    from .code_predictor_lean import LeanFrames, supports
-
     talker = loaded.talker
     cp = talker.code_predictor
     spec = CodePredictorSpec.of(loaded)
@@ -124,16 +124,3 @@ def frame_step(loaded: LoadedOmni, do_sample: bool, lean: bool | None = None):
         return step
 
     return make
-
-
-def sample_top_k_top_p(logits, uniform, temperature: float, top_k: int, top_p: float):
-    """One draw from ``softmax(logits / temperature)`` cut to the top-k, then to the top-p mass;
-    ``uniform`` (k values in (0, 1)) drives an exponential race. No host sync: graph-safe."""
-    import torch
-
-    values, index = torch.topk(logits / temperature, top_k)  # sorted, largest first
-    probs = torch.softmax(values, dim=-1)
-    before = torch.cumsum(probs, dim=-1) - probs
-    probs = probs * (before < top_p)  # the smallest prefix whose mass reaches top_p
-    race = probs / -torch.log(uniform.clamp_min(1e-20))
-    return index.gather(-1, torch.argmax(race, dim=-1, keepdim=True))

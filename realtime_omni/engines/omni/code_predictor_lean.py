@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .sampling import sample_top_k_top_p
+
 #: one rearrangement per code predictor (kept on the module itself, so it goes with the model),
 #: shared by every bucket's step and every session
 _building = threading.Lock()
@@ -131,8 +133,6 @@ class LeanFrames:
         embeddings (B, H)."""
         import torch
         import torch.nn.functional as F
-
-        from .code_predictor import sample_top_k_top_p
 
         hidden, c0, noise = inputs
         like = self.final_norm

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .audio_tower import to_device
+from .device_copy import to_device
 from .graphs import StaticDecoder
 
 

@@ -68,3 +68,14 @@ class TokenSampler:
         return int(torch.multinomial(probs, 1, generator=gen)[0, 0])
 
 
+def sample_top_k_top_p(logits, uniform, temperature: float, top_k: int, top_p: float):
+    """One draw from ``softmax(logits / temperature)`` cut to the top-k, then to the top-p mass;
+    ``uniform`` (k values in (0, 1)) drives an exponential race. No host sync: graph-safe."""
+    import torch
+
+    values, index = torch.topk(logits / temperature, top_k)  # sorted, largest first
+    probs = torch.softmax(values, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs
+    probs = probs * (before < top_p)  # the smallest prefix whose mass reaches top_p
+    race = probs / -torch.log(uniform.clamp_min(1e-20))
+    return index.gather(-1, torch.argmax(race, dim=-1, keepdim=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..base import ThinkerOutput
-from .audio_tower import to_device
+from .device_copy import to_device
 from .context import TalkerPrompt, TokenHidden
 from .graphs import StaticDecoder
 from .loader import LoadedOmni

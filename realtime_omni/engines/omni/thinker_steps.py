@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .audio_tower import merge_audio, to_device
+from .audio_tower import merge_audio
+from .device_copy import to_device
 from .graphs import StaticDecoder, on_stream
 
 

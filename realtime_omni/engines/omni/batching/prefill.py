@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..audio_tower import merge_audio, to_device
+from ..audio_tower import merge_audio
+from ..device_copy import to_device
 from ..graphs import DeviceSpans, graphs_available, on_stream
 from .mailbox import Mailbox
 from .prefill_graphs import Body, BucketKey, PrefillGraphs, PrefillInputs

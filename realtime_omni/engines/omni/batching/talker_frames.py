@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..code_predictor import CodePredictorSpec, frame_step, sample_top_k_top_p
+from ..code_predictor import CodePredictorSpec, frame_step
+from ..sampling import sample_top_k_top_p
 from ..loader import LoadedOmni
 from ..talker_stream import CodeSampling
 from .batcher import RowInput, StepBatcher
