@@ -71,17 +71,15 @@ def length_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
     length while padding stays within ``waste`` of its padded size (so a batch holds at most 4/3
     of its clips' samples, and one 300 s clip among 4 s ones is computed alone, not as dozens of
     rows of 300 s)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
-    for index in order:
-        group = groups[-1] if groups else None
-        if group is not None:
-            width = lengths[group[0]]
-            filled = sum(lengths[i] for i in group) + lengths[index]
-            if filled >= (1.0 - waste) * width * (len(group) + 1):
-                group.append(index)
-                continue
-        groups.append([index])
+    filled = 0  # samples of the open group (the last one)
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and filled + lengths[index] >= (1.0 - waste) * lengths[groups[-1][0]] * (len(groups[-1]) + 1):
+            groups[-1].append(index)
+            filled += lengths[index]
+        else:
+            groups.append([index])
+            filled = lengths[index]
     return groups
 
 

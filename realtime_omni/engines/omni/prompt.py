@@ -85,7 +85,7 @@ class PromptRenderer:
 
     def _audio(self, out: Rendered, pcm16k: np.ndarray) -> None:
         clip = clip_waveform(pcm16k)
-        length = clip_frames(clip.size, int(getattr(self.loaded.feature_extractor, "hop_length", 160)))
+        length = clip_frames(clip.size, int(self.loaded.feature_extractor.hop_length))
         n_tokens = audio_token_count(self.loaded, length)
         out.items.append((len(out.ids), "audio", length))
         out.ids += [self.tok.audio_start] + [self.tok.audio] * n_tokens + [self.tok.audio_end]
