@@ -13,7 +13,6 @@ and after the session's denoiser (RNNoise, fed in 20 ms chunks as a client would
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ from realtime_omni.audio.denoise import StreamDenoiser
 from realtime_omni.audio.resample import resample_once
 from realtime_omni_bench.latency import synthesize_speech
 from realtime_omni_bench.report import Report, command_line, write_report
+from realtime_omni_bench.wer import word_errors, words
 
 RATE = 24_000
 SENTENCES = [
@@ -41,21 +41,6 @@ BABBLE = [
     "The museum will close early because of the holiday parade.",
     "Remember to water the plants while I am away for the weekend.",
 ]
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z' ]+", " ", text.lower().replace("-", " ")).split()
-
-
-def word_errors(reference: str, hypothesis: str) -> int:
-    """Substitutions + deletions + insertions (word-level Levenshtein distance)."""
-    ref, hyp = words(reference), words(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1]
 
 
 def white(n: int, rng: np.random.Generator) -> np.ndarray:

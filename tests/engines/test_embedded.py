@@ -20,6 +20,8 @@ from realtime_omni.audio.resample import resample_once
 from realtime_omni.engines.base import ThinkerOutput, ThinkRequest, TurnMessage
 from realtime_omni.engines.echo import EchoModel
 from realtime_omni.engines.embedded import EmbeddedModel
+from realtime_omni.engines.embedded.asr_whisper import MIN_WINDOW, WhisperASR, looks_looped, window_frames
+from realtime_omni_bench.wer import words
 
 QUESTION = "What is the capital of France?"
 SILENCE = 8_000  # 0.5 s at 16 kHz
@@ -107,6 +109,50 @@ def test_whisper_transcribes_piper_speech(model: EmbeddedModel, question_16k: np
         session.close()
     assert "capital" in text and "france" in text
     assert model.asr.transcribe(np.zeros(800, dtype=np.int16)) == ""
+
+
+def test_whisper_short_window_hears_what_the_full_window_hears(model: EmbeddedModel, question_16k: np.ndarray) -> None:
+    asr = model.asr
+    assert window_frames(len(question_16k)) == MIN_WINDOW  # a 2.5 s turn: the 10 s window
+    retried = asr.retried
+    short = asr.transcribe(question_16k)
+    assert asr.retried == retried  # it ended on its own, without looping
+    full = WhisperASR(short_windows=False).transcribe(question_16k)
+    assert words(short) == words(full) and "france" in words(short)
+
+
+def test_whisper_long_turn_takes_the_full_window(model: EmbeddedModel, question_16k: np.ndarray) -> None:
+    long_turn = np.tile(question_16k, 12)  # ~30 s: no short window holds it
+    assert window_frames(len(long_turn)) is None
+    retried = model.asr.retried
+    assert words(model.asr.transcribe(long_turn)).count("france") >= 5
+    assert model.asr.retried == retried
+
+
+def test_whisper_short_window_retries_a_loop_in_the_full_window(
+        model: EmbeddedModel, question_16k: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    asr = model.asr
+    retried = asr.retried
+    # what a short window gives when Whisper loops, and when it runs into its cap
+    for looped in (("yes. yes. yes. yes.", True), ("what is the capital of", False)):
+        monkeypatch.setattr(asr, "_transcribe_window", lambda audio, window, out=looped: out)
+        assert "france" in words(asr.transcribe(question_16k))
+    assert asr.retried == retried + 2
+
+
+@pytest.mark.parametrize(("text", "looped"), [
+    ("", False), ("yes", False), ("yes yes", False), ("yes. yes. yes.", True), ("No no NO", True),
+    ("tell me a story about a dragon", False), ("a b c a b c a b c", True), ("x a b a b a b", True),
+    ("a b c a b c", False),
+])
+def test_looks_looped(text: str, looped: bool) -> None:
+    assert looks_looped(text) is looped
+
+
+@pytest.mark.parametrize(("seconds", "frames"), [(0.0, 1000), (2.0, 1000), (8.0, 1000), (8.01, 1500),
+                                                 (23.0, 2500), (23.01, None), (600.0, None)])
+def test_window_frames(seconds: float, frames: int | None) -> None:
+    assert window_frames(int(seconds * 16_000)) == frames
 
 
 def test_llm_streams_and_reuses_the_previous_turn(model: EmbeddedModel) -> None:
