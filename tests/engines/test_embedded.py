@@ -187,6 +187,40 @@ def test_llm_streams_and_reuses_the_previous_turn(model: EmbeddedModel) -> None:
         session.close()
 
 
+def test_llm_moves_a_full_conversation_forward_while_the_reply_plays(model: EmbeddedModel) -> None:
+    """When the next turn would overflow the context, the oldest turns are dropped and the rest
+    evaluated right after the reply, so the user's next turn does not pay for it."""
+    session = model.open_session()
+    thinker = session._thinker
+    try:
+        # about 1 900 tokens of conversation with 100 kept for the reply: it fits, the next turn
+        # (another ~100 tokens of reply and a message) would not
+        def filler(turn: int) -> str:  # each message its own, so no two conversations share a prefix
+            return " ".join(f"Item {turn * 12 + n} is a grey pebble." for n in range(12))
+
+        history: list[TurnMessage] = []
+        total = 0
+        while total < 1_700:
+            for role in ("user", "assistant"):
+                history.append(TurnMessage(role, filler(len(history))))
+                total += len(thinker._shared.text_tokens(history[-1].text)) + 5
+        history.append(TurnMessage("user", "Say yes."))
+        first = list(session.think(request(history, max_output_tokens=100)))
+        assert first[0].prompt_tokens > 1_700
+        evaluated = thinker.window_ahead.result(timeout=60)
+        assert 500 < evaluated < first[0].prompt_tokens  # the newer half
+        reply = "".join(out.text for out in first)
+        history += [TurnMessage("assistant", reply), TurnMessage("user", "And what about Germany?")]
+        second = list(session.think(request(history, max_output_tokens=100)))
+        # the next turn starts from what was evaluated ahead: only its own message is new
+        assert second[0].prompt_tokens < first[0].prompt_tokens
+        assert second[0].prefilled_tokens < 30, second[0]
+        # a reply that leaves room for the next turn moves nothing
+        assert thinker.window_ahead.result(timeout=60) == 0
+    finally:
+        session.close()
+
+
 def test_llm_cancellation_max_tokens_and_confirm(model: EmbeddedModel) -> None:
     session = model.open_session()
     try:

@@ -9,6 +9,7 @@ since the previous one (usually just the new user turn).
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -37,6 +38,8 @@ CALL_SAMPLING = Sampling(temperature=0.3, top_p=0.9, top_k=40, min_p=0.05, repea
 #: the least context left for the conversation after instructions and tool declarations
 _MIN_TURN_ROOM = 128
 _REPLY_CACHE = 8  # recent replies whose generated tokens are reused when they come back as history
+#: room kept for the user's next message when judging whether the next turn will still fit
+_NEXT_MESSAGE_ROOM = 96
 
 
 class LlamaThinkerModel:
@@ -126,6 +129,8 @@ class LlamaThinker:
         self._truncated: dict[str, str] = {}
         # index of the first conversation message still in the prompt (see _window)
         self._first_turn = 0
+        #: the conversation moved forward after a reply, on the loader thread (see _move_window_ahead)
+        self.window_ahead: Future[int] | None = None
 
     # -- public ------------------------------------------------------------------------------
 
@@ -201,6 +206,9 @@ class LlamaThinker:
                 tokens_iter.close()
                 if generated and generation == self._generation:
                     self._remember(text, generated)
+                    if not self._closed:
+                        self.window_ahead = self._shared._loader.submit(
+                            self._move_window_ahead, request, text, generation)
         return None
 
     def _call(self, cache: ContextCache, generation: int, prompt: list[int], request: ThinkRequest, budget: int,
@@ -297,7 +305,30 @@ class LlamaThinker:
             except FutureCancelled:
                 return None
 
-    def _render(self, request: ThinkRequest, with_tools: bool = False) -> list[int]:
+    def _move_window_ahead(self, request: ThinkRequest, reply: str, generation: int) -> int:
+        """After a reply: if the next turn would no longer fit, drop the oldest turns now and
+        evaluate what is left, while the reply plays, rather than when the user's next turn
+        arrives (a whole conversation takes about a second on 2 cores). Returns the tokens
+        evaluated (0: the next turn still fits, or the session moved on meanwhile)."""
+        with self._lock:
+            if self._closed or generation != self._generation or not self._instance.done():
+                return 0
+            before = self._first_turn
+            ahead = dataclasses.replace(request, messages=[*request.messages, TurnMessage("assistant", reply)])
+            try:
+                prompt = self._render(ahead, with_tools=bool(request.tools) and request.tool_choice != "none",
+                                      reserve=_NEXT_MESSAGE_ROOM)
+            except ValueError:  # instructions that leave no room: the next turn says so itself
+                return 0
+            if self._first_turn == before:
+                return 0
+            conversation = prompt[: len(prompt) - len(self._shared.render_header("assistant"))]
+            cache = self._instance.result()
+            evaluated = cache.pending(conversation)
+            cache.prefill(conversation)
+            return evaluated
+
+    def _render(self, request: ThinkRequest, with_tools: bool = False, reserve: int = 0) -> list[int]:
         shared = self._shared
         system = shared.render_header("system")
         system += shared.text_tokens(DEFAULT_SYSTEM_PROMPT)
@@ -308,7 +339,7 @@ class LlamaThinker:
         system += shared.im_end + shared.newline
         tail = shared.render_header("assistant")
         # keep room for the reply
-        room = shared.n_ctx - min(request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS, 512)
+        room = shared.n_ctx - min(request.max_output_tokens or DEFAULT_MAX_OUTPUT_TOKENS, 512) - reserve
         if len(system) + len(tail) + _MIN_TURN_ROOM > room:
             raise ValueError(f"instructions and tools take {len(system)} tokens; this model's context holds "
                              f"{shared.n_ctx}, with room kept for the reply and the conversation")
@@ -330,14 +361,15 @@ class LlamaThinker:
         for k in range(len(turns) - 1, -1, -1):
             suffix[k] = suffix[k + 1] + len(turns[k])
         last = max(len(turns) - 1, 0)
-        if fixed + suffix[0] <= room:
+        start = min(self._first_turn, last)
+        # back to the whole conversation only with room to spare once turns were dropped (it
+        # shrank): else a turn dropped ahead of time (_move_window_ahead) would come back
+        if fixed + suffix[0] <= room - (_NEXT_MESSAGE_ROOM if start else 0):
             start = 0
-        else:
-            start = min(self._first_turn, last)
-            if fixed + suffix[start] > room:
-                target = fixed + (room - fixed) // 2
-                while start < last and fixed + suffix[start] > target:
-                    start += 1
+        elif fixed + suffix[start] > room:
+            target = fixed + (room - fixed) // 2
+            while start < last and fixed + suffix[start] > target:
+                start += 1
         self._first_turn = start
         return turns[start:]
 
