@@ -40,6 +40,8 @@ _MIN_TURN_ROOM = 128
 _REPLY_CACHE = 8  # recent replies whose generated tokens are reused when they come back as history
 #: room kept for the user's next message when judging whether the next turn will still fit
 _NEXT_MESSAGE_ROOM = 96
+#: tokens evaluated at a time ahead of the next turn (about 80 ms on 2 cores): the next reply waits no longer
+_AHEAD_STEP = 64
 
 
 class LlamaThinkerModel:
@@ -308,8 +310,9 @@ class LlamaThinker:
     def _move_window_ahead(self, request: ThinkRequest, reply: str, generation: int) -> int:
         """After a reply: if the next turn would no longer fit, drop the oldest turns now and
         evaluate what is left, while the reply plays, rather than when the user's next turn
-        arrives (a whole conversation takes about a second on 2 cores). Returns the tokens
-        evaluated (0: the next turn still fits, or the session moved on meanwhile)."""
+        arrives (a whole conversation takes one to three seconds on 2 cores). It goes a few
+        tokens at a time and gives way to the next reply, which starts from what was evaluated.
+        Returns the tokens evaluated (0: the next turn still fits, or the session moved on)."""
         with self._lock:
             if self._closed or generation != self._generation or not self._instance.done():
                 return 0
@@ -322,11 +325,17 @@ class LlamaThinker:
                 return 0
             if self._first_turn == before:
                 return 0
-            conversation = prompt[: len(prompt) - len(self._shared.render_header("assistant"))]
-            cache = self._instance.result()
-            evaluated = cache.pending(conversation)
-            cache.prefill(conversation)
-            return evaluated
+        conversation = prompt[: len(prompt) - len(self._shared.render_header("assistant"))]
+        cache = self._instance.result()
+        evaluated = 0
+        while True:
+            with self._lock:
+                pending = cache.pending(conversation)
+                if self._closed or generation != self._generation or pending == 0:
+                    return evaluated
+                end = min(len(conversation), len(conversation) - pending + _AHEAD_STEP)
+                evaluated += cache.pending(conversation[:end])
+                cache.prefill(conversation[:end])
 
     def _render(self, request: ThinkRequest, with_tools: bool = False, reserve: int = 0) -> list[int]:
         shared = self._shared
