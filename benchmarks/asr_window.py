@@ -20,7 +20,7 @@ import numpy as np
 from realtime_omni.audio.resample import resample_once
 from realtime_omni.engines.embedded.asr_whisper import WhisperASR
 from realtime_omni.engines.embedded.tts_piper import PiperTTS
-from realtime_omni_bench.report import Report, command_line, write_report
+from realtime_omni_bench.report import Report, command_line, percentile, write_report
 from realtime_omni_bench.wer import word_errors, words
 
 QUESTIONS = [
@@ -35,11 +35,6 @@ QUESTIONS = [
     "I would like to order a large pepperoni pizza with extra cheese and a bottle of water, please.",
     "What's the square root of 144?", "Translate good morning into Spanish.",
 ]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -82,7 +77,7 @@ def main() -> None:
         ms, errors = results[name]["ms"], results[name]["errors"]
         wer = round(100 * errors / total_words, 1)
         summary[name] = {"wer_pct": wer, "ms_mean": round(statistics.mean(ms), 1),
-                         "ms_p50": round(pct(ms, 0.5), 1), "ms_p95": round(pct(ms, 0.95), 1)}
+                         "ms_p50": round(percentile(ms, 50), 1), "ms_p95": round(percentile(ms, 95), 1)}
         rows.append([name, wer, summary[name]["ms_mean"], summary[name]["ms_p50"], summary[name]["ms_p95"]])
     s, f = summary["short"], summary["full"]
     report = Report(
