@@ -3,8 +3,8 @@
 A spoken turn is a few seconds long, but Whisper's encoder is made for 30 s windows, and on two
 CPU cores that window alone costs ~300 ms of a turn's latency. Turns that fit are therefore
 encoded in a shorter window (10, 15, 20 or 25 s, the speech followed by at least 2 s of silence).
-On 180 synthesized turns (three speaking rates, three noise levels) that took 116 ms p50 instead
-of 397 ms, with 10.0 % word errors against 10.8 % (``docs/benchmarks/asr-window.md``).
+On 180 synthesized turns (three speaking rates, three noise levels) that took 128 ms p50 instead
+of 418 ms, with 10.0 % word errors against 10.8 % (``docs/benchmarks/asr-window.md``).
 Short windows make Whisper prone to repeating itself; decoding with timestamps lets it end its
 segments, and a reply that still loops, or runs into its token cap, is transcribed again the
 standard way.
