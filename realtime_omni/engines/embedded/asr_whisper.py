@@ -94,7 +94,7 @@ class WhisperASR:
         """One greedy pass over a ``window``-frame encoding; (text, whether it ended on its own)."""
         # padded with silence before the log-mel, as the full window is, so the padding frames
         # look like the silence Whisper knows (and the spectrogram's normalization is unchanged)
-        features = self.model.feature_extractor(audio, padding=window * HOP)[:, :window]
+        features = self.model.feature_extractor(audio, padding=window * HOP - audio.size + HOP)[:, :window]
         encoded = self.model.encode(features)
         prompt = self.tokenizer.sot_sequence  # timestamps on: they let a short window end
         cap = int(len(audio) / 16_000 * TOKENS_PER_S) + TOKENS_EXTRA

@@ -333,9 +333,10 @@ class LlamaThinker:
                 pending = cache.pending(conversation)
                 if self._closed or generation != self._generation or pending == 0:
                     return evaluated
-                end = min(len(conversation), len(conversation) - pending + _AHEAD_STEP)
-                evaluated += cache.pending(conversation[:end])
+                start = len(conversation) - pending
+                end = min(len(conversation), start + _AHEAD_STEP)
                 cache.prefill(conversation[:end])
+                evaluated += end - start
 
     def _render(self, request: ThinkRequest, with_tools: bool = False, reserve: int = 0) -> list[int]:
         shared = self._shared
