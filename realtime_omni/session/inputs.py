@@ -57,6 +57,11 @@ class Sync:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Alarm:
+    """The session's deadline timer rang: the runner looks at its limits again."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Close:
     reason: str
 
@@ -153,7 +158,7 @@ class ResponseEnd:
 
 
 EngineOutput = ResponseText | ResponseAudio | ResponseCall | ResponseUsage | ResponseEnd
-SessionInput = (ClientEvent | RateLimited | AudioIn | Image | Sync | Close | PlaybackCut | TurnEndVerdict | Transcript
+SessionInput = (ClientEvent | RateLimited | AudioIn | Image | Sync | Alarm | Close | PlaybackCut | TurnEndVerdict | Transcript
                 | McpToolsListed | McpCallDone | EngineOutput)
 
 

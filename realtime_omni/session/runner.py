@@ -113,6 +113,7 @@ class SessionRunner(ConnectionLink):
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = TokenBucket(self.limits.max_events_per_s)
+        self._alarm = _Alarm(self._ring)
         #: when the last client event or audio was accepted (the idle clock)
         self.last_client = time.monotonic()
         #: the lifetime limit (monotonic clock)
@@ -278,15 +279,8 @@ class SessionRunner(ConnectionLink):
                     self.core.close(code)
                     await self._flush()
                     break
-                wake = min(self._expires_at(), warn_at or deadline)
-                try:  # (a deadline, not wait_for: no task wrapped around every message)
-                    if self.mailbox.empty():
-                        async with asyncio.timeout(max(wake - now, 0.0)):
-                            message = await self.mailbox.get()
-                    else:
-                        message = self.mailbox.get_nowait()
-                except TimeoutError:
-                    continue
+                self._alarm.arm(min(self._expires_at(), warn_at or deadline), now)
+                message = await self.mailbox.get()
                 size = inp.payload_bytes(message)
                 if size:
                     self.inbox_bytes -= size
@@ -306,6 +300,14 @@ class SessionRunner(ConnectionLink):
             log.exception("session %s crashed", self.core.id)
         finally:
             await self._release()
+
+    def _ring(self) -> None:
+        """The deadline timer: wake the session task. A full mailbox needs no wake (the loop
+        looks at the deadlines before each message, and arms the timer again)."""
+        try:
+            self.mailbox.put_nowait(inp.Alarm())
+        except asyncio.QueueFull:
+            pass
 
     async def _handle(self, message: inp.SessionInput) -> None:
         core = self.core
@@ -328,6 +330,8 @@ class SessionRunner(ConnectionLink):
                     type="rate_limit_error"))
             case inp.Image(rgb):
                 core.append_image(rgb)
+            case inp.Alarm():
+                pass  # the loop looks at the deadlines before each message
             case inp.Sync(done):
                 if not done.done():
                     done.set_result(None)
@@ -406,6 +410,7 @@ class SessionRunner(ConnectionLink):
         """Free everything on every exit path: tasks, model state, the writer. :meth:`close`
         may cancel this midway (a model slow to close): what follows the waits still runs."""
         self.closed.set()
+        self._alarm.cancel()
         try:
             if self._drain is not None and self._drain is not asyncio.current_task():
                 self._drain.cancel()
@@ -435,6 +440,38 @@ class SessionRunner(ConnectionLink):
                     self.outbox.get_nowait()
             if self._on_close is not None:
                 self._on_close(self)
+
+
+class _Alarm:
+    """One timer for a session's deadlines (idle, lifetime, expiry warning), re-armed only when
+    one comes nearer. Most messages move the idle deadline later, which needs no new timer: an
+    early ring finds nothing expired and arms the next. A timer per message (``asyncio.timeout``
+    around each mailbox wait) cost every audio chunk a timer to create and cancel."""
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = float("inf")
+
+    def arm(self, when: float, now: float) -> None:
+        """Ring at ``when`` (``time.monotonic`` clock) or before."""
+        if self._handle is not None and self._at <= when:
+            return
+        self.cancel()
+        self._at = when
+        # call_later, not call_at: the loop's clock need not be time.monotonic (uvloop's is not)
+        self._handle = asyncio.get_running_loop().call_later(max(when - now, 0.0), self._rang)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._at = float("inf")
+
+    def _rang(self) -> None:
+        self._handle = None
+        self._at = float("inf")
+        self._ring()
 
 
 def _close_model(model: ModelSession) -> None:

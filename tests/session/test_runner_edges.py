@@ -11,7 +11,9 @@ import time
 
 import numpy as np
 
+from realtime_omni.audio import Pcm
 from realtime_omni.engines.echo import EchoModel
+from realtime_omni.protocol.errors import ErrorCode
 from realtime_omni.session.core import RealtimeSession
 from realtime_omni.session.limits import RunnerLimits
 from realtime_omni.session.runner import SessionRunner
@@ -112,4 +114,36 @@ async def test_a_turn_whose_prepared_transcript_is_dropped_keeps_its_words():
         gate.set()
         for task in runner.actions.running():
             task.cancel()
+        pool.shutdown(wait=False)
+
+
+async def test_a_busy_session_keeps_one_deadline_timer_and_still_ends_once_quiet():
+    """Every chunk moves the idle deadline later. The runner's one timer is armed again only
+    when it rings (not once per chunk), traffic keeps the session open past its idle limit, and
+    the first quiet stretch as long as the limit ends it."""
+    model = EchoModel()
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    runner = SessionRunner(RealtimeSession(model.info, has_vad=False), model.open_session(), pool, pool,
+                           limits=RunnerLimits(idle_timeout_s=0.3))
+    runner.start()
+    timers: list[asyncio.TimerHandle] = []
+    try:
+        frame = Pcm(np.zeros(480, np.int16), 24_000)
+        started = time.monotonic()
+        chunks = 0
+        while time.monotonic() - started < 0.9:  # three idle limits of traffic
+            await runner.submit_audio(frame)
+            chunks += 1
+            await asyncio.sleep(0.02)
+            timer = runner._alarm._handle
+            if timer is not None and not any(timer is seen for seen in timers):
+                timers.append(timer)
+        assert not runner.closed.is_set()
+        assert chunks > 20 and len(timers) <= 5  # ~one per idle limit, not one per chunk
+        quiet = time.monotonic()
+        await asyncio.wait_for(runner.closed.wait(), 3)
+        assert runner.close_reason == ErrorCode.SESSION_IDLE_TIMEOUT
+        assert time.monotonic() - quiet > 0.25  # not before the limit after the last chunk
+    finally:
+        await runner.close()
         pool.shutdown(wait=False)
