@@ -1,8 +1,8 @@
 """Server events, checked against the ``openai`` package's typed models.
 
 :func:`server_event` is the one way the server builds an event: it validates the fields
-against the SDK's model of that event type, so an event cannot drift from the published schema,
-and returns them as given. It does not return the model's dump: that costs ~30 µs per audio
+against the SDK's model of that event type, so an event cannot drift from the published schema
+(the deltas streamed many times a second: the first of each kind), and returns them as given. It does not return the model's dump: that costs ~30 µs per audio
 delta (against ~2 µs to validate) and rewrites values (``500.0`` becomes ``500``). The session
 core adds the ``event_id`` when it emits the event.
 """
@@ -13,6 +13,7 @@ import logging
 import typing
 from typing import Any
 
+import orjson
 import pydantic
 from openai.types.realtime import RealtimeServerEvent
 
@@ -28,6 +29,14 @@ EXTENSION_EVENTS = frozenset({"session.expiring", "session.resumed"})
 
 _reported: set[str] = set()
 
+#: events sent many times a second, each built by one code path with the same field types: the
+#: first of each kind is checked, not every one (the check cost each audio chunk a few µs)
+_STREAMED = frozenset({
+    "response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta",
+    "response.function_call_arguments.delta", "conversation.item.input_audio_transcription.delta",
+})
+_checked: set[str] = set()
+
 
 def server_event(kind: str, **fields: Any) -> dict[str, Any]:
     """The event ``kind`` with ``fields``, after checking them with the SDK's model.
@@ -36,8 +45,10 @@ def server_event(kind: str, **fields: Any) -> dict[str, Any]:
     sent anyway rather than ending the session. Tests validate every event they see.
     """
     event = {"type": kind, **fields}
-    if kind in EXTENSION_EVENTS:
+    if kind in EXTENSION_EVENTS or kind in _checked:
         return event
+    if kind in _STREAMED:
+        _checked.add(kind)
     try:
         _MODELS[kind].model_validate({"event_id": "", **event})
     except (KeyError, pydantic.ValidationError):
@@ -45,3 +56,12 @@ def server_event(kind: str, **fields: Any) -> dict[str, Any]:
             _reported.add(kind)
             log.exception("server event %r does not match the SDK's schema", kind)
     return event
+
+
+_TEXT_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+
+
+def event_text(event: dict[str, Any]) -> str:
+    """A server event as the text of a JSON frame (compact, UTF-8; numpy numbers as numbers).
+    orjson, not ``json.dumps``: a fifth of the time, and this runs for every audio delta."""
+    return orjson.dumps(event, option=_TEXT_OPTIONS).decode()

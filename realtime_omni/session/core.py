@@ -321,7 +321,7 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
     def _on_input_audio_buffer_append(self, event: Any) -> None:
         # the JSON channel's edge: base64 and the session's input format end here
         try:
-            wire = base64.b64decode(event.audio, validate=True)
+            wire = binascii.a2b_base64(event.audio, strict_mode=True)  # (b64decode: a regex pass first)
         except (binascii.Error, ValueError):
             raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param="audio") from None
         try:
@@ -386,7 +386,7 @@ class RealtimeSession(TurnControl, ResponseControl, McpControl):
             if part.get("type") == "input_audio" and part.get("audio"):
                 param = f"item.content.{index}.audio"
                 try:
-                    wire = base64.b64decode(part.pop("audio"), validate=True)
+                    wire = binascii.a2b_base64(part.pop("audio"), strict_mode=True)
                 except (binascii.Error, ValueError):
                     raise ProtocolError(ErrorCode.INVALID_BASE64, "audio is not valid base64", param=param) from None
                 try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from fastapi import APIRouter
@@ -18,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ..http.access import Opener
 from ..protocol.beta import beta_followers, to_beta
 from ..protocol.errors import ErrorCode
+from ..protocol.server_events import event_text
 from ..session.core import Outgoing
 from ..session.manager import ResumeError, SessionLimitError, SessionManager, UnknownModelError
 from ..session.runner import SessionRunner
@@ -81,14 +83,17 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
             await manager.stored(runner)  # before session.created hands out the resume token
             if bound_session:
                 await runner.submit(json.dumps({"type": "session.update", "session": {"type": "realtime", **bound_session}}))
-        writer = asyncio.create_task(_writer(websocket, runner, beta, replay))
+        sending = SendClock()
+        writer = asyncio.create_task(_writer(websocket, runner, beta, replay, sending))
         reader = asyncio.create_task(_reader(websocket, runner))
+        stuck = asyncio.create_task(_cancel_when_stuck(writer, sending))
         kick_wait = asyncio.create_task(kicked.wait())
         ended = asyncio.create_task(runner.closed.wait())
         going_down = asyncio.create_task(draining.wait())
-        tasks = (reader, writer, kick_wait, ended, going_down)
+        tasks = (reader, writer, stuck, kick_wait, ended, going_down)
         # Whichever comes first: the client leaves (reader), the peer stops taking bytes or is
-        # gone (writer), a resume takes over (kick), or the session ends on its own (idle,
+        # gone (writer; stuck: one send outlasted SEND_TIMEOUT_S), a resume takes over (kick),
+        # or the session ends on its own (idle,
         # lifetime, error) — the reader may be blocked on a full mailbox and never notice — or
         # the server goes down (the session is kept: the lifespan closes it as server_shutdown).
         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
@@ -143,7 +148,30 @@ async def _reader(websocket: WebSocket, runner: SessionRunner) -> bool:
         return exc.code == NORMAL_CLOSURE
 
 
-async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, replay: list[Outgoing]) -> None:
+class SendClock:
+    """When the writer's send in progress began (None: it is not sending). A watcher looks at
+    it every few seconds: a timer around each send cost every audio chunk one to create and
+    cancel, for a limit of tens of seconds."""
+
+    __slots__ = ("since",)
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+
+async def _cancel_when_stuck(writer: asyncio.Task[None], sending: SendClock, limit_s: float = SEND_TIMEOUT_S) -> None:
+    """Cancel ``writer`` once one send has taken more than ``limit_s`` (a peer that stopped
+    reading: its socket buffer is full). Returns when it did, or when the writer ended."""
+    while not writer.done():
+        await asyncio.sleep(limit_s / 4)
+        since = sending.since
+        if since is not None and time.monotonic() - since > limit_s:
+            writer.cancel()
+            return
+
+
+async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, replay: list[Outgoing],
+                  sending: SendClock) -> None:
     """The only task that sends on this connection (replayed events first)."""
 
     async def send(out: Outgoing) -> None:
@@ -151,11 +179,11 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
         wire = out.json_event()
         event = to_beta(wire) if beta else wire
         if event is not None:
-            # asyncio.timeout, not wait_for: no extra task per message on the hot path
-            async with asyncio.timeout(SEND_TIMEOUT_S):
-                await websocket.send_text(json.dumps(event))
-                for follower in beta_followers(out.event) if beta else ():
-                    await websocket.send_text(json.dumps(follower))
+            sending.since = time.monotonic()
+            await websocket.send_text(event_text(event))
+            for follower in beta_followers(out.event) if beta else ():
+                await websocket.send_text(event_text(follower))
+            sending.since = None
 
     try:
         for out in replay:
@@ -166,7 +194,7 @@ async def _writer(websocket: WebSocket, runner: SessionRunner, beta: bool, repla
                 break
             await send(out)
             runner.mark_sent(out)
-    except (WebSocketDisconnect, RuntimeError, asyncio.TimeoutError, ConnectionError):
+    except (WebSocketDisconnect, RuntimeError, ConnectionError):
         return  # a dead or stuck peer: the handler detaches the session (resumable)
     if websocket.client_state is WebSocketState.CONNECTED:
         await _close(websocket, NORMAL_CLOSURE)

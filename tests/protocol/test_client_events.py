@@ -47,6 +47,12 @@ def test_beta_session_shape_is_rewritten_to_ga():
         # a number that overflows to infinity is no number either
         ('{"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": '
          '{"type": "server_vad", "threshold": -1e400}}}}}', errors.INVALID_JSON, None),
+        # text that is not UTF-8: a binary frame of latin-1, a lone surrogate escape
+        (b'{"type": "input_audio_buffer.append", "audio": "\xe9t\xe9"}', errors.INVALID_JSON, None),
+        ('{"type": "input_audio_buffer.append", "audio": "\\ud800"}', errors.INVALID_JSON, None),
+        # an integer past 64 bits (beyond what any field takes), nesting past the parser's own bound
+        ('{"type": "response.create", "response": {"max_output_tokens": ' + "9" * 400 + "}}", errors.INVALID_JSON, None),
+        ("[" * 2_000 + "]" * 2_000, errors.INVALID_JSON, None),
         # beta modalities of the wrong type: a coded error, not a crash of the session
         (json.dumps({"type": "session.update", "session": {"modalities": 5}}), errors.INVALID_VALUE, "session.modalities"),
         (json.dumps({"type": "response.create", "response": {"modalities": "audio"}}), errors.INVALID_VALUE,

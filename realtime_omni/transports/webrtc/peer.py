@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -28,6 +27,7 @@ from aiortc.jitterbuffer import JitterBuffer
 
 from ...audio import StreamResampler
 from ...protocol.errors import ErrorCode
+from ...protocol.server_events import event_text
 from ...session.runner import SessionRunner
 from .ice import filter_offer_candidates, gather_on, loopback_only, rtc_ice_servers
 from .incoming import (
@@ -371,7 +371,7 @@ class Peer:
             return
         if channel.readyState != "open":
             return
-        channel.send(json.dumps(event))
+        channel.send(event_text(event))
         self.events_sent += 1
         if channel.bufferedAmount > _HIGH_WATER:
             drained = asyncio.Event()
