@@ -22,16 +22,13 @@ def loads(raw: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # (a ValueError) its message is the reason
         raise ValueError(str(exc)) from None
-    stack = [(value, 1)]
+    # orjson yields only dict, list and scalars: only the containers are followed
+    stack = [(value, 1)] if type(value) is dict or type(value) is list else []
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
         if depth > max_depth:
             raise ValueError(f"JSON nested deeper than {max_depth} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        for child in item.values() if type(item) is dict else item:  # (a loop: once per client event)
+            if type(child) is dict or type(child) is list:
+                stack.append((child, depth + 1))
     return value
