@@ -369,6 +369,7 @@ def run(
     server_pid: int | None = None,
     late_ms: float = 100.0,
     command: str | None = None,
+    title: str | None = None,
     log=print,  # type: ignore[no-untyped-def]
 ) -> tuple[Report, dict[str, Path]]:
     ladder = list(sessions or DEFAULT_LADDER)
@@ -458,7 +459,7 @@ def run(
     report = Report(
         name=name,
         benchmark="capacity",
-        title=f"Capacity: concurrent real-time {model} sessions over /v1/realtime",
+        title=title or f"Capacity: concurrent real-time {model} sessions over /v1/realtime",
         command=cmd,
         config={
             "ladder": ladder, "seconds": seconds, "chunk_ms": CHUNK_MS, "rate": RATE, "format": "audio/pcm (pcm16)",
