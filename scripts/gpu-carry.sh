@@ -25,7 +25,7 @@ if [ ! -f .whl_server/llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl ]; th
     openai httpx2 httpcore2 truststore 'idna>=3.18' h11 anyio certifi jiter distro sniffio soxr av \
     aiortc aioice pylibsrtp pyee cryptography cffi pycparser google-crc32c dnspython ifaddr pyopenssl \
     typing_extensions jsonschema attrs jsonschema-specifications referencing rpds-py \
-    prometheus-client importlib-metadata zipp llguidance==1.9.1
+    prometheus-client importlib-metadata zipp orjson llguidance==1.9.1
   # pip download resolves pydantic-core against pydantic only with dependencies: fetch the pair
   core=$(python3 - <<'EOF'
 import glob, re, zipfile
