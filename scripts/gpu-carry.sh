@@ -2,9 +2,11 @@
 # Builds the folders a GPU call carries (docs/gpu-machine.md), all ignored by git:
 #   .whl_tf      transformers 5.24 repacked as transformers.tar.xz, plus regex
 #   .whl_server  the server's and the benchmarks' own dependencies as cp312 wheels
+#   .whl_min     the few of those the in-process runs need (pydantic, soxr, llguidance, ...)
 #   .omni_cfg    the real-size model configs and the spoken question (turn.npy, Piper, 24 kHz)
 # Run here from the repository root (needs PyPI and the project installed); then pass
-# carry [".whl_tf", ".whl_server", ".omni_cfg"] on every device call.
+# carry [".whl_tf", ".whl_min", ".omni_cfg"] (qwen3, codec) or [".whl_tf", ".whl_server",
+# ".omni_cfg"] (talker: through the server) on a device call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dl=(python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
@@ -49,4 +51,10 @@ from omni_server import QUESTION, speech
 np.save(".omni_cfg/turn.npy", speech(None))
 EOF
 fi
-du -sh .whl_tf .whl_server .omni_cfg
+# the in-process runs (omni_capacity.py: qwen3, codec) import realtime_omni's omni engine, which
+# needs these beside torch and transformers; carried instead of .whl_server (the 64 MiB limit)
+rm -rf .whl_min && mkdir -p .whl_min
+for p in annotated_types llguidance pydantic-2 pydantic_core soxr typing_inspection typing_extensions; do
+  cp .whl_server/"$p"*.whl .whl_min/
+done
+du -sh .whl_tf .whl_server .whl_min .omni_cfg

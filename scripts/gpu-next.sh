@@ -13,17 +13,17 @@
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
 # Build the carried folders first with scripts/gpu-carry.sh (a fresh checkout has none).
-# Run on the lent machine from the repository root with .whl_tf and .omni_cfg carried (and
-# .whl_server for talker); results go to $OUT (the device tool brings that folder back).
+# Run on the lent machine from the repository root with .whl_tf, .whl_min and .omni_cfg carried
+# (talker: .whl_server instead of .whl_min); results go to $OUT (the device tool brings it back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?run this on the device machine: it writes to \$OUT}"
 
 mkdir -p /tmp/site
 tar -xJf .whl_tf/transformers.tar.xz -C /tmp/site
-# .whl_server only for the runs through the server (talker): the in-process runs import torch,
-# transformers and numpy alone, and the tree with every folder carried nears the 64 MiB limit
-wheels=(.whl_tf/*.whl); [ -d .whl_server ] && wheels+=(.whl_server/*.whl)
+# .whl_server only for the runs through the server (talker): with it the tree passes the 64 MiB
+# carry limit, and the in-process runs need only the few wheels of .whl_min
+wheels=(.whl_tf/*.whl); [ -d .whl_min ] && wheels+=(.whl_min/*.whl); [ -d .whl_server ] && wheels+=(.whl_server/*.whl)
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "${wheels[@]}"
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
