@@ -2,9 +2,10 @@
 
 :func:`server_event` is the one way the server builds an event: it validates the fields
 against the SDK's model of that event type, so an event cannot drift from the published schema
-(the deltas streamed many times a second: the first of each kind), and returns them as given. It does not return the model's dump: that costs ~30 µs per audio
-delta (against ~2 µs to validate) and rewrites values (``500.0`` becomes ``500``). The session
-core adds the ``event_id`` when it emits the event.
+(of the deltas streamed many times a second, the first of each kind), and returns them as given.
+It does not return the model's dump: that costs ~30 µs per audio delta (against ~2 µs to
+validate) and rewrites values (``500.0`` becomes ``500``). The session core adds the
+``event_id`` when it emits the event. :func:`event_text` writes an event as a JSON frame.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """JSON as clients may send it: standard (no NaN / Infinity, no number that overflows to
 infinity such as ``1e400``, valid UTF-8) and nested at most ``MAX_DEPTH`` deep.
 
-orjson parses it (it refuses what the standard refuses and stops at 1 024 levels where
-Python's ``json`` recursed into ``RecursionError``) and takes a quarter of the time: this runs
-for every audio chunk a client sends). Events of the protocol nest a few levels; anything
+orjson parses it: it refuses what the standard refuses, stops at 1 024 levels where Python's
+``json`` recursed into ``RecursionError``, and takes a fifth of the time (this runs for every
+audio chunk a client sends). Events of the protocol nest a few levels; anything
 deeper than ``MAX_DEPTH`` is refused as invalid JSON.
 """
 
