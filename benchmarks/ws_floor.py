@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from http import HTTPStatus
 from pathlib import Path
 
@@ -28,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 async def _serve(port: int) -> None:
-    import uvloop  # noqa: F401 - the server's event loop, as uvicorn picks it
     from websockets.asyncio.server import serve
 
     live = 0
@@ -74,21 +72,18 @@ def main() -> int:
         uvloop.run(_serve(args.port))
         return 0
 
-    from realtime_omni_bench import capacity
+    from realtime_omni_bench import ServerURL, capacity
 
+    url = f"http://127.0.0.1:{args.port}"
     child = subprocess.Popen(["taskset", "-c", "0", sys.executable, __file__, "--serve", "--port", str(args.port)])
     try:
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{args.port}/ready", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or child.poll() is not None:
-                    raise RuntimeError("the floor server did not start") from None
-                time.sleep(0.2)
+        while ServerURL.parse(url).ready(1.0) is None:
+            if time.monotonic() > deadline or child.poll() is not None:
+                raise RuntimeError("the floor server did not start")
+            time.sleep(0.2)
         ladder = [int(n) for n in args.sessions.split(",")]
-        capacity.run(ladder, args.seconds, url=f"http://127.0.0.1:{args.port}", out=args.out, name="capacity-floor",
+        capacity.run(ladder, args.seconds, url=url, out=args.out, name="capacity-floor",
                      server_pid=child.pid, title="Capacity floor: a bare websockets server answering each chunk",
                      command="python3 benchmarks/ws_floor.py " + " ".join(sys.argv[1:]))
     finally:
