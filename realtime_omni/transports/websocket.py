@@ -93,9 +93,9 @@ async def realtime_websocket(websocket: WebSocket, admission: Opener) -> None:
         tasks = (reader, writer, stuck, kick_wait, ended, going_down)
         # Whichever comes first: the client leaves (reader), the peer stops taking bytes or is
         # gone (writer; stuck: one send outlasted SEND_TIMEOUT_S), a resume takes over (kick),
-        # or the session ends on its own (idle,
-        # lifetime, error) — the reader may be blocked on a full mailbox and never notice — or
-        # the server goes down (the session is kept: the lifespan closes it as server_shutdown).
+        # or the session ends on its own (idle, lifetime, error) — the reader may be blocked on
+        # a full mailbox and never notice — or the server goes down (the session is kept: the
+        # lifespan closes it as server_shutdown).
         await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
         if ended.done() and not writer.done():
             # let the last events (the reason it ended) reach a client that still reads

@@ -124,14 +124,14 @@ async def test_a_busy_session_keeps_one_deadline_timer_and_still_ends_once_quiet
     model = EchoModel()
     pool = concurrent.futures.ThreadPoolExecutor(1)
     runner = SessionRunner(RealtimeSession(model.info, has_vad=False), model.open_session(), pool, pool,
-                           limits=RunnerLimits(idle_timeout_s=0.3))
+                           limits=RunnerLimits(idle_timeout_s=0.5))
     runner.start()
     timers: list[asyncio.TimerHandle] = []
     try:
         frame = Pcm(np.zeros(480, np.int16), 24_000)
         started = time.monotonic()
         chunks = 0
-        while time.monotonic() - started < 0.9:  # three idle limits of traffic
+        while time.monotonic() - started < 1.5:  # three idle limits of traffic
             await runner.submit_audio(frame)
             chunks += 1
             await asyncio.sleep(0.02)
@@ -139,11 +139,11 @@ async def test_a_busy_session_keeps_one_deadline_timer_and_still_ends_once_quiet
             if timer is not None and not any(timer is seen for seen in timers):
                 timers.append(timer)
         assert not runner.closed.is_set()
-        assert chunks > 20 and len(timers) <= 5  # ~one per idle limit, not one per chunk
+        assert chunks > 30 and len(timers) <= 5  # ~one per idle limit, not one per chunk
         quiet = time.monotonic()
         await asyncio.wait_for(runner.closed.wait(), 3)
         assert runner.close_reason == ErrorCode.SESSION_IDLE_TIMEOUT
-        assert time.monotonic() - quiet > 0.25  # not before the limit after the last chunk
+        assert time.monotonic() - quiet > 0.45  # not before the limit after the last chunk
     finally:
         await runner.close()
         pool.shutdown(wait=False)
