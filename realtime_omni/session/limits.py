@@ -1,10 +1,13 @@
 """A session's limits: the settings (:class:`RunnerLimits`), the client event rate
-(:class:`TokenBucket`) and what the client is told when a limit ends its session."""
+(:class:`TokenBucket`), the timer that wakes a session at its deadlines
+(:class:`DeadlineAlarm`) and what the client is told when a limit ends its session."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from ..protocol.errors import ErrorCode
@@ -71,3 +74,35 @@ class TokenBucket:
             return False
         self.tokens -= cost
         return True
+
+
+class DeadlineAlarm:
+    """One timer for a session's deadlines (idle, lifetime, expiry warning), re-armed only when
+    one comes nearer. Most messages move the idle deadline later, which needs no new timer: an
+    early ring finds nothing expired and arms the next. A timer per message (``asyncio.timeout``
+    around each mailbox wait) cost every audio chunk a timer to create and cancel."""
+
+    def __init__(self, ring: Callable[[], None]) -> None:
+        self._ring = ring
+        self._handle: asyncio.TimerHandle | None = None
+        self._at = float("inf")
+
+    def arm(self, when: float, now: float) -> None:
+        """Ring at ``when`` (``time.monotonic`` clock) or before."""
+        if self._handle is not None and self._at <= when:
+            return
+        self.cancel()
+        self._at = when
+        # call_later, not call_at: the loop's clock need not be time.monotonic (uvloop's is not)
+        self._handle = asyncio.get_running_loop().call_later(max(when - now, 0.0), self._rang)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._at = float("inf")
+
+    def _rang(self) -> None:
+        self._handle = None
+        self._at = float("inf")
+        self._ring()

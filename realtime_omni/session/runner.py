@@ -26,7 +26,7 @@ from ..protocol.errors import ErrorCode, ProtocolError
 from . import inputs as inp
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
-from .limits import EXPIRY_MESSAGES, RunnerLimits, TokenBucket, Wedged
+from .limits import EXPIRY_MESSAGES, DeadlineAlarm, RunnerLimits, TokenBucket, Wedged
 from .link import ConnectionLink
 from .memory import approx_bytes
 from .meter import TurnMeter
@@ -113,7 +113,7 @@ class SessionRunner(ConnectionLink):
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None
         self._bucket = TokenBucket(self.limits.max_events_per_s)
-        self._alarm = _Alarm(self._ring)
+        self._alarm = DeadlineAlarm(self._ring)
         #: when the last client event or audio was accepted (the idle clock)
         self.last_client = time.monotonic()
         #: the lifetime limit (monotonic clock)
@@ -440,38 +440,6 @@ class SessionRunner(ConnectionLink):
                     self.outbox.get_nowait()
             if self._on_close is not None:
                 self._on_close(self)
-
-
-class _Alarm:
-    """One timer for a session's deadlines (idle, lifetime, expiry warning), re-armed only when
-    one comes nearer. Most messages move the idle deadline later, which needs no new timer: an
-    early ring finds nothing expired and arms the next. A timer per message (``asyncio.timeout``
-    around each mailbox wait) cost every audio chunk a timer to create and cancel."""
-
-    def __init__(self, ring: Callable[[], None]) -> None:
-        self._ring = ring
-        self._handle: asyncio.TimerHandle | None = None
-        self._at = float("inf")
-
-    def arm(self, when: float, now: float) -> None:
-        """Ring at ``when`` (``time.monotonic`` clock) or before."""
-        if self._handle is not None and self._at <= when:
-            return
-        self.cancel()
-        self._at = when
-        # call_later, not call_at: the loop's clock need not be time.monotonic (uvloop's is not)
-        self._handle = asyncio.get_running_loop().call_later(max(when - now, 0.0), self._rang)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        self._at = float("inf")
-
-    def _rang(self) -> None:
-        self._handle = None
-        self._at = float("inf")
-        self._ring()
 
 
 def _close_model(model: ModelSession) -> None:

@@ -135,7 +135,7 @@ async def test_a_busy_session_keeps_one_deadline_timer_and_still_ends_once_quiet
             await runner.submit_audio(frame)
             chunks += 1
             await asyncio.sleep(0.02)
-            timer = runner._alarm._handle
+            timer = runner._alarm._handle  # (the DeadlineAlarm's timer)
             if timer is not None and not any(timer is seen for seen in timers):
                 timers.append(timer)
         assert not runner.closed.is_set()
