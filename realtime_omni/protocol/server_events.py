@@ -64,5 +64,6 @@ _TEXT_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 def event_text(event: dict[str, Any]) -> str:
     """A server event as the text of a JSON frame (compact, UTF-8; numpy numbers as numbers).
-    orjson, not ``json.dumps``: a fifth of the time, and this runs for every audio delta."""
+    orjson, not ``json.dumps``: this runs for every audio delta (0.6 µs against 7.0 for one
+    with 20 ms of 24 kHz audio)."""
     return orjson.dumps(event, option=_TEXT_OPTIONS).decode()

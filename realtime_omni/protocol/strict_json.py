@@ -2,9 +2,10 @@
 infinity such as ``1e400``, valid UTF-8) and nested at most ``MAX_DEPTH`` deep.
 
 orjson parses it: it refuses what the standard refuses, stops at 1 024 levels where Python's
-``json`` recursed into ``RecursionError``, and takes a fifth of the time (this runs for every
-audio chunk a client sends). Events of the protocol nest a few levels; anything
-deeper than ``MAX_DEPTH`` is refused as invalid JSON.
+``json`` recursed into ``RecursionError``, and with the depth check takes 1.0 µs for an audio
+append where ``json`` with its hooks took 5.4 (this runs for every chunk a client sends).
+Events of the protocol nest a few levels; anything deeper than ``MAX_DEPTH`` is refused as
+invalid JSON.
 """
 
 from __future__ import annotations
