@@ -354,7 +354,7 @@ def run_config(path: Path, args) -> dict:
     slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames,
-                    "lookahead": args.lookahead, "dit_steps": args.dit_steps,
+                    "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
                     "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
@@ -363,6 +363,7 @@ def run_config(path: Path, args) -> dict:
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
+                            dit_dtype=args.dit_dtype,
                             lean_code_predictor=not args.modules_code_predictor)
     model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
@@ -440,6 +441,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--dit-steps", type=int, default=10,
                     help="Qwen2.5's codec: flow-matching steps per window (a build setting: one run per value)")
+    ap.add_argument("--dit-dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="Qwen2.5's codec: the DiT transformer's precision (a build setting: one run per value)")
     ap.add_argument("--modules-code-predictor", action="store_true",
                     help="Qwen3's code predictor through transformers' modules, not the lean layout (a build setting)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
@@ -467,7 +470,8 @@ def main(argv=None) -> int:
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
-               "--dit-steps", str(args.dit_steps), "--sessions", *map(str, args.sessions)]
+               "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype,
+               "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]
         if args.sweep_sessions:

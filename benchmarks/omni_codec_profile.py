@@ -3,7 +3,8 @@
 Builds the token2wav model alone from a config (random float32 weights, as the engine runs it),
 and times one codec window of the engine's steady shape for several batch sizes (windows of
 that many sessions decoded together) and flow-matching step counts: the DiT's ODE and the vocoder
-apart, eagerly and as one CUDA graph. Run on the GPU machine:
+apart, eagerly and as one CUDA graph, with the DiT's transformer in each ``--dit-dtype``. Run on
+the GPU machine:
 
     python benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
         --out codec.json
@@ -56,13 +57,14 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def profile(model, codes_len: int, batch: int, steps: int, repeats: int) -> dict:
+def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dtype: str = "float32") -> dict:
     import torch
 
-    from realtime_omni.engines.omni.waveform import dit_sample, encode_speaker, vocode
+    from realtime_omni.engines.omni.waveform import dit_sample, encode_speaker, set_dit_dtype, vocode
 
     dev = next(model.parameters()).device
     dit, vocoder = model.code2wav_dit_model, model.code2wav_bigvgan_model
+    set_dit_dtype(dit, dit_dtype)
     mel_dim = int(dit.mel_dim)
     frames = codes_len * dit.repeats
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -81,7 +83,7 @@ def profile(model, codes_len: int, batch: int, steps: int, repeats: int) -> dict
         def window():
             return vocode(vocoder, ode())
 
-        out = {"codes": codes_len, "batch": batch, "dit_steps": steps,
+        out = {"codes": codes_len, "batch": batch, "dit_steps": steps, "dit_dtype": dit_dtype,
                "dit_eager_ms": timed(ode, repeats), "vocoder_eager_ms": timed(lambda: vocode(vocoder, mel), repeats)}
         if dev.type != "cuda":
             return out
@@ -107,6 +109,8 @@ def main() -> int:
                     help="window lengths in codes (54: the engine's steady window, 24 of context, 24 new, 2 held back)")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     ap.add_argument("--steps", type=int, nargs="+", default=[10, 5, 4])
+    ap.add_argument("--dit-dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                    help="the DiT transformer's precision (the engine's dit_dtype); each is timed")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)
@@ -119,11 +123,12 @@ def main() -> int:
               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}, "runs": []}
     for codes_len in args.codes:
         for steps in args.steps:
-            for batch in args.batch:
-                row = profile(model, codes_len, batch, steps, args.repeats)
-                print(json.dumps(row), flush=True)
-                result["runs"].append(row)
-                args.out.write_text(json.dumps(result, indent=1))
+            for dit_dtype in args.dit_dtype:
+                for batch in args.batch:
+                    row = profile(model, codes_len, batch, steps, args.repeats, dit_dtype)
+                    print(json.dumps(row), flush=True)
+                    result["runs"].append(row)
+                    args.out.write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -10,6 +10,12 @@
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
+#   scripts/gpu-next.sh prefill-cold
+#                                the first 4-row prefill of a fresh process under the profiler (about 150 s)
+#   scripts/gpu-next.sh codec-dtype
+#                                Qwen2.5's DiT in bfloat16 against float32: the window alone, then N = 8,
+#                                16, 32 with a 48-code chunk (about 400 s held)
+#   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
 # Build the carried folders first with scripts/gpu-carry.sh (a fresh checkout has none).
@@ -30,7 +36,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' \
   | tee -a "$OUT/gpu.txt"
 
-case "${1:-}" in
+[ $# -gt 0 ] || set -- usage
+for run in "$@"; do
+case "$run" in
   talker)
     mkdir -p /tmp/q3
     cp .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/q3/config.json
@@ -60,8 +68,22 @@ case "${1:-}" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 16 32 48 64 --modules-code-predictor --out "$OUT/q3_modules.json" 2>&1 | grep -v '^\[transformers\]' | tail -6 || true
     ;;
+  prefill-cold)
+    # what a first 4-row prefill pays once (1.7 s at e2adc41): the first level after the warm-up
+    # under the profiler, in a process of its own, before any other run has met that shape
+    timeout 170 python3 benchmarks/omni_prefill_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 4 8 --profile 8 --cold-profile --out "$OUT/prefill_cold.json" 2>&1 | grep -v '^\[transformers\]' | tail -30 || true
+    ;;
+  codec-dtype)
+    # the DiT in bfloat16 against float32, the window alone and Qwen2.5 at N = 8, 16, 32
+    timeout 200 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --codes 54 74 --dit-dtype float32 bfloat16 --out "$OUT/codec_dtype_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -20 || true
+    timeout 250 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
+      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_chunk48_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
+    ;;
   *)
-    echo "usage: scripts/gpu-next.sh talker|codec|codec-steps|qwen3|qwen3-modules" >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen3|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
+done

@@ -1124,3 +1124,34 @@ def test_the_qwen25_codec_takes_its_flow_matching_steps_from_the_settings(omni):
         assert float(np.abs(mine - ten).max()) > 1e-6 * scale
     finally:
         model.close()
+
+
+def test_the_qwen25_dit_can_run_in_bfloat16_with_the_ode_kept_in_float32(omni):
+    """``dit_dtype="bfloat16"`` puts the DiT's transformer in bfloat16 and leaves the speaker
+    encoder, the vocoder and the ODE in float32: the audio of a window stays within a rounding
+    distance of the float32 DiT's, and is not the same audio (the setting took effect)."""
+    if omni.loaded.arch != "qwen2_5_omni":
+        pytest.skip("only Qwen2.5-Omni's codec has a DiT")
+    from realtime_omni.engines.omni.waveform import set_dit_dtype
+
+    model = OmniModel(omni.path, OmniSettings(talker_do_sample=False, seed=0, dit_steps=3, dit_dtype="bfloat16",
+                                              **CHUNKS[omni.loaded.arch]))
+    model.load()
+    try:
+        loaded, codec = model.loaded, model.codec
+        t2w = loaded.model.token2wav
+        dit = t2w.code2wav_dit_model
+        assert {p.dtype for p in dit.transformer_blocks.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in dit.input_embed.spk_encoder.parameters()} == {torch.float32}
+        assert {p.dtype for p in t2w.code2wav_bigvgan_model.parameters()} == {torch.float32}
+        codes = torch.randint(0, 60, (24,), generator=torch.Generator().manual_seed(5))
+        noise = torch.randn(codes.numel() * 2, codec.mel_dim, generator=torch.Generator().manual_seed(11))
+        half = codec.render(codes, 0, loaded.default_speaker, noise=noise)
+        set_dit_dtype(dit, "float32")
+        full = codec.render(codes, 0, loaded.default_speaker, noise=noise)
+        assert half.dtype == full.dtype == np.float32
+        scale = float(np.abs(full).max())
+        difference = float(np.abs(half - full).max())
+        assert scale > 0 and 1e-7 * scale < difference < 1e-2 * scale
+    finally:
+        model.close()

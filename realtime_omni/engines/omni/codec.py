@@ -38,7 +38,7 @@ import numpy as np
 
 from .graphs import ShapeGraphs, on_stream
 from .loader import LoadedOmni, samples_per_code
-from .waveform import code2wav, dit_sample, encode_speaker, vocode
+from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ class CodecSettings:
     dit_steps: int = 10
     guidance_scale: float = 0.5
     sway_coefficient: float = -1.0
+    #: the DiT transformer's precision (its inputs and output stay float32: see waveform.set_dit_dtype)
+    dit_dtype: str = "float32"
     #: replay each window shape as a CUDA graph (CUDA only)
     cuda_graphs: bool = True
 
@@ -89,6 +91,7 @@ class OmniCodec:
             self.block = max(1, int(dit.block_size) // self.repeats)
             self.lost = 0
             self.mel_dim = int(dit.mel_dim)
+            set_dit_dtype(loaded.model.token2wav.code2wav_dit_model, settings.dit_dtype)
             self.max_code = int(dit.num_embeds)
             device = next(loaded.model.token2wav.parameters()).device
             #: a window's graph key is this and its length in codes

@@ -121,23 +121,39 @@ def encode_speaker(dit, reference_mel, cfg: bool = True):
     return dit.input_embed.spk_encoder(mel)
 
 
+def set_dit_dtype(dit, dtype: str) -> None:
+    """Run the DiT's transformer (its input projection, blocks and output head) in ``dtype``.
+
+    The rest stays float32: the speaker encoder and code embedding (computed once per speaker or
+    window), the time embedding (tiny) and the ODE itself, whose state and guidance arithmetic
+    :func:`_dit_forward` keeps in float32 around each evaluation. The transformer is where a
+    window's time goes (36 evaluations of every layer), and in bfloat16 each moves half the bytes."""
+    import torch
+
+    target = getattr(torch, dtype)
+    for module in (dit.input_embed.proj, dit.transformer_blocks, dit.norm_out, dit.proj_out):
+        module.to(target)
+
+
 def _dit_forward(dit, hidden_states, time_step, static, cfg: bool):
     """``Qwen2_5OmniToken2WavDiTModel.forward`` (and ``DiTInputEmbedding.forward``) with the
-    speaker encoding and code embeddings precomputed."""
+    speaker encoding and code embeddings precomputed, the transformer in its own precision
+    (:func:`set_dit_dtype`) and the velocity returned in float32."""
     import torch
 
     spk_seq, code_embed, speaker = static
+    dtype = dit.proj_out.weight.dtype
     batch = hidden_states.shape[0] * (2 if cfg else 1)
     if time_step.ndim == 0:
         time_step = time_step.repeat(batch)
-    time_embedding = dit.time_embed(time_step)
+    time_embedding = dit.time_embed(time_step).to(dtype)
     if cfg:
         hidden_states = torch.cat([hidden_states, hidden_states], dim=0)
-    hidden = dit.input_embed.proj(torch.cat((hidden_states, spk_seq, code_embed, speaker), dim=-1))
+    hidden = dit.input_embed.proj(torch.cat((hidden_states, spk_seq, code_embed, speaker), dim=-1).to(dtype))
     position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None, :].repeat(hidden.shape[0], 1)
     position_embeddings = dit.rotary_embed(hidden, position_ids)
     block_diff = dit._create_block_diff(hidden)
     for block in dit.transformer_blocks:
         hidden = block(hidden, time_embedding, position_embeddings=position_embeddings, block_diff=block_diff)
     hidden = dit.norm_out(hidden, time_embedding)
-    return dit.proj_out(hidden)
+    return dit.proj_out(hidden).float()
