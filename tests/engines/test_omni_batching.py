@@ -1080,3 +1080,80 @@ def test_a_pooled_cache_knows_its_length_on_the_host_without_reading_the_device(
     decoder.advance(3)
     decoder.crop(0)
     assert decoder.write_position() == 0 and decoder.length == 0
+
+
+def test_loading_prefills_a_spoken_turn_alone_and_several_at_once_and_frees_their_slots(tmp_path):
+    """The first prefills of a process pay one-time costs (seconds on the H200): the model pays
+    them while it loads, with throw-away sessions prefilling one, two, then four at once through
+    the batched prefills, and gives every slot back."""
+    from realtime_omni.engines.omni.warmup import SIZES
+
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    messages: list[str] = []
+    model = OmniModel(tmp_path, OmniSettings(talker_do_sample=False, seed=0, max_sessions=4,
+                                             **CHUNKS["qwen3_omni_moe"]))
+    real, lock, flying, most = model.open_session, threading.Lock(), [0], [0]
+
+    def counted():  # how many of the warm-up's prefills run at the same time
+        session = real()
+        prefill = session.prefill
+
+        def run(req):
+            with lock:
+                flying[0] += 1
+                most[0] = max(most[0], flying[0])
+            try:
+                return prefill(req)
+            finally:
+                with lock:
+                    flying[0] -= 1
+
+        session.prefill = run
+        return session
+
+    model.open_session = counted
+    model.load(progress=messages.append)
+    model.open_session = real
+    try:
+        thinker = model.batching.prefill.stats()
+        assert thinker["requests"] == thinker["rows"] == sum(SIZES) == 7
+        assert most[0] == 4  # (each prefill waits for the batch's gathering: they overlap)
+        assert model.batching.talker_prefill.stats()["requests"] == 7
+        assert model.batching.thinker_pool.in_use == 0 and model.open_sessions == 0
+        assert any(m.startswith("prefills warmed up: 1 in") for m in messages), messages
+    finally:
+        model.close()
+
+
+def test_a_warm_up_that_fails_is_reported_and_leaves_the_model_usable(tmp_path):
+    """A warm-up round that raises stops the warm-up with a message; the sessions it opened are
+    closed and the model serves turns as before."""
+    from realtime_omni.engines.omni import warmup
+
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    model = OmniModel(tmp_path, OmniSettings(talker_do_sample=False, seed=0, max_sessions=4,
+                                             **CHUNKS["qwen3_omni_moe"]))
+    model.load()
+    try:
+        real = model.open_session
+
+        def failing_second_round():
+            session = real()
+            if model.open_sessions > 1:  # the round of two
+                session.prefill = lambda _request: (_ for _ in ()).throw(RuntimeError("no room"))
+            return session
+
+        model.open_session = failing_second_round
+        messages: list[str] = []
+        ran = warmup.warm_prefills(model, progress=messages.append)
+        model.open_session = real
+        assert ran == [1] and messages == ["prefill warm-up stopped at 2 sessions (RuntimeError: no room)"]
+        assert model.open_sessions == 0 and model.batching.thinker_pool.in_use == 0
+        session = model.open_session()
+        try:
+            outputs, _chunks, _audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=4))
+            assert outputs
+        finally:
+            session.close()
+    finally:
+        model.close()

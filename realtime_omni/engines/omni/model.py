@@ -214,6 +214,10 @@ class OmniModel(VoiceModel):
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
         self._note_tools(progress)
         self.warm_graphs(progress)
+        if self.batching is not None:
+            from .warmup import warm_prefills
+
+            warm_prefills(self, progress=progress)
 
     def _note_tools(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         """Function calls where the vocabulary has the Qwen call tokens (and llguidance is there)."""
