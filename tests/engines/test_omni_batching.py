@@ -1056,9 +1056,8 @@ def test_live_talkers_of_several_sessions_give_each_what_it_gets_alone(pair):
 
 def test_a_pooled_cache_knows_its_length_on_the_host_without_reading_the_device():
     """A session's first prefill asks where its cache ends (write_position) and a new turn may
-    crop it: in a slot pool both come from the host's count. On a GPU busy with the other
-    sessions' prefills, reading the device's length waited for all of them (the preparation of a
-    turn took 165 ms p50 at 32 sessions on the H200)."""
+    crop it: in a slot pool both come from the host's count, so neither waits for the device's
+    queue (the other sessions' prefills and steps)."""
     from realtime_omni.engines.omni.batching.slots import SlotPool
     from realtime_omni.engines.omni.graphs import StaticDecoder
 
@@ -1157,3 +1156,26 @@ def test_a_warm_up_that_fails_is_reported_and_leaves_the_model_usable(tmp_path):
             session.close()
     finally:
         model.close()
+
+
+def test_a_batched_session_builds_its_cache_views_when_it_opens_not_in_its_first_turn(pair):
+    """``prepare`` (run at session open on CUDA) builds the thinker's cache views on the
+    session's slot, so a first turn's preparation does not; each layer's length is its own
+    element of one tensor."""
+    session = pair["batched"].open_session()
+    try:
+        thinker = session.thinker
+        assert thinker.ctx.decoder is None
+        thinker.prepare()
+        decoder = thinker.ctx.decoder
+        assert decoder is not None and decoder.slot == session.rows.thinker.slot
+        layers = decoder._cache.layers
+        assert len(layers) > 1 and [int(layer.cumulative_length) for layer in layers] == [0] * len(layers)
+        with torch.inference_mode():
+            layers[0].cumulative_length.add_(5)  # (what a layer's own update does)
+            assert [int(layer.cumulative_length) for layer in layers] == [5] + [0] * (len(layers) - 1)
+            layers[0].cumulative_length.zero_()
+        outputs, _chunks, _audio, _ = run_turn(session, request([TurnMessage(role="user", text="hi")], max_tokens=4))
+        assert outputs and thinker.ctx.decoder is decoder
+    finally:
+        session.close()

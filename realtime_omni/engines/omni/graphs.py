@@ -366,9 +366,8 @@ class StaticDecoder:
         # the cache's length as the host knows it (None: ask the device). In a pool, where only
         # batched steps (counted by advance) and the owner's own use of the cache (which forgets
         # it) change it, a new cache is known to be empty: a session's first prefill then does
-        # not wait on the device's queue to learn it (behind the other sessions' prefills, that
-        # wait made 165 ms p50 of the preparation at N = 32). Alone, its own captured step
-        # lengthens the cache on the device unseen, so the host never assumes.
+        # not wait on the device's queue to learn it (behind the other sessions' work). Alone,
+        # its own captured step lengthens the cache on the device unseen, so the host never assumes.
         self._pooled = pool is not None
         self._host_length: int | None = 0 if self._pooled else None
 

@@ -227,7 +227,13 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
         import torch
 
         with self.lock, torch.inference_mode():
-            if self.closed or self.ctx.ids or self.rows is not None:
+            if self.closed or self.ctx.ids:
+                return
+            if self.rows is not None:
+                # batched: the step was captured at load; the slot's cache views are built now,
+                # not in the first turn's preparation (48 layers' views, some milliseconds of
+                # the interpreter that dozens of turns starting together would queue for)
+                self._decoder()
                 return
             first = torch.tensor([[self.loaded.tokens.im_start]], dtype=torch.long)
             self._decoder().capture_now(lambda: self._forward(first, torch.zeros((3, 1), dtype=torch.long), {}))

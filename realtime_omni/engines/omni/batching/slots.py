@@ -104,6 +104,8 @@ class SlotPool:
         """Point every layer of a batch-1 ``StaticCache`` at this pool's row ``slot``."""
         import torch
 
+        # every layer's length is its own element of one tensor: one allocation, not one a layer
+        lengths = torch.zeros(len(cache.layers), dtype=torch.long, device=self.device)
         for i, layer in enumerate(cache.layers):
             keys = self.keys[i][slot : slot + 1, :, : self.length]
             values = self.values[i][slot : slot + 1, :, : self.length]
@@ -112,7 +114,7 @@ class SlotPool:
             layer.batch_size, layer.num_heads = 1, keys.shape[1]
             layer.k_head_dim = layer.v_head_dim = keys.shape[-1]
             layer.keys, layer.values = keys, values
-            layer.cumulative_length = torch.zeros((), dtype=torch.long, device=self.device)
+            layer.cumulative_length = lengths[i]
             layer.is_initialized = True
 
     def rows(self, bucket: int, write_pos: Any, columns: int | None = None) -> RowsCache:
