@@ -78,7 +78,7 @@ case "$run" in
     # the DiT in bfloat16 against float32, the window alone and Qwen2.5 at N = 8, 16, 32
     timeout 200 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
       --codes 54 74 --steps 10 5 --batch 16 32 --repeats 2 --dit-dtype float32 bfloat16 --out "$OUT/codec_dtype_profile.json" 2>&1 | grep -v '^\[transformers\]' | tail -20 || true
-    timeout 250 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
+    timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_chunk48_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
     ;;
   *)
