@@ -1081,11 +1081,11 @@ def test_a_pooled_cache_knows_its_length_on_the_host_without_reading_the_device(
     assert decoder.write_position() == 0 and decoder.length == 0
 
 
-def test_loading_prefills_a_spoken_turn_alone_and_several_at_once_and_frees_their_slots(tmp_path):
-    """The first prefills of a process pay one-time costs (seconds on the H200): the model pays
-    them while it loads, with throw-away sessions prefilling one, two, then four at once through
-    the batched prefills, and gives every slot back."""
-    from realtime_omni.engines.omni.warmup import SIZES
+def test_the_warm_up_prefills_a_spoken_turn_alone_and_several_at_once_and_frees_their_slots(tmp_path):
+    """The first prefills of a process pay one-time costs (seconds on the H200): on CUDA the model
+    pays them while it loads (``warm_prefills``), with throw-away sessions prefilling one, two,
+    then four at once through the batched prefills, and gives every slot back."""
+    from realtime_omni.engines.omni.warmup import SIZES, warm_prefills
 
     save_checkpoint("qwen3_omni_moe", tmp_path)
     messages: list[str] = []
@@ -1110,10 +1110,12 @@ def test_loading_prefills_a_spoken_turn_alone_and_several_at_once_and_frees_thei
         session.prefill = run
         return session
 
-    model.open_session = counted
-    model.load(progress=messages.append)
-    model.open_session = real
+    model.load()
     try:
+        assert model.batching.prefill.stats()["requests"] == 0  # on the CPU, not at load
+        model.open_session = counted
+        assert warm_prefills(model, progress=messages.append) == list(SIZES)
+        model.open_session = real
         thinker = model.batching.prefill.stats()
         assert thinker["requests"] == thinker["rows"] == sum(SIZES) == 7
         assert most[0] == 4  # (each prefill waits for the batch's gathering: they overlap)

@@ -214,8 +214,8 @@ class OmniModel(VoiceModel):
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
         self._note_tools(progress)
         self.warm_graphs(progress)
-        if self.batching is not None:
-            from .warmup import warm_prefills
+        if self.batching is not None and self.loaded.device_type == "cuda":
+            from .warmup import warm_prefills  # (off CUDA there is no one-time cost to move)
 
             warm_prefills(self, progress=progress)
 

@@ -6,7 +6,7 @@ first uses of the prefill path cost once per process, on top of their own. Measu
 first one-session prefill with audio took 0.95 s, the first batch of four sessions 2.4 s (against
 0.12 s for the next batch, of eight); the capacity runs saw the same, about 1.7 s, at their first
 level with batches of several rows, with both architectures, and not at the levels after it.
-Here throw-away sessions prefill a short silent turn, one alone and then a few together through
+On CUDA, throw-away sessions prefill a short silent turn, one alone and then a few together through
 the batched prefills, so those costs fall on the load.
 """
 
