@@ -1181,3 +1181,54 @@ def test_a_batched_session_builds_its_cache_views_when_it_opens_not_in_its_first
         assert outputs and thinker.ctx.decoder is decoder
     finally:
         session.close()
+
+
+def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
+    """Windows of a shape with a graph for one window but none for groups (a reply's last window)
+    replay that graph window by window when up to ``ALONE_REPLAYS`` of them come together; a
+    larger group, or a shape with no graph at all, runs eagerly in one pass. Each window's result
+    is its own either way. (CUDA graphs do not run on the CPU: the store here says which shapes
+    it holds and runs the window's function, as a replay computes what the function does.)"""
+    from realtime_omni.engines.omni.batching.codec_windows import ALONE_REPLAYS, CodecBatcher, WindowRequest
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    class Store(ShapeGraphs):
+        def __init__(self, held):
+            super().__init__(device=torch.device("cpu"))
+            self.held, self.replays = set(held), []
+
+        def has(self, key):
+            return key in self.held
+
+        def run(self, key, fn, inputs, capture=True):
+            if key in self.held:
+                self.replays.append((key, int(inputs[0].shape[0])))
+            return fn(*inputs)
+
+    calls: list[int] = []
+
+    def fn(x):
+        calls.append(int(x.shape[0]))
+        return x * 2
+
+    def group(n, key="last 85"):
+        return [WindowRequest(key, fn, (torch.full((1, 3), float(i)),), False) for i in range(n)]
+
+    store = Store({"last 85"})
+    batcher = CodecBatcher(store, None, gather_s=0.0)
+    try:
+        small = group(ALONE_REPLAYS)
+        batcher._run_group(small)
+        assert store.replays == [("last 85", 1)] * ALONE_REPLAYS and calls == [1] * ALONE_REPLAYS
+        assert [float(r.result[0, 0]) for r in small] == [2.0 * i for i in range(ALONE_REPLAYS)]
+        assert batcher.graph_rows == ALONE_REPLAYS and batcher.eager_rows == 0
+        store.replays.clear(), calls.clear()
+        large = group(ALONE_REPLAYS + 1)
+        batcher._run_group(large)
+        assert store.replays == [] and calls == [ALONE_REPLAYS + 1]
+        assert [float(r.result[0, 0]) for r in large] == [2.0 * i for i in range(ALONE_REPLAYS + 1)]
+        calls.clear()
+        batcher._run_group(group(2, key="never captured"))
+        assert store.replays == [] and calls == [2] and batcher.eager_rows == ALONE_REPLAYS + 3
+    finally:
+        batcher.close()

@@ -7,8 +7,9 @@ the same moment, groups them by shape key, and decodes each group as one batch. 
 takes the single-window path (a CUDA graph when its shape was captured at load). A larger group
 is padded (with copies of its first window) to the next batch bucket whose graph was captured at
 load for that key (every window shape of a reply, from the first to the steady one) and replays
-it; other groups run eagerly in one pass. Eager codec passes are thousands of small launches,
-each taking the interpreter lock the thinker's and the talker's loops also need.
+it; a small group of a shape captured only alone (a reply's last window) replays that graph
+window by window; other groups run eagerly in one pass. Eager codec passes are thousands of
+small launches, each taking the interpreter lock the thinker's and the talker's loops also need.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ class WindowRequest:
 
 #: batch sizes a group of same-shape windows is padded to (capped by the session slots)
 GROUP_BUCKETS = (2, 4, 8, 16, 32)
+#: a group without a graph of its own whose shape replays alone: up to this many windows are
+#: replayed one by one rather than run eagerly together. An eager pass costs about five replays
+#: of one window (Qwen2.5 on the H200: 682 ms eager against 145 ms replayed, docs/benchmarks/
+#: omni-qwen25-codec.md) and holds the interpreter lock for its thousands of launches. A reply's
+#: last window is such a shape: its lengths are captured for one window, not for groups.
+ALONE_REPLAYS = 4
 
 
 class CodecBatcher(Mailbox):
@@ -155,6 +162,11 @@ class CodecBatcher(Mailbox):
         first = group[0]
         size = next((b for b in self.buckets if b >= len(group)
                      and (self.pad_groups or self.windows.has((first.key, b)))), None)
+        if size is None and len(group) <= ALONE_REPLAYS and self.windows.has(first.key):
+            for req in group:
+                self._tally(True, 1)
+                req.result = self.windows.run(req.key, req.fn, req.inputs, capture=False)
+            return
         rows = [r.inputs for r in group]
         if size is not None and size > len(group):
             rows += [first.inputs] * (size - len(group))  # copies of a real window, discarded
