@@ -60,9 +60,11 @@ case "$run" in
     done
     ;;
   qwen3)
-    # the main table's Qwen3 levels again since the last window replays a graph (23e1984)
+    # the main table's Qwen3 levels; named twice ("qwen3 qwen3"), the second run shows the spread
+    # between runs (q3.json, then q3_2.json)
+    out="$OUT/q3.json"; n=2; while [ -e "$out" ]; do out="$OUT/q3_$n.json"; n=$((n + 1)); done
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 8 16 32 48 64 --out "$OUT/q3.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+      --sessions 1 8 16 32 48 64 --out "$out" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   qwen3-modules)
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
