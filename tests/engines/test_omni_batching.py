@@ -1138,10 +1138,13 @@ def test_a_warm_up_that_fails_is_reported_and_leaves_the_model_usable(tmp_path):
     try:
         real = model.open_session
 
+        def no_room(_request):
+            raise RuntimeError("no room")
+
         def failing_second_round():
             session = real()
             if model.open_sessions > 1:  # the round of two
-                session.prefill = lambda _request: (_ for _ in ()).throw(RuntimeError("no room"))
+                session.prefill = no_room
             return session
 
         model.open_session = failing_second_round
