@@ -231,8 +231,9 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                 return
             if self.rows is not None:
                 # batched: the step was captured at load; the slot's cache views are built now,
-                # not in the first turn's preparation (48 layers' views, some milliseconds of
-                # the interpreter that dozens of turns starting together would queue for)
+                # not in the first turn's preparation, where turns starting together queue for
+                # the interpreter (with 48 layers on the CPU: 1.4 ms of a turn's 1.9, see
+                # benchmarks/omni_turn_preparation.py)
                 self._decoder()
                 return
             first = torch.tensor([[self.loaded.tokens.im_start]], dtype=torch.long)

@@ -37,7 +37,7 @@ def warm_prefills(model: Any, sizes: Sequence[int] = SIZES,
                   progress: Callable[[str], None] = lambda _msg: None) -> list[int]:
     """Prefill a short spoken turn in throw-away sessions of ``model`` (an ``OmniModel``), ``n``
     at once for each ``n`` of ``sizes`` that its slots allow; returns the sizes run. A failure
-    is reported and leaves the model as it was: the warm-up only moves costs, it adds none."""
+    is reported and leaves the model as it was (the sessions it opened are closed)."""
     slots = model.max_sessions
     run = [n for n in sizes if n == 1 or (slots and n <= slots)]
     request = _request()

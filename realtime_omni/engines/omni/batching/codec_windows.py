@@ -45,9 +45,9 @@ class WindowRequest:
 #: batch sizes a group of same-shape windows is padded to (capped by the session slots)
 GROUP_BUCKETS = (2, 4, 8, 16, 32)
 #: a group without a graph of its own whose shape replays alone: up to this many windows are
-#: replayed one by one rather than run eagerly together. An eager pass costs about five replays
-#: of one window (Qwen2.5 on the H200: 682 ms eager against 145 ms replayed, docs/benchmarks/
-#: omni-qwen25-codec.md) and holds the interpreter lock for its thousands of launches. A reply's
+#: replayed one by one rather than run eagerly together. An eager pass costs five or more replays
+#: of one window (Qwen2.5 on the H200: its DiT alone 682 ms eager, 876-1214 ms for groups of 8-32,
+#: the whole window replayed 145 ms; docs/benchmarks/omni-qwen25-codec.md) and holds the interpreter lock for its thousands of launches. A reply's
 #: last window is such a shape: its lengths are captured for one window, not for groups.
 ALONE_REPLAYS = 4
 
