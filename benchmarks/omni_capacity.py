@@ -56,15 +56,34 @@ def underruns(run: dict) -> tuple[int, float]:
     return len(late), sum(ms for _, ms in late)
 
 
-def batch_stats(model) -> dict:
-    """steps / rows / busy seconds of every batched loop (decode steps, prefills, codec)."""
+def batch_loops(model) -> dict:
+    """Every batched loop of the model by name (decode steps, prefills, codec)."""
     if model.batching is None:
         return {}
-    out = {b.name: b.stats() for b in model.batching.batchers}
-    out["thinker prefill"] = model.batching.prefill.stats()
-    out["talker prefill"] = model.batching.talker_prefill.stats()
+    loops = {b.name: b for b in model.batching.batchers}
+    loops["thinker prefill"] = model.batching.prefill
+    loops["talker prefill"] = model.batching.talker_prefill
     if model.codec.batcher is not None:
-        out["codec"] = model.codec.batcher.stats()
+        loops["codec"] = model.codec.batcher
+    return loops
+
+
+def batch_stats(model) -> dict:
+    """steps / rows / busy seconds of every batched loop."""
+    return {name: loop.stats() for name, loop in batch_loops(model).items()}
+
+
+#: how much of a level's start the timeline keeps: its burst of prefills and first chunks
+TIMELINE_S = 3.0
+
+
+def loop_timeline(model, since: float) -> dict[str, list[list[float]]]:
+    """Each loop's steps in the first :data:`TIMELINE_S` after ``since``: [start ms, duration
+    ms, rows] — which loop held the others up while a burst of replies started."""
+    out = {}
+    for name, loop in batch_loops(model).items():
+        out[name] = [[round(1000 * (a - since), 1), round(1000 * (b - a), 1), rows]
+                     for a, b, rows in loop.steps_since(since) if a - since < TIMELINE_S]
     return out
 
 
@@ -174,6 +193,7 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # every thread's CPU time: near 1 per wall second when the GIL binds
     after = batch_stats(model)
+    timeline = loop_timeline(model, starts[0] if starts else t0)
     if model.codec is not None:
         del model.codec._window  # the class's method again
     for s in sessions:
@@ -211,6 +231,10 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,
+        # the burst phase by phase: each loop's steps, and each session's first token / codes / audio
+        "timeline": timeline,
+        "session_marks_ms": sorted([r["first_token_ms"], r["first_codes_ms"], -1.0 if r["ttfa_ms"] is None else r["ttfa_ms"]]
+                                   for r in runs),
         "ahead_ms": ahead_ms,
         "arrive_ms": arrive_ms,
         "pace_ms": 1000 * model.talker_settings.pace_lead_s,
@@ -365,9 +389,16 @@ def run_config(path: Path, args) -> dict:
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
                             dit_dtype=args.dit_dtype,
                             lean_code_predictor=not args.modules_code_predictor)
-    model = OmniModel.random(path, settings, model_id=path.parent.name)
+    loading: list[str] = []  # the load's own report (graphs captured, prefills warmed up)
+
+    def progress(msg: str) -> None:
+        loading.append(msg)
+        print(msg, flush=True)
+
+    model = OmniModel.random(path, settings, model_id=path.parent.name, progress=progress)
     _sync()
     result["build_s"] = time.perf_counter() - t0
+    result["load_messages"] = loading
     result["gpu_mem_after_load_gb"] = torch.cuda.memory_allocated() / 1e9 if torch.cuda.is_available() else None
     result["batching"] = {k: v for k, v in model.batching.stats().items() if k in ("slots", "kv_bytes_per_session")}
     result["graphs"] = {b.name: b.stats()["graphs"] for b in model.batching.batchers}

@@ -195,6 +195,7 @@ def test_steps_of_several_sessions_share_one_forward(pair):
         run_turn(sessions[i], request([TurnMessage(role="user", text=f"hi {i}")], max_tokens=8))
 
     threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    began = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
@@ -205,6 +206,11 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     rows = after["rows"] - before["rows"]
     steps = after["steps"] - before["steps"]
     assert steps > 0 and rows / steps > 1.2
+    # the loop's timeline holds each of those steps: when it ran, for how long, with how many rows
+    timeline = batched.batching.thinker.steps_since(began)
+    assert len(timeline) == steps and sum(n for _, _, n in timeline) == rows
+    assert all(began <= start <= end for start, end, _ in timeline)
+    assert all(a[1] <= b[0] for a, b in zip(timeline, timeline[1:]))  # one step after another
     prefill = batched.batching.prefill.stats()
     assert prefill["requests"] - prefill_before["requests"] == 3
     waited = prefill["wait_s"] - prefill_before["wait_s"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ class Mailbox:
     step_timeout_s = 60.0
     #: how long the idle loop sleeps between looks at its closing (new work wakes it at once)
     idle_wait_s = 0.5
+    #: the latest steps kept in :attr:`timeline`
+    timeline_steps = 4096
 
     def __init__(self) -> None:
         self._queue: list[Any] = []
@@ -40,6 +43,9 @@ class Mailbox:
         self.steps = 0
         self.rows = 0
         self.busy_s = 0.0
+        #: (start, end, rows) of the latest steps on ``time.perf_counter``'s clock: how the loops
+        #: took turns in a burst, which the totals do not show
+        self.timeline: deque[tuple[float, float, int]] = deque(maxlen=self.timeline_steps)
         self.spans = DeviceSpans(False)  # a loop on CUDA turns it on
         self._thread = threading.Thread(target=self._loop, name=f"batch-{self.name}", daemon=True)
 
@@ -96,7 +102,9 @@ class Mailbox:
         return not self._closed
 
     def _count(self, rows: int, started: float) -> float:
-        elapsed = time.perf_counter() - started
+        ended = time.perf_counter()
+        elapsed = ended - started
+        self.timeline.append((started, ended, rows))
         self.steps += 1
         self.rows += rows
         self.busy_s += elapsed
@@ -106,6 +114,10 @@ class Mailbox:
         return {"steps": self.steps, "rows": self.rows, "busy_s": self.busy_s,
                 "mean_rows": self.rows / self.steps if self.steps else 0.0,
                 "device_s": self.spans.seconds, "device_steps": self.spans.count}
+
+    def steps_since(self, since: float) -> list[tuple[float, float, int]]:
+        """The kept steps that started at or after ``since`` (``time.perf_counter``)."""
+        return [step for step in list(self.timeline) if step[0] >= since]
 
     def close(self) -> None:
         with self._cond:
