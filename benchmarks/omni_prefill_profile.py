@@ -12,7 +12,9 @@ are grouped by the project or transformers line that caused them.
         --sessions 1 16 --profile 16 --out prefill-profile.json
 
 ``--cold-profile`` puts the first level under the profiler instead: what a batch shape met for the
-first time costs (the one-time 1.7 s of a first 4-row prefill seen at `e2adc41`).
+first time costs (the one-time 1.7 s of a first 4-row prefill seen at `e2adc41`). The model is
+warmed up as the server's is (``OmniModel.warm_up``: prefills of one, two and four sessions on
+CUDA), so this shows what is left of those costs after the load.
 """
 
 from __future__ import annotations
@@ -134,7 +136,8 @@ def main(argv=None) -> int:
     slots = max(*args.sessions, args.profile)
     settings = OmniSettings(device=args.device, dtype=args.dtype, system_prompt="", max_new_tokens=8, seed=0,
                             max_sessions=slots, cache_tokens=1024)
-    model = OmniModel.random(args.config, settings, model_id=args.config.parent.name)
+    model = OmniModel.random(args.config, settings, model_id=args.config.parent.name,
+                             progress=lambda msg: print(msg, flush=True))
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, 8)
     prefill_together(model, req, 1)  # warm-up
     result: dict = {"config": str(args.config), "prompt_tokens": n_prompt, "torch": torch.__version__, "levels": []}

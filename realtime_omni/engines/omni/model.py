@@ -160,11 +160,12 @@ class OmniModel(VoiceModel):
             self._note_tools()
 
     @classmethod
-    def random(cls, config: Any, settings: OmniSettings, model_id: str | None = None) -> OmniModel:
+    def random(cls, config: Any, settings: OmniSettings, model_id: str | None = None,
+               progress: Callable[[str], None] = lambda _msg: None) -> OmniModel:
         """Real-size model with random weights from a (reconstructed) config (benchmarks)."""
         loaded = build_random(config, device=settings.device, dtype=settings.resolved_dtype)
         model = cls(settings=settings, model_id=model_id, loaded=loaded)
-        model.warm_graphs()
+        model.warm_up(progress)  # as load() does: the benchmarks measure what a server's users meet
         return model
 
     def _apply_generation_config(self) -> None:
@@ -213,8 +214,13 @@ class OmniModel(VoiceModel):
         if self.vad is not None:
             self.info = dataclasses.replace(self.info, capabilities=self.info.capabilities | {"vad"})
         self._note_tools(progress)
+        self.warm_up(progress)
+
+    def warm_up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
+        """What the first users would otherwise pay, paid while the model loads: every step's
+        graph captured, and on CUDA the batched prefills run once alone and a few at once."""
         self.warm_graphs(progress)
-        if self.batching is not None and self.loaded.device_type == "cuda":
+        if self.batching is not None and self.loaded is not None and self.loaded.device_type == "cuda":
             from .warmup import warm_prefills  # (off CUDA there is no one-time cost to move)
 
             warm_prefills(self, progress=progress)
