@@ -15,6 +15,8 @@
 #   scripts/gpu-next.sh codec-dtype
 #                                Qwen2.5's DiT in bfloat16 against float32: the window alone, then N = 8,
 #                                16, 32 with a 48-code chunk (about 350 s held; an H100 will do)
+#   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
+#                                held; an H100 will do)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
@@ -83,8 +85,14 @@ case "$run" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_chunk48_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
     ;;
+  qwen25)
+    # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
+    # server is (since 6405ffb): codec-dtype's capacity run without the window profile
+    timeout 420 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
+      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+    ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen3|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
