@@ -295,7 +295,7 @@ def profile_level(model, req, n: int) -> dict:
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
-              "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp"}
+              "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -332,6 +332,7 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     model.batching.prefill.token_budget = int(values["prefill_tokens"])
     for prefill in (model.batching.prefill, model.batching.talker_prefill):  # 1: no prefill graphs
         prefill.graphs.enabled = not values["eager_prefill"]
+        prefill.burst_s = values["burst_ms"] / 1000.0
     model.talker_settings.max_new_tokens = int(values["frames"]) + 1
     model.talker_settings.pace_lead_s = values["pace_ms"] / 1000.0
     model.talker_settings.first_chunk_frames = int(values["first_frames"])
@@ -416,6 +417,7 @@ def run_config(path: Path, args) -> dict:
     stream_once(model, warm)
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
+                "burst_ms": 1000 * model.batching.prefill.burst_s,
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,

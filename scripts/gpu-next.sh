@@ -7,6 +7,9 @@
 #   scripts/gpu-next.sh codec-steps
 #                                the same with a 48-code chunk and 5 DiT steps (about 220 s held)
 #   scripts/gpu-next.sh qwen3    Qwen3-Omni-30B-A3B at N = 1 ... 64 in one process (about 300 s held)
+#   scripts/gpu-next.sh qwen3-burst
+#                                the same at N = 1 ... 64, then 16, 32, 64 with a burst of prefills
+#                                gathered for up to 60 ms (about 200 s held)
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
@@ -68,6 +71,13 @@ case "$run" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 1 8 16 32 48 64 --out "$out" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
+  qwen3-burst)
+    # the main table's levels, then 16, 32 and 64 again with a burst of prefills gathered into one
+    # batch for up to 60 ms (burst_ms; PREFILL_BURST_S), in the same process (q3_burst.json)
+    timeout 450 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 8 16 32 64 --sweep burst:burst_ms=60 --sweep-sessions 16 32 64 --out "$OUT/q3_burst.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-300 | tail -12 || true
+    ;;
   qwen3-modules)
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 16 32 48 64 --modules-code-predictor --out "$OUT/q3_modules.json" 2>&1 | grep -v '^\[transformers\]' | tail -6 || true
@@ -92,7 +102,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac

@@ -88,17 +88,25 @@ class Mailbox:
             if not req.done.wait(max(0.0, end - time.monotonic())):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
-    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False) -> bool:
+    def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False,
+                  burst_s: float = 0.0) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
-        until ``enough(queued)``). False once closed."""
+        until ``enough(queued)``). With ``burst_s``: each request that joins waits ``gather_s``
+        again, up to ``burst_s`` after the first, so a burst whose requests keep coming (turns
+        ending together, prepared one after another on their threads) meets in one batch instead
+        of leaving its stragglers for the next. False once closed."""
         while not self._queue and not self._closed:
             self._cond.wait(self.idle_wait_s)
-        deadline = time.monotonic() + gather_s
+        first = time.monotonic()
+        deadline, seen = first + gather_s, len(self._queue)
         while not self._closed and not enough(len(self._queue)):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             self._cond.wait(left)
+            if len(self._queue) > seen:  # someone joined: wait for the next one (within the burst)
+                seen = len(self._queue)
+                deadline = max(deadline, min(first + burst_s, time.monotonic() + gather_s))
         return not self._closed
 
     def _count(self, rows: int, started: float) -> float:

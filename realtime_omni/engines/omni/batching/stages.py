@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 #: tokens one batched prefill may hold (the largest prefill graph: rows x tokens within it)
 PREFILL_TOKENS = 8192
+#: how long a burst of prefills that keep arriving may gather into one batch (0: each batch waits
+#: ``prefill_gather_s`` after its first request only)
+PREFILL_BURST_S = 0.0
 
 
 def _talker_input_dim(loaded: LoadedOmni) -> int:
@@ -198,14 +201,14 @@ class OmniBatching:
             capture_streams=loaded.graph_streams("thinker prefill"))
         self.prefill = PrefillBatcher(loaded, self.thinker_pool, thinker_rows(loaded, reads, thinker_graphs),
                                       stage="thinker", merge=thinker_merge, gather_s=prefill_gather_s,
-                                      token_budget=PREFILL_TOKENS, graphs=thinker_graphs)
+                                      token_budget=PREFILL_TOKENS, graphs=thinker_graphs, burst_s=PREFILL_BURST_S)
         talker_graphs = PrefillGraphs(
             loaded, self.talker_pool, talker_body(loaded, self.talker_pool), name="talker prefill",
             dim=_talker_input_dim(loaded), enabled=graphs, max_rows=self.slots, max_tokens=PREFILL_TOKENS,
             capture_streams=loaded.graph_streams("talker prefill"))
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded, talker_graphs),
                                              stage="talker", gather_s=prefill_gather_s, token_budget=PREFILL_TOKENS,
-                                             graphs=talker_graphs)
+                                             graphs=talker_graphs, burst_s=PREFILL_BURST_S)
         kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)

@@ -1,0 +1,80 @@
+"""The loop side of the omni engine's batching: how requests from session threads meet in a batch
+(``Mailbox``), on a loop that only records its batches (no model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+pytest.importorskip("torch")
+
+from realtime_omni.engines.omni.batching.mailbox import BatcherClosed, Mailbox  # noqa: E402
+
+
+@dataclass(eq=False)
+class _Request:
+    done: threading.Event = field(default_factory=threading.Event)
+    result: tuple = ()
+    error: BaseException | None = None
+
+
+class _Recorder(Mailbox):
+    """Takes everything gathered as one batch and records its size."""
+
+    name = "recorder"
+    step_timeout_s = 5.0
+
+    def __init__(self, gather_s: float, burst_s: float) -> None:
+        super().__init__()
+        self.gather_s, self.burst_s = gather_s, burst_s
+        self.batches: list[int] = []
+        self._start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._gathered(self.gather_s, burst_s=self.burst_s):
+                    return
+                take, self._queue = self._queue, []
+            self.batches.append(len(take))
+            self._count(len(take), time.perf_counter())
+            for req in take:
+                req.done.set()
+
+
+def _arrive(loop: _Recorder, n: int, every_s: float) -> None:
+    """``n`` requests, one every ``every_s`` at least, as turns prepared one after another."""
+    reqs = []
+    for _ in range(n):
+        reqs.append(loop._enqueue(_Request()))
+        time.sleep(every_s)
+    for req in reqs:
+        loop._await(req)
+
+
+@pytest.mark.parametrize("burst_s, batches", [(0.0, "several"), (2.0, "one"), (0.06, "several")])
+def test_a_burst_of_requests_that_keep_coming_meets_in_one_batch_up_to_its_bound(burst_s, batches):
+    """Twelve requests 10 ms apart (110 ms or more from first to last) against a 50 ms gather:
+    alone the gather cuts them into several batches; with a burst bound each arrival waits for
+    the next, so they meet in one, unless the bound (60 ms) ends the burst first."""
+    loop = _Recorder(gather_s=0.05, burst_s=burst_s)
+    try:
+        _arrive(loop, 12, 0.01)
+        assert sum(loop.batches) == 12
+        assert (len(loop.batches) == 1) == (batches == "one"), loop.batches
+        assert len(loop.timeline) == len(loop.batches)
+    finally:
+        loop.close()
+
+
+def test_a_lone_request_waits_only_the_gather_and_a_closed_loop_refuses_more():
+    loop = _Recorder(gather_s=0.02, burst_s=2.0)
+    began = time.monotonic()
+    _arrive(loop, 1, 0.0)
+    assert time.monotonic() - began < 1.0  # the burst bound does not hold up a request alone
+    loop.close()
+    with pytest.raises(BatcherClosed):
+        loop._enqueue(_Request())
