@@ -10,6 +10,9 @@
 #   scripts/gpu-next.sh qwen3-burst
 #                                the same at N = 1 ... 64, then 16, 32, 64 with a burst of prefills
 #                                gathered for up to 60 ms (about 200 s held)
+#   scripts/gpu-next.sh qwen3-main
+#                                the main table (N = 1 ... 64), the levels 16, 32, 64 again, and
+#                                speech-like replies at 16, 32, 64 (about 220 s held)
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
@@ -71,6 +74,14 @@ case "$run" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 1 8 16 32 48 64 --out "$out" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
+  qwen3-main)
+    # the main table's levels with the burst of prefills gathered (the default since it was
+    # measured), the levels 16, 32, 64 again in the same process (the spread), and speech-like
+    # replies (192 frames for 64 tokens) at 32 and 64 (q3_main.json)
+    timeout 450 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 8 16 32 48 64 --sweep again:burst_ms=60 speech:frames=192 --sweep-sessions 16 32 64 \
+      --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
+    ;;
   qwen3-burst)
     # the main table's levels, then 16, 32 and 64 again with a burst of prefills gathered into one
     # batch for up to 60 ms (burst_ms; PREFILL_BURST_S), in the same process (q3_burst.json)
@@ -102,7 +113,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
