@@ -17,6 +17,7 @@ One process per ``--config`` (a fault in one model leaves the other's numbers).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import sys
@@ -145,6 +146,35 @@ def count_windows(model) -> dict:
     return shapes
 
 
+class GcPauses:
+    """The garbage collector's passes while a level runs, by generation: count, longest and
+    total ms (each pass holds the interpreter lock: every loop and session waits)."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.passes.append((int(info["generation"]), 1000 * (time.perf_counter() - self._began)))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for gen in sorted({g for g, _ in self.passes}):
+            ms = [m for g, m in self.passes if g == gen]
+            out[str(gen)] = [len(ms), round(max(ms), 1), round(sum(ms), 1)]
+        return out
+
+
 def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
     """N sessions, then N replies asked for together, or with ``arrive_ms``, one after another at
     that interval (session i asks ``i * arrive_ms`` after the first: replies that start while
@@ -186,10 +216,11 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
     before = batch_stats(model)
     t0, cpu0 = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    with GcPauses() as pauses:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0  # every thread's CPU time: near 1 per wall second when the GIL binds
     after = batch_stats(model)
@@ -231,6 +262,8 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         "gpu_mem_peak_gb": torch.cuda.max_memory_allocated() / 1e9 if torch.cuda.is_available() else None,
         "batches": stats_delta(before, after),
         "ttfa_all_ms": ttfa,
+        # the collector's passes by generation: [count, longest ms, total ms]
+        "gc_pauses": pauses.summary(),
         # the burst phase by phase: each loop's steps, and each session's first token / codes / audio
         "timeline": timeline,
         "session_marks_ms": sorted([r["first_token_ms"], r["first_codes_ms"], -1.0 if r["ttfa_ms"] is None else r["ttfa_ms"]]
@@ -295,7 +328,8 @@ def profile_level(model, req, n: int) -> dict:
 
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
-              "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms"}
+              "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
+              "gc_freeze"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -325,6 +359,10 @@ def ramp_frames(value: float | tuple[int, ...]) -> tuple[int, ...]:
 def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -> dict[str, Any]:
     values = {**defaults, **settings}
     sys.setswitchinterval(values["switch_ms"] / 1000.0)
+    if values["gc_freeze"]:  # the load's heap out of the collector's sight (the engine does so on CUDA)
+        gc.freeze()
+    else:
+        gc.unfreeze()
     for batcher in model.batching.batchers:
         batcher.pipelined = bool(values["pipelined"])
         built = _COLUMN_BUCKETS.setdefault(batcher.name, list(batcher.column_buckets))
@@ -417,7 +455,7 @@ def run_config(path: Path, args) -> dict:
     stream_once(model, warm)
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
-                "burst_ms": 1000 * model.batching.prefill.burst_s,
+                "burst_ms": 1000 * model.batching.prefill.burst_s, "gc_freeze": float(gc.get_freeze_count() > 0),
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,

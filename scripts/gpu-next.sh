@@ -76,10 +76,11 @@ case "$run" in
     ;;
   qwen3-main)
     # the main table's levels with the burst of prefills gathered (the default since it was
-    # measured), the levels 16, 32, 64 again in the same process (the spread), and speech-like
-    # replies (192 frames for 64 tokens) at 32 and 64 (q3_main.json)
+    # measured), the levels 16, 32, 64 again in the same process (the spread), with the load's
+    # heap back in the collector's sight (thaw: gc.unfreeze), and with speech-like replies (192
+    # frames for 64 tokens) (q3_main.json)
     timeout 450 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 8 16 32 48 64 --sweep again:burst_ms=60 speech:frames=192 --sweep-sessions 16 32 64 \
+      --sessions 1 8 16 32 48 64 --sweep again:burst_ms=60 thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 16 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
     ;;
   qwen3-burst)

@@ -1156,6 +1156,32 @@ def test_a_model_with_random_weights_warms_up_as_a_loaded_one(tmp_path, monkeypa
         loaded.close()
 
 
+def test_the_heap_of_a_load_is_frozen_out_of_the_collectors_full_passes():
+    """On CUDA the warm-up ends with ``freeze_heap``: what the load left alive is no longer scanned
+    by a full collection, which holds the interpreter lock and so stops every loop at once."""
+    import gc
+
+    from realtime_omni.engines.omni.warmup import freeze_heap
+
+    messages: list[str] = []
+    kept = [object() for _ in range(1000)]  # (tracked containers: lists)
+    kept = [[x] for x in kept]
+    try:
+        took = freeze_heap(messages.append)
+        assert took > 0.0 and gc.get_freeze_count() >= len(kept)
+        (message,) = messages
+        frozen = int(message.split()[2])  # (objects freed since leave the frozen set: it only shrinks)
+        assert frozen >= gc.get_freeze_count() and message == (
+            f"heap frozen: {frozen} objects out of the collector's sight "
+            f"(a full collection over them took {1000 * took:.0f} ms)")
+        began = time.perf_counter()
+        gc.collect()
+        assert time.perf_counter() - began < took + 0.05  # (nothing of the frozen heap scanned again)
+    finally:
+        gc.unfreeze()  # the other tests' models are collected as before
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_warm_up_that_fails_is_reported_and_leaves_the_model_usable(tmp_path):
     """A warm-up round that raises stops the warm-up with a message; the sessions it opened are
     closed and the model serves turns as before."""

@@ -218,12 +218,15 @@ class OmniModel(VoiceModel):
 
     def warm_up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         """What the first users would otherwise pay, paid while the model loads: every step's
-        graph captured, and on CUDA the batched prefills run once alone and a few at once."""
+        graph captured; on CUDA the batched prefills run once alone and a few at once, then the
+        load's heap is frozen out of the garbage collector's full passes (which would stop every
+        loop and session at once while they scan it)."""
         self.warm_graphs(progress)
         if self.batching is not None and self.loaded is not None and self.loaded.device_type == "cuda":
-            from .warmup import warm_prefills  # (off CUDA there is no one-time cost to move)
+            from .warmup import freeze_heap, warm_prefills  # (off CUDA: no one-time cost, tests keep their heap)
 
             warm_prefills(self, progress=progress)
+            freeze_heap(progress)
 
     def _note_tools(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         """Function calls where the vocabulary has the Qwen call tokens (and llguidance is there)."""
