@@ -1,4 +1,5 @@
-"""Spoken turns prefilled while the model loads, alone and several at once.
+"""The end of an omni model's load: spoken turns prefilled alone and several at once, then the
+load's heap frozen out of the garbage collector's full passes.
 
 Capturing the graphs at load runs no real prefill: the first turns of users then paid what the
 first uses of the prefill path cost once per process, on top of their own. Measured on the H200
@@ -7,7 +8,9 @@ first one-session prefill with audio took 0.95 s, the first batch of four sessio
 0.12 s for the next batch, of eight); the capacity runs saw the same, about 1.7 s, at their first
 level with batches of several rows, with both architectures, and not at the levels after it.
 On CUDA, throw-away sessions prefill a short silent turn, one alone and then a few together through
-the batched prefills, so those costs fall on the load.
+the batched prefills, so those costs fall on the load (2026-12-05, H200, Qwen3: 1 in 686 ms, 2 in
+2337 ms, 4 in 77 ms; the first level of 8 sessions then started its replies in 243 ms, against
+3068 ms without).
 """
 
 from __future__ import annotations
