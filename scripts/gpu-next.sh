@@ -11,8 +11,8 @@
 #                                the same at N = 1 ... 64, then 16, 32, 64 with a burst of prefills
 #                                gathered for up to 60 ms (about 200 s held)
 #   scripts/gpu-next.sh qwen3-main
-#                                the main table (N = 1 ... 64), the levels 16, 32, 64 again, and
-#                                speech-like replies at 16, 32, 64 (about 220 s held)
+#                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
+#                                thawed and with speech-like replies (about 200 s held)
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
@@ -75,12 +75,11 @@ case "$run" in
       --sessions 1 8 16 32 48 64 --out "$out" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   qwen3-main)
-    # the main table's levels with the burst of prefills gathered (the default since it was
-    # measured), the levels 16, 32, 64 again in the same process (the spread), with the load's
-    # heap back in the collector's sight (thaw: gc.unfreeze), and with speech-like replies (192
-    # frames for 64 tokens) (q3_main.json)
-    timeout 450 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 8 16 32 48 64 --sweep again:burst_ms=60 thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 16 32 64 \
+    # the main levels with the burst of prefills gathered (the default since it was measured),
+    # then 32 and 64 with the load's heap back in the collector's sight (thaw: gc.unfreeze) and
+    # with speech-like replies (192 frames for 64 tokens) (q3_main.json)
+    timeout 300 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 8 16 32 64 --sweep thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
     ;;
   qwen3-burst)
