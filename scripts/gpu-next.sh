@@ -13,6 +13,7 @@
 #   scripts/gpu-next.sh qwen3-main
 #                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
 #                                thawed and with speech-like replies (about 200 s held)
+#   scripts/gpu-next.sh qwen3-32 N = 32 twice, then with the heap thawed (about 110 s held)
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
@@ -82,6 +83,12 @@ case "$run" in
       --sessions 1 8 16 32 64 --sweep thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
     ;;
+  qwen3-32)
+    # the shortest check of N = 32 all at once (twice, then with the heap thawed): q3_32.json
+    timeout 220 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 32 32 --sweep thaw:gc_freeze=0 --sweep-sessions 32 --out "$OUT/q3_32.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
+    ;;
   qwen3-burst)
     # the main table's levels, then 16, 32 and 64 again with a burst of prefills gathered into one
     # batch for up to 60 ms (burst_ms; PREFILL_BURST_S), in the same process (q3_burst.json)
@@ -113,7 +120,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
