@@ -245,14 +245,21 @@ def test_settings_reach_the_batching(tmp_path):
 
     save_checkpoint("qwen3_omni_moe", tmp_path)
     model = OmniModel(tmp_path, OmniSettings(max_sessions=3, lookahead_steps=5, talker_max_frames=300,
-                                             batch_gather_ms=4.0, pipelined_steps=False, pace_lead_ms=800))
+                                             batch_gather_ms=4.0, pipelined_steps=False, pace_lead_ms=800,
+                                             prefill_burst_ms=25))
     assert model.max_sessions == 3 and model.lookahead_steps == 5 and model.batch_gather_s == 0.004
+    model.load()
+    try:  # both prefills gather a burst for as long as the section says
+        assert model.batching.prefill.burst_s == model.batching.talker_prefill.burst_s == 0.025
+    finally:
+        model.close()
+    assert OmniSettings().prefill_burst_ms == 60.0
     assert model.pipelined_steps is False and model.talker_settings.pace_lead_s == 0.8
     assert OmniSettings().pace_lead_ms == 1500.0  # the transport's own lead
     assert model.talker_settings.max_new_tokens == 300 and model.info.max_sessions == 3
     for name, bad in (("max_sessions", -1), ("lookahead_steps", 0), ("lookahead_steps", 10000),
                       ("talker_max_frames", 0), ("random_weights", "perhaps"), ("pace_lead_ms", -1),
-                      ("pace_lead_ms", float("nan"))):
+                      ("pace_lead_ms", float("nan")), ("prefill_burst_ms", -1), ("prefill_burst_ms", 10_000)):
         with pytest.raises(ValidationError, match=name):
             OmniSettings(**{name: bad})
 

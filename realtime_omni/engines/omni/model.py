@@ -123,6 +123,7 @@ class OmniModel(VoiceModel):
         #: sessions that share the batched stages (one slot each); 0 turns batching off
         self.max_sessions = int(max_sessions)
         self.batch_gather_s = float(settings.batch_gather_ms) / 1000.0
+        self.prefill_burst_s = float(settings.prefill_burst_ms) / 1000.0
         self.lookahead_steps = max(1, int(settings.lookahead_steps))
         self.dit_steps = int(settings.dit_steps)
         self.dit_dtype = settings.dit_dtype
@@ -189,7 +190,8 @@ class OmniModel(VoiceModel):
                 self.loaded, slots=self.max_sessions, thinker_tokens=max(64, self.thinker_settings.cache_tokens),
                 talker_tokens=self.talker_settings.cache_tokens, graphs=self.cuda_graphs,
                 talker_settings=self.talker_settings, thinker_settings=self.thinker_settings,
-                gather_s=self.batch_gather_s, lookahead=self.lookahead_steps, pipelined=self.pipelined_steps)
+                gather_s=self.batch_gather_s, lookahead=self.lookahead_steps, pipelined=self.pipelined_steps,
+                prefill_burst_s=self.prefill_burst_s)
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
