@@ -8,8 +8,8 @@
 #                                the same with a 48-code chunk and 5 DiT steps (about 220 s held)
 #   scripts/gpu-next.sh qwen3    Qwen3-Omni-30B-A3B at N = 1 ... 64 in one process (about 300 s held)
 #   scripts/gpu-next.sh qwen3-burst
-#                                the same at N = 1 ... 64, then 16, 32, 64 with a burst of prefills
-#                                gathered for up to 60 ms (about 200 s held)
+#                                the same at N = 1 ... 64, then 16, 32, 64 without the burst of
+#                                prefills gathered into one batch (about 200 s held)
 #   scripts/gpu-next.sh qwen3-main
 #                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
 #                                thawed and with speech-like replies (about 200 s held)
@@ -90,10 +90,11 @@ case "$run" in
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;
   qwen3-burst)
-    # the main table's levels, then 16, 32 and 64 again with a burst of prefills gathered into one
-    # batch for up to 60 ms (burst_ms; PREFILL_BURST_S), in the same process (q3_burst.json)
+    # the main table's levels (a burst of prefills gathered for up to 60 ms, the default since
+    # 4fd3fc6), then 16, 32 and 64 again without it (burst_ms=0), in the same process (q3_burst.json;
+    # the run of e3b85ce compared the other way round, the gathering then off by default)
     timeout 450 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 8 16 32 64 --sweep burst:burst_ms=60 --sweep-sessions 16 32 64 --out "$OUT/q3_burst.json" 2>&1 \
+      --sessions 1 8 16 32 64 --sweep off:burst_ms=0 --sweep-sessions 16 32 64 --out "$OUT/q3_burst.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -12 || true
     ;;
   qwen3-modules)
