@@ -377,6 +377,10 @@ def main(argv=None) -> int:
            "--sessions 1 8 16 32 64 --check-alone --sweep arr:frames=192,arrive_ms=200 "
            "arr_paced:frames=192,arrive_ms=200,pace_ms=1500 speech:frames=192 --sweep-sessions 32 64 "
            "--out q3.json   # this commit's main table (unpaced: what the GPU can make) and the pacing sweep",
+           "python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
+           "--sessions 1 8 16 32 64 --sweep off:burst_ms=0 --sweep-sessions 16 32 64 --out q3_burst.json   "
+           "# the burst of prefills gathered into one batch against not (scripts/gpu-next.sh qwen3-burst; "
+           "each level's timeline in the JSON)",
            "python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json "
            "--buckets 1 8 16 32 64 --together --show 0 --out step.json   # each stage's step alone, and the stages' "
            "steps replayed together (own streams / one stream)",
