@@ -1183,7 +1183,7 @@ def test_the_heap_of_a_load_is_frozen_out_of_the_collectors_full_passes():
             f"(a full collection over them took {1000 * took:.0f} ms)")
         began = time.perf_counter()
         gc.collect()
-        assert time.perf_counter() - began < took + 0.05  # (nothing of the frozen heap scanned again)
+        assert time.perf_counter() - began < 0.5 * took  # (the frozen heap is not scanned again)
     finally:
         gc.unfreeze()  # the other tests' models are collected as before
     assert gc.get_freeze_count() == 0

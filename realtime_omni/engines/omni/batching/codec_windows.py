@@ -47,8 +47,9 @@ GROUP_BUCKETS = (2, 4, 8, 16, 32)
 #: a group without a graph of its own whose shape replays alone: up to this many windows are
 #: replayed one by one rather than run eagerly together. An eager pass costs five or more replays
 #: of one window (Qwen2.5 on the H200: its DiT alone 682 ms eager, 876-1214 ms for groups of 8-32,
-#: the whole window replayed 145 ms; docs/benchmarks/omni-qwen25-codec.md) and holds the interpreter lock for its thousands of launches. A reply's
-#: last window is such a shape: its lengths are captured for one window, not for groups.
+#: the whole window replayed 145 ms; docs/benchmarks/omni-qwen25-codec.md) and holds the
+#: interpreter lock for its thousands of launches. A reply's last window is such a shape: its
+#: lengths are captured for one window, not for groups.
 ALONE_REPLAYS = 4
 
 

@@ -34,13 +34,6 @@ log = logging.getLogger(__name__)
 
 #: tokens one batched prefill may hold (the largest prefill graph: rows x tokens within it)
 PREFILL_TOKENS = 8192
-#: how long a burst of prefills that keep arriving may gather into one batch (0: each batch waits
-#: ``prefill_gather_s`` after its first request only; the setting ``prefill_burst_ms``). 32 replies
-#: asked together on the H200 (Qwen3, e3b85ce): without it their turns, prepared one after another,
-#: split into batches of 13 and 19, and the second ran 348 ms beside the first ones' decode steps;
-#: with 60 ms they met in one batch of 32: first audio p95 641 ms instead of 1051, chunk RTF p95
-#: 0.65 instead of 0.99, no session with a late chunk instead of 13 (docs/benchmarks/omni-capacity.md)
-PREFILL_BURST_S = 0.06
 
 
 def _talker_input_dim(loaded: LoadedOmni) -> int:
@@ -182,7 +175,7 @@ class OmniBatching:
     def __init__(self, loaded: LoadedOmni, *, slots: int, thinker_tokens: int, talker_tokens: int,
                  graphs: bool, talker_settings: TalkerSettings, thinker_settings: ThinkerSettings,
                  gather_s: float = 0.002, prefill_gather_s: float = 0.005, lookahead: int = 12,
-                 pipelined: bool = True, prefill_burst_s: float = PREFILL_BURST_S) -> None:
+                 pipelined: bool = True, prefill_burst_s: float = 0.0) -> None:
         self.loaded = loaded
         self.slots = int(slots)
         device, dtype = loaded.device, loaded.dtype
