@@ -78,16 +78,18 @@ class InlineAudioDecoder:
     afterwards). aiortc's thread still starts, but ``get`` parks it until the receiver stops.
     """
 
-    def __init__(self, frames: asyncio.Queue[Any]) -> None:
+    def __init__(self, frames: asyncio.Queue[Any], clock: Callable[[], float] = time.monotonic) -> None:
         self._frames = frames
+        self._clock = clock  # arrival times, which back the silence put in for a pause
         #: where decoded frames go (None: the track's queue, for a reader of the track)
         self.sink: Callable[[AudioFrame], None] | None = None
         self._stopped = threading.Event()
         self._decoder: Any = None
         self._codec_name: str | None = None
         self._next_ts: int | None = None  # RTP timestamp the next Opus packet should carry
+        self._last: tuple[int, float] | None = None  # the last Opus packet's RTP timestamp, arrival
         self.errors = 0
-        self.concealed_samples = 0  # silence put in place of lost packets (48 kHz)
+        self.concealed_samples = 0  # silence put in place of lost packets and pauses (48 kHz)
         self.decoded_samples = 0
 
     @classmethod
@@ -142,15 +144,23 @@ class InlineAudioDecoder:
             self._frames.put_nowait(frame)
 
     def _conceal_gap(self, timestamp: int) -> None:
-        """Lost packets leave a hole in the timeline: fill it with silence, so the session's
-        audio clock (turn detection, item timestamps, truncation) stays in step with the
-        caller's. Bounded (a hostile timestamp jump cannot inflate the input); larger jumps
-        (a new stream, a long transmission pause) just resynchronise."""
+        """Lost packets and pauses in sending (Opus DTX sends one packet per 400 ms of silence)
+        leave a hole in the timeline: fill it with silence, so the session's audio clock (turn
+        detection, item timestamps, truncation) stays in step with the caller's. Up to 200 ms
+        (loss) is filled on the timestamps' word; a longer hole only as far as the packets'
+        arrival times back it, so a hostile timestamp jump cannot inflate the input. A jump
+        the wall clock did not see (a new stream, a hostile peer) just resynchronises."""
+        now = self._clock()
         expected, self._next_ts = self._next_ts, timestamp
-        if expected is None:
+        last, self._last = self._last, (timestamp, now)
+        if expected is None or last is None:
             return
         gap = (timestamp - expected) & 0xFFFFFFFF
-        if 0 < gap <= MAX_CONCEALED_SAMPLES:
+        if gap >= 1 << 31:  # behind the timeline (an old packet or a new stream): no hole
+            return
+        if gap > MAX_CONCEALED_SAMPLES:
+            gap = min(gap, _wall_backed_gap(last, expected, now), MAX_PAUSE_SAMPLES)
+        if gap > 0:
             silence = AudioFrame.from_ndarray(np.zeros((1, gap), dtype=np.int16), format="s16", layout="mono")
             silence.sample_rate = RATE
             silence.pts = expected
@@ -164,8 +174,24 @@ class InlineAudioDecoder:
         return None
 
 
-#: the longest run of lost audio filled with silence (48 kHz samples: 200 ms, ten Opus packets)
+#: the longest run of lost audio filled with silence whatever the packets' arrival times say
+#: (48 kHz samples: 200 ms, ten Opus packets; jitter may deliver the packet after a loss at once)
 MAX_CONCEALED_SAMPLES = 10 * 960
+#: the longest pause in sending filled with silence when the arrival times back it (DTX, a muted
+#: or stalled sender): 10 s, the longest ``silence_duration_ms`` a session accepts, so a turn
+#: still ends across one pause, while one packet never makes more than 10 s (960 KB) of audio
+MAX_PAUSE_SAMPLES = 10 * RATE
+#: network jitter allowed for on a pause's arrival times: the packet before it may have come late
+PAUSE_JITTER_SAMPLES = 60 * RATE // 1000
+
+
+def _wall_backed_gap(last: tuple[int, float], expected: int, now: float) -> int:
+    """How much of a hole the arrival times back (48 kHz samples): the time since the last
+    packet arrived less that packet's own audio, plus jitter; 0 where the wall clock saw no
+    hole beyond jitter (a timestamp jump, not a pause)."""
+    last_ts, last_at = last
+    seen = round((now - last_at) * RATE) - ((expected - last_ts) & 0xFFFFFFFF)
+    return seen + PAUSE_JITTER_SAMPLES if seen > PAUSE_JITTER_SAMPLES else 0
 
 
 class ImmediateAudioJitterBuffer(JitterBuffer):
