@@ -70,6 +70,7 @@ def create_app(settings: ServerSettings | None = None, registry: ModelRegistry |
             store=store, resume_grace_s=settings.store.resume_grace_s, persist_ttl_s=settings.store.ttl_s,
             observer=app.state.metrics,
             store_transcripts=settings.store.transcripts, end_of_turn=end_of_turn,
+            lease_s=settings.store.lease_s,
         )
         app.state.manager.start()
         if registry is None:  # a serving process (not an app around a caller's models)

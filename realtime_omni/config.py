@@ -82,6 +82,10 @@ class StoreSection(_Section):
     resume_grace_s: float = Field(default=30.0, ge=0)
     #: store what was said (texts, transcripts); off: stored items keep only their shape
     transcripts: bool = True
+    #: with a store shared by several server processes (Redis): each holds its live sessions
+    #: for this long, renewed every fifth of it; a resume through another process takes the
+    #: session over (the holder lets go at its next renewal; one that died, after this long)
+    lease_s: float = Field(default=5.0, ge=1.0, le=120.0)
 
 
 class AuthSection(_Section):

@@ -6,7 +6,7 @@ import asyncio
 import collections
 import concurrent.futures
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 from ..audio.end_of_turn import EndOfTurnModel
 from ..engines.base import ModelAtCapacity
@@ -16,6 +16,7 @@ from ..pipeline import PipelineSettings
 from ..protocol.errors import ProtocolError
 from .core import Outgoing, RealtimeSession
 from .journal import Journal
+from .ownership import Ownership
 from .persist import Persister, restoration
 from .retention import keeps_row, purge_forever
 from .runner import RunnerLimits, SessionRunner
@@ -30,6 +31,9 @@ FIRST_WRITE_S = 2.0
 ENDED_MEMORY = 4096
 #: a resume waits at most this long for the store to find its session
 STORE_LOAD_S = 10.0
+#: a resume through this process waits for another's lease this much past the lease's length
+#: (a holder that died: its lease lapses; one alive: it lets go at its next renewal)
+TAKE_OVER_MARGIN_S = 1.0
 
 
 class SessionLimitError(Exception):
@@ -59,6 +63,7 @@ class SessionManager:
         observer: Observer | None = None,
         store_transcripts: bool = True,
         end_of_turn: EndOfTurnModel | None = None,
+        lease_s: float = 5.0,
     ) -> None:
         self.registry = registry
         #: semantic_vad's end-of-turn model, shared by every session (None: a silence window)
@@ -79,12 +84,16 @@ class SessionManager:
         self.store_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store")
         #: incremental, debounced writes (store_transcripts False: items keep their shape, not their words)
         self.persister = Persister(store, self.store_executor, store_transcripts=store_transcripts) if store else None
+        #: with a store shared by several processes: which of them runs each live session
+        self.ownership = (Ownership(store, lease_s, lambda: list(self.sessions), self._let_go)
+                          if store is not None and store.shared else None)
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
         #: sessions that ended here for good, until their rows are surely gone from the store: a
         #: resume in the moment before the delete is written must not rebuild them from the row
         self._ended: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.total_opened = 0
+        self._releasing: set[asyncio.Task[None]] = set()
         #: replies prepared during the user's pause and released at the end-of-turn decision
         self.speculations_adopted = 0
 
@@ -97,6 +106,8 @@ class SessionManager:
                 name="session-store-purge")
         if self.persister is not None:
             self.persister.start()
+        if self.ownership is not None:
+            self.ownership.start()
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0, owner: str | None = None, transport: str = "internal",
@@ -203,7 +214,9 @@ class SessionManager:
                 raise ResumeError("the session store did not answer in time; try again") from None
             if snapshot is not None and snapshot.get("owner") != owner:
                 raise ResumeError("unknown or expired resume token")
-            if snapshot is not None and snapshot.get("id") not in self.sessions and snapshot.get("id") not in self._ended:
+            if snapshot is not None and self.ownership is not None and self._rebuildable(snapshot):
+                snapshot = await self._take_over(snapshot, token)
+            if snapshot is not None and self._rebuildable(snapshot):
                 stored_seq = int(snapshot.get("last_seq", 0))
                 # Number on from whatever the client saw last, so no number is ever reused.
                 if not isinstance(snapshot.get("model"), str):  # a row this server cannot read
@@ -217,18 +230,71 @@ class SessionManager:
                 return runner, [], last_seq != stored_seq
         raise ResumeError("unknown or expired resume token")
 
+    def _rebuildable(self, snapshot: dict[str, Any]) -> bool:
+        """A stored session that is neither live here nor ended here for good."""
+        return snapshot.get("id") not in self.sessions and snapshot.get("id") not in self._ended
+
+    async def _take_over(self, snapshot: dict[str, Any], token: str) -> dict[str, Any] | None:
+        """Take a stored session from the process that holds it (it writes its last changes and
+        lets go) and read its row again; a holder that neither lets go nor lapses in time keeps it."""
+        assert self.ownership is not None
+        session_id = str(snapshot.get("id"))
+        if not await self.ownership.take(session_id, self.ownership.lease_s + TAKE_OVER_MARGIN_S):
+            raise ResumeError("this session is still connected elsewhere")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(STORE_LOAD_S):
+                fresh = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token),  # type: ignore[union-attr]
+                                                   self.persist_ttl_s)
+        except TimeoutError:
+            fresh = None
+        if fresh is None or fresh.get("id") != session_id or not self._rebuildable(fresh):
+            await self.ownership.release([session_id])
+            if fresh is None:
+                raise ResumeError("the session store did not answer in time; try again")
+            return None
+        return fresh
+
+    async def _let_go(self, session_id: str, write: bool) -> None:
+        """Stop this process's copy of a session another process serves now (see :class:`Ownership`)."""
+        runner = self.sessions.get(session_id)
+        if runner is None:
+            if write and self.ownership is not None:
+                await self.ownership.release([session_id])
+            return
+        runner.superseded = not write
+        if runner.kick is not None:  # its client (half-dead, or about to be) goes: the session moves
+            runner.kick()
+        await runner.close("session_moved")
+
+    async def _release_after_write(self, session_id: str) -> None:
+        """Drop the lease once the session's last changes (or its row's deletion) are written."""
+        assert self.ownership is not None
+        if self.persister is not None:
+            await self.persister.settled(session_id, self.ownership.lease_s)
+        try:
+            await self.ownership.release([session_id])
+        except Exception as exc:  # noqa: BLE001 - it lapses on its own
+            log.warning("session %s: lease not released (it lapses): %s", session_id, exc)
+
     def _forget(self, runner: SessionRunner) -> None:
         self.speculations_adopted += runner.speculations_adopted
         self.observer.session_closed(runner.transport, runner.close_reason or "ended")
         self.sessions.pop(runner.core.id, None)
         self._by_token.pop(runner.resume_token, None)
-        if self.persister is not None:
+        if self.persister is not None and runner.superseded:
+            self.persister.forget(runner.core.id)  # another process writes its row now
+        elif self.persister is not None:
             keep = keeps_row(runner.close_reason)
             self.persister.ended(runner, keep=keep)
             if not keep:
                 self._ended[runner.core.id] = None
                 while len(self._ended) > ENDED_MEMORY:
                     self._ended.popitem(last=False)
+        if self.ownership is not None and not runner.superseded:
+            task = asyncio.get_running_loop().create_task(self._release_after_write(runner.core.id))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         """Close every session and the store within ``timeout`` seconds, whatever is stuck.
@@ -256,6 +322,8 @@ class SessionManager:
             log.warning("shutdown: the session store did not finish its writes in time; the rest is lost")
             self.store_executor.shutdown(wait=False, cancel_futures=True)
             return
+        if self.ownership is not None:  # after the last writes: another process may take them over now
+            await self.ownership.close(max(deadline - loop.time(), 0.1))
         self.store_executor.shutdown(wait=False)
         if self.store is not None:
             self.store.close()

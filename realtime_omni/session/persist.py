@@ -57,6 +57,8 @@ class Persister:
         self._unwritten: dict[str, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[None] | None = None
+        #: the sessions of the batch being written
+        self._in_flight: set[str] = set()
         #: batches written, and items written, since start (for /metrics and the benchmarks)
         self.batches = 0
         self.items_written = 0
@@ -112,6 +114,22 @@ class Persister:
         self._release(sid)  # nothing to wait for: the row goes
         self._wake.set()
 
+    def forget(self, sid: str) -> None:
+        """Write nothing more of this session (another process serves it now)."""
+        self._dirty.pop(sid, None)
+        self._release(sid)
+
+    async def settled(self, sid: str, timeout: float) -> bool:
+        """Wait until what was marked of a session is written (at most ``timeout`` s)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while sid in self._dirty or sid in self._deleted or sid in self._in_flight:
+            if loop.time() >= deadline:
+                return False
+            self._wake.set()
+            await asyncio.sleep(min(self.debounce_s / 4, 0.05))
+        return True
+
     def _release(self, sid: str) -> None:
         event = self._unwritten.pop(sid, None)
         if event is not None:
@@ -152,6 +170,7 @@ class Persister:
         if not changes and not deleted:
             return
         loop = asyncio.get_running_loop()
+        self._in_flight = {c.session_id for c in changes} | set(deleted)
         self._writing = loop.run_in_executor(self.executor, self.store.apply, changes, deleted)
         try:
             await asyncio.shield(self._writing)
@@ -173,6 +192,7 @@ class Persister:
             self._wake.set()
         finally:
             self._writing = None
+            self._in_flight = set()
 
     def _take(self) -> tuple[list[StoreChange], list[str]]:
         dirty, self._dirty = self._dirty, {}

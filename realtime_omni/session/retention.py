@@ -5,6 +5,8 @@
   deleted at once.
 - Ended by the server shutting down (``server_shutdown``): kept, so the client can resume
   after the restart, until ``persist_ttl_s`` after its last change.
+- Handed over to another server process sharing the store (``session_moved``, see
+  :mod:`.ownership`): kept, that process serves it from the row.
 - Never ended (the process was killed, the machine lost power): same as a shutdown. Rows past
   ``persist_ttl_s`` are purged when the server starts and every ``purge_interval(ttl)`` after;
   the sessions live in this process are never purged, however quiet.
@@ -27,7 +29,7 @@ from .store import SessionStore
 log = logging.getLogger(__name__)
 
 #: endings after which the stored session stays resumable (until persist_ttl_s)
-KEPT_ENDINGS = frozenset({"server_shutdown"})
+KEPT_ENDINGS = frozenset({"server_shutdown", "session_moved"})
 
 
 def keeps_row(close_reason: str | None) -> bool:

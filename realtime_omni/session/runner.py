@@ -109,6 +109,8 @@ class SessionRunner(ConnectionLink):
         self.attach_lock = asyncio.Lock()
         #: rebuilt from the store after a restart (no second session.created)
         self.from_store = False
+        #: another process sharing the store serves this session now: this copy writes nothing more
+        self.superseded = False
         #: set when rebuilt from the store: what the first resume reports (persist.restoration)
         self.restored: dict[str, Any] | None = None
         self._drain: asyncio.Task[None] | None = None

@@ -82,8 +82,39 @@ class SessionStore(abc.ABC):
         live ones: a later write must not find its older items gone); how many went."""
         return 0
 
+    # -- which process holds a live session (stores shared by several processes) ------------
+    #: several server processes share this store: each live session is held by one of them
+    #: (a lease it renews), so a resume through another process takes it over instead of
+    #: running a second copy. A store of one process holds nothing.
+    shared = False
+
+    def hold(self, holder: str, session_ids: Collection[str], lease_s: float) -> Renewal:
+        """Take or extend ``holder``'s lease on each session for ``lease_s``; report the ones
+        another holder has, and the ones another process asked for."""
+        return Renewal()
+
+    def claim(self, session_id: str, holder: str, lease_s: float) -> bool:
+        """Take the lease if nobody (else) holds it."""
+        return True
+
+    def ask(self, session_id: str, asker: str, wait_s: float) -> None:
+        """Ask whoever holds the session to let it go (the request lapses after ``wait_s``)."""
+
+    def release(self, holder: str, session_ids: Collection[str]) -> None:
+        """Drop ``holder``'s leases (those it no longer has are left alone)."""
+
     def close(self) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What one :meth:`SessionStore.hold` found."""
+
+    #: held by another process now (this one stalled past its lease): its copy must stop
+    lost: tuple[str, ...] = ()
+    #: another process asked to take these over (a client resumed there)
+    wanted: tuple[str, ...] = ()
 
 
 class SQLiteStore(SessionStore):
@@ -177,8 +208,47 @@ class SQLiteStore(SessionStore):
             self._db.close()
 
 
+#: per session: 1 held by ARGV[1] now (taken or extended), 0 held by another; then 1 if asked for
+_HOLD = """
+local out = {}
+for i = 1, #KEYS, 2 do
+  local holder = redis.call('GET', KEYS[i])
+  if holder == false or holder == ARGV[1] then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+  out[#out + 1] = redis.call('EXISTS', KEYS[i + 1])
+end
+return out
+"""
+
+#: KEYS[1] the lease, KEYS[2] its request: taken if free or already ARGV[1]'s (the request is
+#: then answered)
+_CLAIM = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+return 0
+"""
+
+#: the leases among KEYS that ARGV[1] holds go
+_RELEASE = """
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
+end
+return 0
+"""
+
+
 class RedisStore(SessionStore):
     """Shared by replicas; keys expire on their own after ``ttl_s`` (so ``purge`` has nothing to do)."""
+
+    shared = True
 
     def __init__(self, url: str, ttl_s: float = 3600.0, prefix: str = "realtime_omni") -> None:
         import redis  # optional dependency
@@ -189,6 +259,9 @@ class RedisStore(SessionStore):
         self._redis.ping()
         self.ttl_s = int(ttl_s)
         self.prefix = prefix
+        self._hold = self._redis.register_script(_HOLD)
+        self._claim = self._redis.register_script(_CLAIM)
+        self._release = self._redis.register_script(_RELEASE)
 
     def _keys(self, session_id: str) -> tuple[str, str]:
         return f"{self.prefix}:session:{session_id}", f"{self.prefix}:items:{session_id}"
@@ -230,8 +303,34 @@ class RedisStore(SessionStore):
         items = {k.decode(): json.loads(v) for k, v in self._redis.hgetall(items_key).items()}
         return assemble(data["meta"], items)
 
+    def _lease_keys(self, session_id: str) -> tuple[str, str]:
+        return f"{self.prefix}:holder:{session_id}", f"{self.prefix}:wanted:{session_id}"
+
+    def hold(self, holder: str, session_ids: Collection[str], lease_s: float) -> Renewal:
+        ids = list(session_ids)
+        if not ids:
+            return Renewal()
+        flags = self._hold(keys=[k for sid in ids for k in self._lease_keys(sid)], args=[holder, _ms(lease_s)])
+        held, asked = flags[0::2], flags[1::2]
+        return Renewal(lost=tuple(sid for sid, h in zip(ids, held) if not h),
+                       wanted=tuple(sid for sid, h, a in zip(ids, held, asked) if h and a))
+
+    def claim(self, session_id: str, holder: str, lease_s: float) -> bool:
+        return bool(self._claim(keys=list(self._lease_keys(session_id)), args=[holder, _ms(lease_s)]))
+
+    def ask(self, session_id: str, asker: str, wait_s: float) -> None:
+        self._redis.set(self._lease_keys(session_id)[1], asker, px=_ms(wait_s))
+
+    def release(self, holder: str, session_ids: Collection[str]) -> None:
+        if session_ids:
+            self._release(keys=[self._lease_keys(sid)[0] for sid in session_ids], args=[holder])
+
     def close(self) -> None:
         self._redis.close()
+
+
+def _ms(seconds: float) -> int:
+    return max(int(seconds * 1000), 1)
 
 
 def open_store(url: str | None, ttl_s: float) -> SessionStore | None:

@@ -4,29 +4,55 @@ Two server processes (gateways) run at once against one real redis-server on loo
 talks to the first; the first is killed (SIGKILL: no goodbye, no flush); the client reconnects
 through the second with its resume token and carries on: the conversation it had is there, the
 resume says exactly what (if anything) was lost, and the session belongs to the same API key on
-every gateway.
+every gateway. And while both gateways live, a client whose connection to the first dropped (or
+hangs) and who comes back through the second moves its session there: the first lets its copy go
+and writes its last changes, so one gateway at a time serves the session and writes its row.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
+import redis
 import websockets
 
+from realtime_omni.engines.registry import ModelRegistry
 from realtime_omni_bench.hostile import ServerProcess
 
+from ..server import ServerThread
 from .test_persistence import item_event, recv_type
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 KEY = "sk-gateway-test"
 
 
+async def until(check, timeout: float = 10.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what} did not come within {timeout} s"
+        await asyncio.sleep(0.05)
+    return value
+
+
+def stored_items(url: str, session_id: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        return int(client.hlen(f"realtime_omni:items:{session_id}"))
+
+
+def holder(url: str, session_id: str) -> str | None:
+    with redis.Redis.from_url(url) as client:
+        value = client.get(f"realtime_omni:holder:{session_id}")
+    return value.decode() if value else None
+
+
 async def test_a_session_carries_on_through_another_gateway_after_its_gateway_dies(redis_url):
     args = ("--model", "echo", "--session-store", redis_url, "--api-key", KEY)
     auth = {"Authorization": f"Bearer {KEY}"}
-    with ServerProcess(*args) as first, ServerProcess(*args) as second:
+    lease = {"REALTIME_OMNI_STORE__LEASE_S": "2"}  # the dead gateway's leases lapse after 2 s
+    with ServerProcess(*args, env=lease) as first, ServerProcess(*args, env=lease) as second:
         ws = await websockets.connect(f"ws://127.0.0.1:{first.port}/v1/realtime?model=echo", additional_headers=auth)
         created = await recv_type(ws, "session.created")
         token = created["session"]["resume_token"]
@@ -39,7 +65,8 @@ async def test_a_session_carries_on_through_another_gateway_after_its_gateway_di
             done = await recv_type(ws, "conversation.item.done")
             said.append(done["item"]["id"])
             last_seq = done["sequence_number"]
-        await asyncio.sleep(1.0)  # the store writes every 0.2 s: these items are committed (room for a busy machine)
+        await until(lambda: stored_items(redis_url, created["session"]["id"]) == 30, what="the 30 items in Redis")
+        await asyncio.sleep(0.5)  # the meta with their sequence numbers is written in the same batch: room for a busy machine
         first.proc.kill()
         first.proc.wait(10)
         ws.transport.abort()
@@ -66,3 +93,76 @@ async def test_a_session_carries_on_through_another_gateway_after_its_gateway_di
         item = await recv_type(ws, "conversation.item.retrieved")
         assert item["item"]["content"][0]["text"] == "note 0"
         await ws.close()
+
+
+@pytest.fixture
+def gateways(redis_url):
+    """Two gateways (real servers in this process, so the test can look inside) on one Redis."""
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    sections = {"models": ["echo"], "auth": {"api_keys": [KEY]}, "session_store": redis_url,
+                "store": {"resume_grace_s": 30, "lease_s": 2.0}}
+    with ServerThread(registry, **sections) as first, ServerThread(registry, **sections) as second:
+        yield first, second
+    registry.close()
+
+
+async def open_with_items(gateway, count: int) -> tuple[websockets.ClientConnection, dict, list[str], int]:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    ws = await websockets.connect(f"{gateway.ws}/v1/realtime?model=echo", additional_headers=auth)
+    created = await recv_type(ws, "session.created")
+    said, last_seq = [], created["sequence_number"]
+    for index in range(count):
+        await ws.send(item_event(f"note {index}", f"item_{index:03d}"))
+        done = await recv_type(ws, "conversation.item.done")
+        said.append(done["item"]["id"])
+        last_seq = done["sequence_number"]
+    return ws, created, said, last_seq
+
+
+async def test_a_dropped_session_moves_to_the_gateway_its_client_comes_back_through(gateways, redis_url):
+    first, second = gateways
+    ws, created, said, last_seq = await open_with_items(first, 3)
+    sid, token = created["session"]["id"], created["session"]["resume_token"]
+    await until(lambda: holder(redis_url, sid) == first.manager.ownership.holder, what="the first gateway's lease")
+    ws.transport.abort()  # the client's network drops; the first gateway keeps the session for a resume
+    await until(lambda: first.manager.sessions[sid].detached_since is not None, what="the drop")
+
+    url = f"{second.ws}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}"
+    # another key cannot take the session over: the first gateway keeps it
+    with pytest.raises(websockets.InvalidStatus):
+        await websockets.connect(url, additional_headers={"Authorization": "Bearer sk-other"})
+    assert sid in first.manager.sessions and first.manager.ownership.moved_out == 0
+
+    ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=15)
+    hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert hello["type"] == "session.resumed" and hello["session"]["id"] == sid
+    # the first gateway wrote what it had and let its copy go before the second rebuilt it
+    assert hello["restored"]["item_ids"] == said and hello["restored"]["lost"] is None
+    assert sid not in first.manager.sessions and first.manager.ownership.moved_out == 1
+    assert holder(redis_url, sid) == second.manager.ownership.holder
+    # the second gateway serves and writes it now
+    await ws.send(item_event("after the move", "item_after"))
+    await recv_type(ws, "conversation.item.done")
+    await until(lambda: stored_items(redis_url, sid) == 4, what="the fourth item in Redis")
+    # ended for good through the second: its row and its lease go
+    await ws.close()
+    await until(lambda: stored_items(redis_url, sid) == 0 and holder(redis_url, sid) is None,
+                what="the row and the lease to go")
+
+
+async def test_a_session_still_attached_elsewhere_is_taken_over_by_its_token_holder(gateways, redis_url):
+    first, second = gateways
+    old, created, said, last_seq = await open_with_items(first, 2)
+    sid, token = created["session"]["id"], created["session"]["resume_token"]
+    await until(lambda: holder(redis_url, sid) == first.manager.ownership.holder, what="the first gateway's lease")
+    # the first connection looks alive to the first gateway (half-dead): the token holder takes over
+    url = f"{second.ws}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}"
+    ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=15)
+    hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    assert hello["type"] == "session.resumed" and hello["restored"]["item_ids"] == said
+    with pytest.raises(websockets.ConnectionClosed):  # the old connection was let go
+        while True:
+            await asyncio.wait_for(old.recv(), 10)
+    assert sid not in first.manager.sessions
+    await ws.close()

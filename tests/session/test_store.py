@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 
-from realtime_omni.session.store import RedisStore, SQLiteStore, open_store, token_hash
+from realtime_omni.session.store import RedisStore, Renewal, SQLiteStore, open_store, token_hash
 
 SNAPSHOT = {"id": "sess_1", "model": "embedded", "config": {"model": "embedded", "instructions": "hi"},
             "items": [{"id": "item_1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
@@ -104,4 +104,42 @@ def test_incremental_changes_upsert_and_remove_single_items(tmp_path):
     store.apply([], ["s"])
     assert store.load(digest, 60) is None
     assert store._db.execute("SELECT COUNT(*) FROM session_items").fetchone()[0] == 0
+    store.close()
+
+
+def test_a_redis_lease_has_one_holder_which_lets_go_when_asked(redis_url):
+    first, second = RedisStore(redis_url, ttl_s=60), RedisStore(redis_url, ttl_s=60)
+    assert first.shared and not SQLiteStore.shared
+    renewal = first.hold("A", ["sess_1", "sess_2"], lease_s=5)
+    assert renewal.lost == () and renewal.wanted == ()
+    assert not second.claim("sess_1", "B", lease_s=5)  # held by A
+    assert second.claim("sess_3", "B", lease_s=5)  # nobody's
+    second.ask("sess_1", "B", wait_s=5)
+    renewal = first.hold("A", ["sess_1", "sess_2", "sess_3"], lease_s=5)
+    assert renewal.wanted == ("sess_1",) and renewal.lost == ("sess_3",)
+    second.release("B", ["sess_1"])  # not B's: left alone
+    assert not second.claim("sess_1", "B", lease_s=5)
+    first.release("A", ["sess_1"])
+    assert second.claim("sess_1", "B", lease_s=5)
+    # the request was answered by the claim: A, holding sess_2 still, is asked for nothing
+    assert first.hold("A", ["sess_2"], lease_s=5) == Renewal()
+    assert first.hold("A", ["sess_1"], lease_s=5).lost == ("sess_1",)
+    first.close()
+    second.close()
+
+
+def test_a_dead_holders_redis_lease_lapses(redis_url):
+    first, second = RedisStore(redis_url, ttl_s=60), RedisStore(redis_url, ttl_s=60)
+    first.hold("A", ["sess_1"], lease_s=0.3)
+    assert not second.claim("sess_1", "B", lease_s=5)
+    time.sleep(0.5)  # A renews no more (it died)
+    assert second.claim("sess_1", "B", lease_s=5)
+    first.close()
+    second.close()
+
+
+def test_a_store_of_one_process_holds_nothing(tmp_path):
+    store = SQLiteStore(tmp_path / "s.db")
+    assert store.claim("sess_1", "A", 5) and store.claim("sess_1", "B", 5)
+    assert store.hold("A", ["sess_1"], 5) == Renewal()
     store.close()
