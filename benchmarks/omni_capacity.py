@@ -379,6 +379,18 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     return values
 
 
+def capacity_estimate(model) -> dict:
+    """What the engine's admission would allow (``batching/capacity.py``), from the steps timed
+    now: the levels' audio per wall second tell how close its model of the device comes."""
+    from realtime_omni.engines.omni.batching import capacity
+
+    sessions, line = model.estimate_capacity()
+    times = model.capacity_times
+    return {"sessions": sessions, "line": line, "budget": model.settings.realtime_budget,
+            "ms_per_step": {"thinker": dict(times.thinker), "talker": dict(times.talker), "codec": dict(times.codec)},
+            "tokens_per_frame": capacity.TOKENS_PER_FRAME[model.arch]}
+
+
 def check_alone(model, req) -> dict:
     """A short reply in a batched session and in a session that steps alone (per-session graphs):
     the thinker's greedy tokens must agree. (The batched talker samples in its graph, with the
@@ -427,7 +439,9 @@ def run_config(path: Path, args) -> dict:
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
                             dit_dtype=args.dit_dtype,
-                            lean_code_predictor=not args.modules_code_predictor)
+                            lean_code_predictor=not args.modules_code_predictor,
+                            # every level runs, past the capacity too; the estimate is recorded below
+                            realtime_admission="off")
     loading: list[str] = []  # the load's own report (graphs captured, prefills warmed up)
 
     def progress(msg: str) -> None:
@@ -447,6 +461,8 @@ def run_config(path: Path, args) -> dict:
         result["graphs"]["codec"] = model.codec.windows.captured
         result["codec_last_window_lengths"] = model.codec.last_window_lengths
     result["graph_verdicts"] = verdicts()
+    result["capacity_estimate"] = capacity_estimate(model)
+    print(result["capacity_estimate"]["line"], flush=True)
     print(json.dumps({"graphs": result["graphs"], "verdicts": result["graph_verdicts"],
                       "codec_last_window_lengths": result.get("codec_last_window_lengths")}), flush=True)
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, args.reply_tokens)

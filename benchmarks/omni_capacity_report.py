@@ -314,6 +314,9 @@ def main(argv=None) -> int:
                f"stage: {m.get('lookahead', 4)}. Ms per step: the loop's wall time; device ms: the span of its "
                "CUDA events (both include waiting for the other stages' kernels on the shared GPU).", ""]
         md += table(m) + [""]
+        estimate = m.get("capacity_estimate")
+        if estimate:  # what the engine's admission would allow, from the steps timed at load
+            md += [f"The engine's own estimate at load (its admission, `batching/capacity.py`): {estimate['line']}.", ""]
         graphs = m.get("graphs", {})
         if "thinker prefill" in graphs:
             md += [f"Prefill graphs captured at load: thinker {graphs['thinker prefill']}, talker "

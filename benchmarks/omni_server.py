@@ -64,6 +64,8 @@ def start_server(args: argparse.Namespace) -> subprocess.Popen:
         "REALTIME_OMNI_OMNI_CACHE_TOKENS": str(args.cache_tokens),
         "REALTIME_OMNI_OMNI_RANDOM_WEIGHTS": "1" if args.random_weights else "0",
         "REALTIME_OMNI_OMNI_LOOKAHEAD_STEPS": str(args.lookahead),
+        # the run measures what the GPU makes of N sessions, past the capacity estimated at load too
+        "REALTIME_OMNI_ENGINES__OMNI__REALTIME_ADMISSION": args.realtime_admission,
     })
     if args.pace_ms is not None:
         env["REALTIME_OMNI_OMNI_PACE_LEAD_MS"] = str(args.pace_ms)
@@ -234,6 +236,8 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=64, help="longest spoken reply in codec frames")
     ap.add_argument("--cache-tokens", type=int, default=1024)
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
+    ap.add_argument("--realtime-admission", default="off", choices=["auto", "on", "off"],
+                    help="the engine's admission by its measured real-time capacity (the server's default: auto)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--speech", default=None, help="int16 .npy at 24 kHz (default: synthesized with Piper)")
     ap.add_argument("--port", type=int, default=8765)

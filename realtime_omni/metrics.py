@@ -175,6 +175,9 @@ class _EngineCollector:
         slots = GaugeMetricFamily("realtime_omni_engine_slots", "Session slots of the model's batched stages",
                                   labels=["model"])
         used = GaugeMetricFamily("realtime_omni_engine_slots_in_use", "Session slots in use", labels=["model"])
+        capacity = GaugeMetricFamily("realtime_omni_engine_realtime_capacity",
+                                     "Sessions the batched steps keep in real time, all speaking at once (measured "
+                                     "at load; admission refuses sessions beyond it)", labels=["model"])
         speaking = GaugeMetricFamily("realtime_omni_engine_replies_speaking", "Replies the talker is speaking now",
                                      labels=["model"])
         paced = GaugeMetricFamily("realtime_omni_engine_replies_paced",
@@ -200,6 +203,8 @@ class _EngineCollector:
                 if stage == "slots":
                     slots.add_metric([model], values.get("total", 0))
                     used.add_metric([model], values.get("in_use", 0))
+                    if "realtime_capacity" in values:
+                        capacity.add_metric([model], values["realtime_capacity"])
                     if "speaking" in values:
                         speaking.add_metric([model], values["speaking"])
                         paced.add_metric([model], values.get("paced", 0))
@@ -214,7 +219,7 @@ class _EngineCollector:
                     prefills.add_metric([model, stage], values["requests"])
                     waited.add_metric([model, stage], values.get("wait_s", 0.0))
                     prefill_time.add_metric([model, stage], values.get("latency_s", 0.0))
-        yield from (slots, used, speaking, paced, steps, rows, busy, loop, prefills, waited, prefill_time)
+        yield from (slots, used, capacity, speaking, paced, steps, rows, busy, loop, prefills, waited, prefill_time)
 
 
 _LOOP_PHASES = ("idle", "host", "device_wait")

@@ -74,6 +74,13 @@ class OmniSettings(_Section):
     #: live sessions served by the batched stages (one KV slot each); a session beyond it is
     #: refused. 0: every session steps on its own (no batching)
     max_sessions: int = Field(default=16, ge=0, le=1024)
+    #: admission by the real-time capacity measured at load (``batching/capacity.py``: the
+    #: sessions whose steps, all speaking at once, fit ``realtime_budget`` of the device): a
+    #: session beyond it is refused. ``auto``: on CUDA (off the GPU it is not real time anyway);
+    #: ``on``: measured and enforced on any device; ``off``: the slots alone admit
+    realtime_admission: Literal["auto", "on", "off"] = "auto"
+    #: share of each second the sessions' steady steps may take (the rest: new turns' prefills)
+    realtime_budget: float = Field(default=0.6, gt=0.0, le=1.0)
     #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
     batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)
     #: how long a burst of new turns that keep arriving may gather into one prefill batch (ms; a

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,14 +138,47 @@ class OmniCodec:
     def _render_q3(self, codes, steady: bool = False, deadline: float = math.inf) -> np.ndarray:
         import torch
 
-        c2w = self.loaded.model.code2wav
         codes = torch.as_tensor(codes, dtype=torch.long)
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window((*self.key_prefix, codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,), steady,
-                           deadline)
+        wav = self._window(*self._q3_call(codes), steady, deadline)
         return wav.detach().reshape(-1).float().cpu().numpy()
+
+    def _q3_call(self, codes) -> tuple[tuple, Callable[..., Any], tuple]:
+        """A window of ``codes`` (B, G, n): its graph key, its function and its inputs."""
+        c2w = self.loaded.model.code2wav
+        return (*self.key_prefix, codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,)
+
+    def running_window(self, sizes: list[int]) -> int:
+        """Codes in the window a reply renders after chunks of ``sizes`` frames (the last
+        chunk's: with the steady size last, its running window); the arithmetic of
+        :meth:`CodecStream._emit` without rendering."""
+        n = emitted = window = 0
+        hold = max(0, self.settings.lookahead_frames)
+        for size in sizes:
+            n += size
+            target = self.rendered_length(max(0, n - hold))
+            if target <= emitted:
+                continue
+            first = max(0, emitted // self.samples_per_code - max(0, self.settings.left_context_frames))
+            window = n - (first // self.block) * self.block
+            emitted = target
+        return window
+
+    def steady_window(self, rows: int, n: int) -> tuple[tuple, Callable[..., Any], tuple]:
+        """``rows`` windows of ``n`` random codes (a reply's running window: its chunk with its
+        context): the key, function and inputs the codec decodes (timed at load, see
+        ``batching.capacity``)."""
+        import torch
+
+        device = self.loaded.device
+        with torch.inference_mode():
+            if self.arch != "qwen2_5_omni":
+                return self._q3_call(torch.randint(0, self.max_code + 1, (rows, self.groups, n), device=device))
+            codes = torch.randint(0, self.max_code + 1, (1, n), device=device)
+            key, fn, inputs = self._q25_call(codes, self.noise(0, n * self.repeats, 0), None)
+            return key, fn, tuple(t.expand(rows, *t.shape[1:]).contiguous() for t in inputs)
 
     def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf):
         if self.batcher is not None:
@@ -230,6 +264,13 @@ class OmniCodec:
         frames = codes.shape[1] * self.repeats
         if noise is None:
             noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
+        wav = self._window(*self._q25_call(codes, noise, speaker), steady, deadline)
+        return wav.detach().reshape(-1).float().cpu().numpy()
+
+    def _q25_call(self, codes, noise, speaker: str | None) -> tuple[tuple, Callable[..., Any], tuple]:
+        """A window of ``codes`` (1, n) on the device: its graph key, its function and its inputs."""
+        t2w = self.loaded.model.token2wav
+        device = next(t2w.parameters()).device
         dit = t2w.code2wav_dit_model
         cfg = self.settings.guidance_scale >= 1e-5
         cond, enc = self._speaker_inputs(speaker, cfg, device)
@@ -244,8 +285,7 @@ class OmniCodec:
         noise = noise.to(device).float()[None]
         # the speaker is an input like the codes: one graph per window shape serves every speaker,
         # and windows of different speakers decode in one batch
-        wav = self._window((*self.key_prefix, codes.shape[1]), window, (codes, noise, cond, enc), steady, deadline)
-        return wav.detach().reshape(-1).float().cpu().numpy()
+        return (*self.key_prefix, codes.shape[1]), window, (codes, noise, cond, enc)
 
     def _speaker_inputs(self, speaker: str | None, cfg: bool, device) -> tuple[Any, Any]:
         """A Qwen2.5 speaker as window inputs with a batch axis of 1: its x-vector (1, D) and the

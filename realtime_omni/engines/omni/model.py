@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..base import (
+    ModelAtCapacity,
     ModelInfo,
     ModelSession,
     TalkerOutput,
@@ -154,7 +155,12 @@ class OmniModel(VoiceModel):
         self.info = ModelInfo(id=name, capabilities=frozenset(caps), output_rate=24_000, hears_audio=True,
                               max_sessions=self.max_sessions or None)
         self.vad: Any = None  # set by load() when silero is installed
+        #: the batched steps' times measured for the capacity (``estimate_capacity``), when measured
+        self.capacity_times: Any = None
+        #: the sessions admitted: the real-time capacity measured at load (``measure_capacity``)
+        self.realtime_capacity: int | None = None
         self._sessions: set[OmniSession] = set()
+        self._opening = 0  # sessions being opened, counted against the capacity
         self._lock = threading.Lock()
         if loaded is not None:
             self._setup_codec()
@@ -220,15 +226,44 @@ class OmniModel(VoiceModel):
 
     def warm_up(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         """What the first users would otherwise pay, paid while the model loads: every step's
-        graph captured; on CUDA the batched prefills run once alone and a few at once, then the
+        graph captured; on CUDA the batched prefills run once alone and a few at once, the
+        batched steps are timed to admit no more sessions than they keep in real time, then the
         load's heap is frozen out of the garbage collector's full passes (which would stop every
         loop and session at once while they scan it)."""
         self.warm_graphs(progress)
-        if self.batching is not None and self.loaded is not None and self.loaded.device_type == "cuda":
-            from .warmup import freeze_heap, warm_prefills  # (off CUDA: no one-time cost, tests keep their heap)
+        cuda = self.batching is not None and self.loaded is not None and self.loaded.device_type == "cuda"
+        if cuda:
+            from .warmup import warm_prefills  # (off CUDA: no one-time cost)
 
             warm_prefills(self, progress=progress)
+        self.measure_capacity(progress)  # (after the warm-ups' sessions: the admission limit holds from here)
+        if cuda:
+            from .warmup import freeze_heap  # (tests keep their heap)
+
             freeze_heap(progress)
+
+    def measure_capacity(self, progress: Callable[[str], None] = lambda _msg: None) -> int | None:
+        """Admit no more sessions than the batched steps keep in real time (the setting
+        ``realtime_admission``; see :meth:`estimate_capacity`). Returns the capacity, or None
+        when it is not measured."""
+        mode = self.settings.realtime_admission
+        if self.batching is None or self.loaded is None or mode == "off" or (
+                mode == "auto" and self.loaded.device_type != "cuda"):
+            return None
+        sessions, line = self.estimate_capacity()
+        progress(line)
+        self.realtime_capacity = sessions
+        self.info = dataclasses.replace(self.info, max_sessions=sessions)
+        return sessions
+
+    def estimate_capacity(self, budget: float | None = None) -> tuple[int, str]:
+        """The sessions the batched steps keep in real time, all speaking at once, from their step
+        times measured now (call while no session speaks), and the start-up log's line saying so."""
+        from .batching import capacity
+
+        sessions, self.capacity_times, line = capacity.estimate(
+            self, self.settings.realtime_budget if budget is None else budget)
+        return sessions, line
 
     def _note_tools(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         """Function calls where the vocabulary has the Qwen call tokens (and llguidance is there)."""
@@ -286,6 +321,8 @@ class OmniModel(VoiceModel):
             # replies being spoken, and those of them held back ahead of their listener: when few
             # are held back while many speak, the GPU has no time to spare
             "speaking": talking.count + talking.paused_count, "paced": talking.paused_count}}
+        if self.realtime_capacity is not None:
+            out["slots"]["realtime_capacity"] = self.realtime_capacity
         loops = {b.name: b for b in batching.batchers}
         loops.update({"thinker prefill": batching.prefill, "talker prefill": batching.talker_prefill})
         if codec is not None and codec.batcher is not None:
@@ -302,8 +339,21 @@ class OmniModel(VoiceModel):
     def open_session(self) -> OmniSession:
         if self.loaded is None:
             raise RuntimeError("OmniModel.load() has not run")
-        session = OmniSession(self)
+        limit = self.realtime_capacity  # (the slots themselves refuse with SlotsFull)
         with self._lock:
+            if limit is not None and len(self._sessions) + self._opening >= limit:
+                # the measured real-time capacity, below the slots (in-process sessions; a worker
+                # process admits by the same number before it gets here)
+                raise ModelAtCapacity(f"{limit} sessions are this model's real-time capacity; all are in use")
+            self._opening += 1
+        try:
+            session = OmniSession(self)
+        except BaseException:
+            with self._lock:
+                self._opening -= 1
+            raise
+        with self._lock:
+            self._opening -= 1
             self._sessions.add(session)
         return session
 

@@ -1,0 +1,172 @@
+"""How many sessions the batched stages keep in real time, from step times measured at load.
+
+The model of a second of speech, with ``B`` sessions all speaking at once (every reply asked
+together, the capacity run's load, the worst case of a live server):
+
+* the talker runs one frame step for all ``B`` rows per code frame (``frame_s`` of audio: 80 ms
+  for Qwen3, 20 ms for Qwen2.5), so ``talker(B) / frame_s`` of device time per second;
+* the thinker runs ``tokens_per_frame`` steps per frame while the replies are being written
+  (Qwen3: one text token per frame; Qwen2.5: one per three codes), ``thinker(B) *
+  tokens_per_frame / frame_s``;
+* the codec decodes every session's running window once per window (``window_s`` of new audio),
+  in groups of the captured buckets: ``codec(group sizes) / window_s``.
+
+The stages run on their own streams but share the GPU, so their demands add up. ``B`` sessions
+are in real time when the sum stays within ``budget`` of each second; the rest is left to the
+prefills of new turns and to the moments when all replies start at once. The largest such ``B``
+(at most the slots) is the engine's real-time capacity; admission refuses sessions beyond it
+(``engines.omni.realtime_admission``). A step's time is that of the smallest bucket holding its
+rows: what the loop runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: thinker steps per talker frame while replies are written: Qwen3's talker reads one text token
+#: per 80 ms frame; Qwen2.5 speaks about three 20 ms codes per token (the capacity runs' replies)
+TOKENS_PER_FRAME: dict[str, float] = {"qwen3_omni_moe": 1.0, "qwen2_5_omni": 1 / 3}
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Milliseconds per step by rows (the buckets measured), per stage."""
+
+    thinker: Mapping[int, float]
+    talker: Mapping[int, float]
+    #: one group of that many steady codec windows
+    codec: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one real-time second of one session asks of the stages."""
+
+    frame_s: float
+    tokens_per_frame: float
+    window_s: float
+    #: share of each second the steady demand may take (the rest: prefills, bursts)
+    budget: float = 0.6
+
+
+def at(times: Mapping[int, float], rows: int) -> float:
+    """A step's milliseconds for ``rows`` rows: the smallest measured bucket holding them
+    (beyond the largest: that one's, in as many steps as needed)."""
+    if rows <= 0 or not times:
+        return 0.0
+    sizes = sorted(times)
+    fit = next((b for b in sizes if b >= rows), None)
+    if fit is not None:
+        return times[fit]
+    top = sizes[-1]
+    full, rest = divmod(rows, top)
+    return full * times[top] + at(times, rest)
+
+
+def demand(times: StepTimes, work: Workload, sessions: int) -> float:
+    """Device seconds per wall second that ``sessions`` sessions speaking at once ask for."""
+    per_frame = at(times.talker, sessions) + work.tokens_per_frame * at(times.thinker, sessions)
+    codec = at(times.codec, sessions) / work.window_s if times.codec else 0.0
+    return (per_frame / work.frame_s + codec) / 1000.0
+
+
+def realtime_sessions(times: StepTimes, work: Workload, slots: int) -> int:
+    """The most sessions (up to ``slots``) whose demand stays within the budget."""
+    best = 0
+    for n in range(1, slots + 1):
+        if demand(times, work, n) > work.budget:
+            break
+        best = n
+    return best
+
+
+def _timed(run: Callable[[], Any], sync: Callable[[], None], repeats: int) -> float:
+    """Median milliseconds of ``run`` after one warm-up call."""
+    run()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        samples.append(1000 * (time.perf_counter() - start))
+    return statistics.median(samples)
+
+
+def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> StepTimes:
+    """Time each decode stage's step at every batch bucket, and the codec's steady window in
+    groups, before any session is open (rows without work write to the scratch column only, so
+    the slots' state is untouched)."""
+    import torch
+
+    from ..graphs import on_stream
+
+    loaded = batching.loaded
+    cuda = loaded.device_type == "cuda"
+
+    def stage(batcher: Any) -> dict[int, float]:
+        columns = next((c for c in batcher.column_buckets if c > min(1023, batcher.scratch - 1)),
+                       batcher.column_buckets[-1])
+        sync = batcher.stream.synchronize if cuda and batcher.stream is not None else (lambda: None)
+        out = {}
+        for size in batcher.sizes:
+            bucket = batcher._bucket(size, columns)
+
+            def step(bucket: Any = bucket) -> None:
+                with torch.inference_mode(), on_stream(batcher.stream), batcher.state_lock:
+                    bucket.write_pos.fill_(batcher.scratch)  # every row idle: nothing kept changes
+                    bucket.graph()
+
+            out[size] = _timed(step, sync, repeats)
+        return out
+
+    times = {"thinker": stage(batching.thinker), "talker": stage(batching.talker)}
+    groups: dict[int, float] = {}
+    if codec is not None and codec.batcher is not None:
+        stream = loaded.stream("codec")
+        sync = stream.synchronize if cuda and stream is not None else (lambda: None)
+        for size in (1, *codec.batcher.buckets):
+            if size > batching.slots:
+                break
+            key, fn, inputs = codec.steady_window(size, window_codes)
+
+            def window(key: Any = key if size == 1 else (key, size), fn: Any = fn, inputs: Any = inputs) -> None:
+                with torch.inference_mode(), on_stream(stream):
+                    codec.windows.run(key, fn, inputs, capture=False)
+
+            groups[size] = _timed(window, sync, repeats)
+    return StepTimes(times["thinker"], times["talker"], groups)
+
+
+def estimate(model: Any, budget: float) -> tuple[int, StepTimes, str]:
+    """An :class:`~..model.OmniModel`'s real-time capacity (with its slots as the ceiling), the
+    step times it rests on, and the line that says so."""
+    batching, codec, loaded = model.batching, model.codec, model.loaded
+    if batching is None or loaded is None:
+        raise RuntimeError("the real-time capacity is that of the batched stages (max_sessions > 0, loaded)")
+    sizes = [model.first_chunk_frames, *model.ramp_frames] + [model.chunk_frames] * 4
+    window = codec.running_window(sizes) if codec is not None else 0
+    times = measure(batching, codec, window, repeats=5 if loaded.device_type == "cuda" else 2)
+    frame_s = (codec.samples_per_code if codec is not None else 1920) / model.info.output_rate
+    work = Workload(frame_s=frame_s, tokens_per_frame=TOKENS_PER_FRAME[model.arch],
+                    window_s=model.chunk_frames * frame_s, budget=budget)
+    sessions = realtime_sessions(times, work, batching.slots)
+    return sessions, times, describe(times, work, sessions, batching.slots)
+
+
+def describe(times: StepTimes, work: Workload, sessions: int, slots: int) -> str:
+    """The start-up log's line."""
+    def fmt(t: Mapping[int, float]) -> str:
+        return ", ".join(f"{b}: {ms:.1f}" for b, ms in sorted(t.items()))
+
+    return (f"real-time capacity {sessions} of {slots} session slots (steady demand within {work.budget:.0%} of "
+            f"the device; frame {1000 * work.frame_s:.0f} ms, {work.tokens_per_frame:.2f} thinker steps per frame); "
+            f"ms per step by rows: thinker {fmt(times.thinker)}; talker {fmt(times.talker)}; "
+            f"codec groups {fmt(times.codec)}")

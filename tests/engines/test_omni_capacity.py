@@ -1,0 +1,156 @@
+"""The omni engine's real-time capacity: measured at load from its batched steps, and admission by it.
+
+The arithmetic is checked on step times given by hand; the measurement and the admission on the
+tiny random checkpoints (CPU), in-process and through the worker process the server uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from pydantic import ValidationError  # noqa: E402
+
+from realtime_omni.engines.base import ModelAtCapacity, TurnMessage  # noqa: E402
+from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.batching import capacity  # noqa: E402
+from realtime_omni.engines.omni.batching.capacity import StepTimes, Workload, at, demand, realtime_sessions  # noqa: E402
+from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
+
+from .test_omni import (  # noqa: E402, F401 - _one_thread: the module's autouse fixture
+    ARCHS,
+    CHUNKS,
+    _one_thread,
+    request,
+    run_turn,
+    save_checkpoint,
+    user_audio,
+)
+
+TIMES = StepTimes(thinker={1: 10.0, 8: 12.0, 32: 20.0}, talker={1: 10.0, 8: 14.0, 32: 24.0})
+QWEN3 = Workload(frame_s=0.08, tokens_per_frame=1.0, window_s=0.64, budget=0.6)
+
+
+def test_a_step_costs_what_its_bucket_costs_and_more_rows_take_more_steps():
+    assert at(TIMES.talker, 1) == 10.0 and at(TIMES.talker, 5) == 14.0 and at(TIMES.talker, 32) == 24.0
+    assert at(TIMES.talker, 33) == 24.0 + 10.0  # a full step of 32 and one of 1
+    assert at(TIMES.talker, 0) == 0.0 and at({}, 4) == 0.0
+
+
+def test_the_capacity_is_the_most_sessions_whose_steps_fit_the_budget():
+    # 8 sessions: (14 + 12) ms per 80 ms frame; 32: (24 + 20) ms, 55 %; 33: two steps each, 80 %
+    assert demand(TIMES, QWEN3, 8) == pytest.approx(26 / 80)
+    assert demand(TIMES, QWEN3, 32) == pytest.approx(0.55)
+    assert realtime_sessions(TIMES, QWEN3, slots=64) == 32
+    assert realtime_sessions(TIMES, QWEN3, slots=16) == 16  # the slots bound it first
+    # the thinker's steps count as often as replies write tokens
+    fewer = dataclasses.replace(QWEN3, tokens_per_frame=1 / 3)
+    assert demand(TIMES, fewer, 32) == pytest.approx((24 + 20 / 3) / 80)
+    # the codec's group of 32 windows every 640 ms: 192 ms of it takes 30 % more; 8 fit
+    with_codec = dataclasses.replace(TIMES, codec={1: 40.0, 8: 60.0, 32: 192.0})
+    assert demand(with_codec, QWEN3, 32) == pytest.approx(0.55 + 0.3)
+    assert demand(with_codec, QWEN3, 8) == pytest.approx(26 / 80 + 60 / 640)
+    assert realtime_sessions(with_codec, QWEN3, slots=64) == 8
+    assert realtime_sessions(TIMES, dataclasses.replace(QWEN3, budget=0.1), slots=64) == 0
+
+
+def _model(arch: str, root, **settings) -> OmniModel:
+    save_checkpoint(arch, root)
+    model = OmniModel(root, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=40, max_sessions=3,
+                                         **CHUNKS[arch], **settings))
+    model.load()
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_load_measures_the_capacity_and_admits_no_session_beyond_it(arch, tmp_path):
+    model = _model(arch, tmp_path, realtime_admission="on", realtime_budget=1.0)
+    try:
+        times = model.capacity_times
+        # every bucket of both decode stages, and the codec's steady window alone and in groups
+        assert sorted(times.thinker) == sorted(times.talker) == model.batching.thinker.sizes
+        assert 1 in times.codec and all(ms > 0 for ms in [*times.thinker.values(), *times.codec.values()])
+        limit = model.realtime_capacity
+        assert 0 <= limit <= 3 and model.info.max_sessions == limit
+        assert model.stats()["slots"]["realtime_capacity"] == limit
+        sessions = [model.open_session() for _ in range(limit)]
+        with pytest.raises(ModelAtCapacity):
+            model.open_session()
+        for session in sessions:
+            session.close()
+        # a budget no step fits: the first session is refused, saying why
+        model.settings.realtime_budget = 1e-9
+        assert model.measure_capacity() == 0 and model.info.max_sessions == 0
+        with pytest.raises(ModelAtCapacity, match="real-time capacity"):
+            model.open_session()
+    finally:
+        model.close()
+
+
+def test_timing_the_steps_leaves_every_slot_as_it_was(tmp_path):
+    """The measurement replays each bucket with every row idle (writing to the scratch column
+    only): a session that keeps its context across it says what it says without it."""
+    model = _model("qwen3_omni_moe", tmp_path, realtime_admission="off")
+    try:
+        assert model.realtime_capacity is None and model.info.max_sessions == 3  # off: the slots admit
+        first = TurnMessage(role="user", text="hello there", audio=user_audio(0.3, seed=1))
+
+        def conversation(between=lambda: None) -> list:
+            session = model.open_session()
+            said = []
+            try:
+                outputs, chunks, _audio, _ = run_turn(session, request([first], max_tokens=6))
+                said.append([o.hidden.token_id for o in outputs])
+                between()  # the session's context stays in its slot meanwhile
+                spoken = "".join(o.text for o in outputs)
+                second = [first, TurnMessage(role="assistant", text=spoken), TurnMessage(role="user", text="and?")]
+                outputs, chunks, _audio, _ = run_turn(session, request(second, max_tokens=6))
+                assert outputs[0].prefilled_tokens < outputs[0].prompt_tokens  # the first turn stayed cached
+                said.append([o.hidden.token_id for o in outputs])
+                said.append([c.codes.codes.tolist() for c in chunks if c.codes is not None])
+            finally:
+                session.close()
+            return said
+
+        alone = conversation()
+        lines = []
+        assert conversation(lambda: lines.append(model.estimate_capacity(budget=1.0))) == alone
+        sessions, line = lines[0]
+        assert line.startswith(f"real-time capacity {sessions} of 3 session slots")
+    finally:
+        model.close()
+
+
+def test_an_isolated_worker_admits_by_its_measured_capacity(tmp_path):
+    """Through the worker process the server runs: the capacity travels with the model's info."""
+    from realtime_omni.engines.worker import IsolatedModel
+
+    save_checkpoint("qwen3_omni_moe", tmp_path)
+    model = IsolatedModel(f"omni:{tmp_path}", engines=EngineSettings(omni=OmniSettings(
+        max_sessions=2, talker_do_sample=False, seed=0, talker_max_frames=40, realtime_admission="on",
+        realtime_budget=1e-9, **CHUNKS["qwen3_omni_moe"])))
+    model.load()
+    try:
+        assert model.info.max_sessions == 0
+        assert model.stats()["slots"]["realtime_capacity"] == 0
+        with pytest.raises(ModelAtCapacity):
+            model.open_session()
+    finally:
+        model.close()
+
+
+@pytest.mark.parametrize("bad", [{"realtime_admission": "sometimes"}, {"realtime_budget": 0}, {"realtime_budget": 1.5},
+                                 {"realtime_budget": -1}, {"realtime_budget": "lots"}])
+def test_admission_settings_out_of_range_are_refused_by_name(bad):
+    with pytest.raises(ValidationError, match=next(iter(bad))):
+        OmniSettings(**bad)
+
+
+def test_the_capacity_line_says_what_it_rests_on():
+    line = capacity.describe(TIMES, QWEN3, 32, 64)
+    assert line.startswith("real-time capacity 32 of 64 session slots (steady demand within 60% of the device")
+    assert "thinker 1: 10.0, 8: 12.0, 32: 20.0" in line
