@@ -34,6 +34,8 @@ STORE_LOAD_S = 10.0
 #: a resume through this process waits for another's lease this much past the lease's length
 #: (a holder that died: its lease lapses; one alive: it lets go at its next renewal)
 TAKE_OVER_MARGIN_S = 1.0
+#: how long a session that ended here keeps its lease waiting for its last write
+SETTLE_S = 30.0
 
 
 class SessionLimitError(Exception):
@@ -87,6 +89,8 @@ class SessionManager:
         #: with a store shared by several processes: which of them runs each live session
         self.ownership = (Ownership(store, lease_s, lambda: list(self.sessions), self._let_go)
                           if store is not None and store.shared else None)
+        if self.ownership is not None and self.persister is not None:
+            self.persister.holder = self.ownership.holder  # writes fenced by the leases
         self.sessions: dict[str, SessionRunner] = {}
         self._by_token: dict[str, SessionRunner] = {}
         #: sessions that ended here for good, until their rows are surely gone from the store: a
@@ -205,73 +209,110 @@ class SessionManager:
             self.observer.session_resumed(runner.transport)
             return runner, missed, gap
         if self.store is not None:
-            loop = asyncio.get_running_loop()
-            try:
-                async with asyncio.timeout(STORE_LOAD_S):
-                    snapshot = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token),
-                                                          self.persist_ttl_s)
-            except TimeoutError:
-                raise ResumeError("the session store did not answer in time; try again") from None
+            snapshot = await self._load(token)
             if snapshot is not None and snapshot.get("owner") != owner:
                 raise ResumeError("unknown or expired resume token")
-            if snapshot is not None and self.ownership is not None and self._rebuildable(snapshot):
-                snapshot = await self._take_over(snapshot, token)
             if snapshot is not None and self._rebuildable(snapshot):
-                stored_seq = int(snapshot.get("last_seq", 0))
-                # Number on from whatever the client saw last, so no number is ever reused.
                 if not isinstance(snapshot.get("model"), str):  # a row this server cannot read
                     raise ResumeError("unknown or expired resume token")
-                runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
-                                   transport=transport)
-                self.observer.session_resumed(transport)
-                # The journal died with the old process: say precisely what cannot be replayed
-                # and what the store never got (see persist.restoration).
-                runner.restored = restoration(stored_seq, last_seq, [item.id for item in runner.core.conversation])
-                return runner, [], last_seq != stored_seq
+                self._check_room(snapshot["model"])  # before another process is asked to let it go
+                if self.ownership is None:
+                    return self._rebuild(snapshot, token, last_seq, transport)
+                snapshot = await self._take_over(snapshot, token)
+                try:
+                    return self._rebuild(snapshot, token, last_seq, transport)
+                except BaseException:
+                    await self._give_back(str(snapshot["id"]))
+                    raise
         raise ResumeError("unknown or expired resume token")
+
+    async def _load(self, token: str) -> dict[str, Any] | None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(STORE_LOAD_S):
+                return await loop.run_in_executor(self.store_executor, self.store.load,  # type: ignore[union-attr]
+                                                  token_hash(token), self.persist_ttl_s)
+        except Exception as exc:  # noqa: BLE001 - slow, or down: the client may try again
+            log.warning("resume: the session store did not answer: %s", exc or type(exc).__name__)
+            raise ResumeError("the session store did not answer in time; try again") from None
+
+    def _check_room(self, model_name: str) -> None:
+        if len(self.sessions) >= self.max_sessions:
+            raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
+        if self.registry.get(model_name) is None:
+            raise ResumeError("unknown or expired resume token")  # a model this server does not serve
+
+    def _rebuild(self, snapshot: dict[str, Any], token: str, last_seq: int, transport: str
+                 ) -> tuple[SessionRunner, list[Outgoing], bool]:
+        stored_seq = int(snapshot.get("last_seq", 0))
+        # Number on from whatever the client saw last, so no number is ever reused.
+        runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
+                           transport=transport)
+        self.observer.session_resumed(transport)
+        # The journal died with the old process: say precisely what cannot be replayed
+        # and what the store never got (see persist.restoration).
+        runner.restored = restoration(stored_seq, last_seq, [item.id for item in runner.core.conversation])
+        return runner, [], last_seq != stored_seq
 
     def _rebuildable(self, snapshot: dict[str, Any]) -> bool:
         """A stored session that is neither live here nor ended here for good."""
         return snapshot.get("id") not in self.sessions and snapshot.get("id") not in self._ended
 
-    async def _take_over(self, snapshot: dict[str, Any], token: str) -> dict[str, Any] | None:
+    async def _take_over(self, snapshot: dict[str, Any], token: str) -> dict[str, Any]:
         """Take a stored session from the process that holds it (it writes its last changes and
         lets go) and read its row again; a holder that neither lets go nor lapses in time keeps it."""
         assert self.ownership is not None
         session_id = str(snapshot.get("id"))
-        if not await self.ownership.take(session_id, self.ownership.lease_s + TAKE_OVER_MARGIN_S):
-            raise ResumeError("this session is still connected elsewhere")
-        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(STORE_LOAD_S):
-                fresh = await loop.run_in_executor(self.store_executor, self.store.load, token_hash(token),  # type: ignore[union-attr]
-                                                   self.persist_ttl_s)
-        except TimeoutError:
-            fresh = None
+            taken = await self.ownership.take(session_id, self.ownership.lease_s + TAKE_OVER_MARGIN_S)
+        except Exception as exc:  # noqa: BLE001 - the store is down or slow
+            log.warning("session %s: lease not taken: %s", session_id, exc)
+            raise ResumeError("the session store did not answer in time; try again") from None
+        if not taken:
+            raise ResumeError("this session is still connected elsewhere")
+        try:
+            fresh = await self._load(token)
+        except ResumeError:
+            await self._give_back(session_id)
+            raise
         if fresh is None or fresh.get("id") != session_id or not self._rebuildable(fresh):
-            await self.ownership.release([session_id])
-            if fresh is None:
-                raise ResumeError("the session store did not answer in time; try again")
-            return None
+            await self._give_back(session_id)
+            if session_id in self.sessions:  # another resume of it here was quicker
+                raise ResumeError("this session is still connected elsewhere")
+            raise ResumeError("unknown or expired resume token")  # ended meanwhile
         return fresh
 
+    async def _give_back(self, session_id: str) -> None:
+        """A lease taken for a rebuild that did not happen (unless the session runs here now)."""
+        if self.ownership is None or session_id in self.sessions:
+            return
+        try:
+            await self.ownership.release([session_id])
+        except Exception as exc:  # noqa: BLE001 - it lapses on its own
+            log.warning("session %s: lease not given back (it lapses): %s", session_id, exc)
+
     async def _let_go(self, session_id: str, write: bool) -> None:
-        """Stop this process's copy of a session another process serves now (see :class:`Ownership`)."""
+        """Stop this process's copy of a session another process serves now (see :class:`Ownership`);
+        its lease goes once its last changes are written (``_forget``), or at once if it ended."""
         runner = self.sessions.get(session_id)
         if runner is None:
-            if write and self.ownership is not None:
-                await self.ownership.release([session_id])
-            return
-        runner.superseded = not write
+            return  # ended meanwhile: _forget handles its lease
+        if not write:  # another process holds it already: nothing more of this copy is written
+            runner.superseded = True
+            if self.persister is not None:
+                self.persister.forget(session_id)
         if runner.kick is not None:  # its client (half-dead, or about to be) goes: the session moves
             runner.kick()
         await runner.close("session_moved")
 
     async def _release_after_write(self, session_id: str) -> None:
-        """Drop the lease once the session's last changes (or its row's deletion) are written."""
+        """Drop the lease once the session's last changes (or its row's deletion) are written;
+        one that does not get written in :data:`SETTLE_S` goes all the same (it lapses anyway
+        when this process cannot reach the store)."""
         assert self.ownership is not None
-        if self.persister is not None:
-            await self.persister.settled(session_id, self.ownership.lease_s)
+        if self.persister is not None and not await self.persister.settled(session_id, SETTLE_S):
+            log.warning("session %s: its last changes are not written after %.0f s; its lease goes anyway",
+                        session_id, SETTLE_S)
         try:
             await self.ownership.release([session_id])
         except Exception as exc:  # noqa: BLE001 - it lapses on its own
@@ -292,6 +333,7 @@ class SessionManager:
                 while len(self._ended) > ENDED_MEMORY:
                     self._ended.popitem(last=False)
         if self.ownership is not None and not runner.superseded:
+            self.ownership.letting_go(runner.core.id)
             task = asyncio.get_running_loop().create_task(self._release_after_write(runner.core.id))
             self._releasing.add(task)
             task.add_done_callback(self._releasing.discard)
@@ -318,12 +360,17 @@ class SessionManager:
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.vad_executor.shutdown(wait=False, cancel_futures=True)
         # what is marked is written in one last batch; the deadline bounds how long that may take
-        if self.persister is not None and not await self.persister.close(max(deadline - loop.time(), 0.1)):
+        written = self.persister is None or await self.persister.close(max(deadline - loop.time(), 0.1))
+        for task in list(self._releasing):
+            task.cancel()
+        if self.ownership is not None:
+            # after the last writes another process may take the sessions over at once; without
+            # them the leases lapse on their own
+            await self.ownership.close(max(deadline - loop.time(), 0.1), release=written)
+        if not written:
             log.warning("shutdown: the session store did not finish its writes in time; the rest is lost")
             self.store_executor.shutdown(wait=False, cancel_futures=True)
             return
-        if self.ownership is not None:  # after the last writes: another process may take them over now
-            await self.ownership.close(max(deadline - loop.time(), 0.1))
         self.store_executor.shutdown(wait=False)
         if self.store is not None:
             self.store.close()

@@ -1,13 +1,14 @@
 """Which server process holds a live session, when several share one store (Redis).
 
-Each process holds a lease on each of its live sessions (attached or waiting for a resume) and
-renews them all every ``lease_s / 5``. A client that resumes through another process makes that
-process *ask* for the session: the holder's next renewal sees the request and lets its copy go
-(closed as ``session_moved``, its last changes written, its row kept), then drops the lease; the
-asker takes it and rebuilds the session from the stored row. A process that died leaves its
-leases to lapse after ``lease_s``. A process that stalled past its lease and finds the session
-held by another stops its copy without writing it. So one process at a time runs a session
-and writes its row, and none deletes a row another process is serving.
+Each process holds a lease on each of its live sessions (attached or waiting for a resume), and
+on each it is still letting go of, and renews them all every ``lease_s / 5``. A client that
+resumes through another process makes that process *ask* for the session: the holder's next
+renewal sees the request and lets its copy go (closed as ``session_moved``), writes its last
+changes, then drops the lease; the asker takes it and rebuilds the session from the stored row.
+A process that died leaves its leases to lapse after ``lease_s``. The store's writes are fenced
+by the lease: a process writes or deletes only the rows of sessions it holds (or nobody does),
+so one that stalled past its lease, whose session another process serves now, changes nothing
+there, and its copy stops at its next renewal.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ POLL_S = 0.1
 
 class Ownership:
     """``let_go(session_id, write)`` stops this process's copy of a session: with ``write``, its
-    last changes are written first (it was asked for); without, nothing more is written (another
-    process holds it already)."""
+    last changes are written before the lease goes (it was asked for); without, nothing more is
+    written (another process holds it already). The manager calls :meth:`letting_go` for a
+    session that ends here and :meth:`release` once its last write is in."""
 
     def __init__(self, store: SessionStore, lease_s: float, live: Callable[[], Collection[str]],
                  let_go: Callable[[str, bool], Awaitable[None]]) -> None:
@@ -41,9 +43,13 @@ class Ownership:
         # its own thread: a renewal must not queue behind a large batch of writes
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="store-lease")
         self._task: asyncio.Task[None] | None = None
-        self._letting_go: set[str] = set()
-        #: the leases this process believes it has (what it drops at shutdown)
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: the leases this process believes it has (renewed until released)
         self.held: set[str] = set()
+        #: sessions this process is letting go of: closing, or waiting for their last write
+        self.pending: set[str] = set()
+        #: sessions another process took while this one still ran them (stopped unwritten)
+        self._lost: set[str] = set()
         #: sessions handed to another process, and lost to one (for metrics and tests)
         self.moved_out = 0
         self.lost = 0
@@ -67,59 +73,81 @@ class Ownership:
             await asyncio.sleep(self.lease_s / 5)
 
     async def renew(self) -> None:
-        """One round: hold every live session, and let go of those asked for or lost."""
-        ids = [sid for sid in self._live() if sid not in self._letting_go]
+        """One round: hold every live session and every one being let go; let go of those
+        asked for, and stop those another process took meanwhile."""
+        live = set(self._live())
+        self._lost &= live  # (gone here: forgotten)
+        ids = sorted((live | self.held) - self._lost)
         if not ids:
             return
         renewal = await asyncio.wait_for(self._call(self.store.hold, self.holder, ids, self.lease_s), self.lease_s)
         assert isinstance(renewal, Renewal)
-        self.held.update(ids)
-        self.held.difference_update(renewal.lost)
-        for sid, write in [(sid, False) for sid in renewal.lost] + [(sid, True) for sid in renewal.wanted]:
-            self._letting_go.add(sid)
-            asyncio.create_task(self._hand_over(sid, write), name=f"hand-over-{sid}")
-
-    async def _hand_over(self, session_id: str, write: bool) -> None:
-        try:
-            if write:
-                log.info("session %s: asked for by another process; handing it over", session_id)
-                self.moved_out += 1
-            else:
-                log.warning("session %s: held by another process now; this copy stops unwritten", session_id)
+        self.held.update(set(ids) - set(renewal.lost))
+        for sid in renewal.lost:
+            self.held.discard(sid)
+            self.pending.discard(sid)
+            if sid in live:
+                self._lost.add(sid)
                 self.lost += 1
-            await self._let_go(session_id, write)
-        finally:
-            self._letting_go.discard(session_id)
+                log.warning("session %s: held by another process now; this copy stops unwritten", sid)
+                self._spawn(sid, write=False)
+        for sid in renewal.wanted:
+            if sid in live and sid not in self.pending:
+                self.letting_go(sid)
+                self.moved_out += 1
+                log.info("session %s: asked for by another process; handing it over", sid)
+                self._spawn(sid, write=True)
+
+    def _spawn(self, session_id: str, write: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._let_go(session_id, write), name=f"let-go-{session_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def letting_go(self, session_id: str) -> None:
+        """A session of this process ends or moves: its lease is kept (renewed) until
+        :meth:`release`, and a resume here waits for that."""
+        if session_id in self.held:
+            self.pending.add(session_id)
 
     async def take(self, session_id: str, timeout: float) -> bool:
         """Take the lease of a session to rebuild here, asking its holder to let it go and
-        waiting up to ``timeout`` for that (or for a dead holder's lease to lapse)."""
+        waiting up to ``timeout`` for that (or for a dead holder's lease to lapse). A session
+        this process is still letting go of is waited for the same way."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         asked = False
         while True:
-            if await self._call(self.store.claim, session_id, self.holder, self.lease_s):
+            if session_id not in self.pending and await self._call(
+                    self.store.claim, session_id, self.holder, self.lease_s):
                 self.held.add(session_id)
                 return True
-            if not asked:
+            if not asked and session_id not in self.pending:
                 await self._call(self.store.ask, session_id, self.holder, timeout + self.lease_s)
                 asked = True
             if loop.time() + POLL_S > deadline:
+                if asked:  # nobody takes it: its holder keeps it
+                    await self._call(self.store.withdraw, session_id, self.holder)
                 return False
             await asyncio.sleep(POLL_S)
 
     async def release(self, session_ids: Collection[str]) -> None:
         ids = [sid for sid in session_ids if sid in self.held]
+        self.pending.difference_update(session_ids)
         if ids:
             self.held.difference_update(ids)
             await self._call(self.store.release, self.holder, ids)
 
-    async def close(self, timeout: float) -> None:
-        """Stop renewing and drop this process's leases (another process may take them at once)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def close(self, timeout: float, release: bool = True) -> None:
+        """Stop renewing and drop this process's leases (another process may take them at once);
+        ``release`` False: leave them to lapse (the last writes did not all land)."""
+        tasks = [t for t in [self._task, *self._tasks] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._task = None
+        if not release:
+            self._executor.shutdown(wait=False)
+            return
         try:
             async with asyncio.timeout(timeout):
                 await self.release(list(self.held))

@@ -47,6 +47,9 @@ class Persister:
     def __init__(self, store: SessionStore, executor: concurrent.futures.Executor, *,
                  debounce_s: float = 0.2, store_transcripts: bool = True) -> None:
         self.store = store
+        #: this process's lease holder id (a store shared by several processes, see ownership.py):
+        #: writes touch only the sessions it holds (or nobody does)
+        self.holder: str | None = None
         self.executor = executor
         self.debounce_s = debounce_s
         self.store_transcripts = store_transcripts
@@ -170,12 +173,20 @@ class Persister:
         if not changes and not deleted:
             return
         loop = asyncio.get_running_loop()
-        self._in_flight = {c.session_id for c in changes} | set(deleted)
-        self._writing = loop.run_in_executor(self.executor, self.store.apply, changes, deleted)
+        writing = loop.run_in_executor(self.executor, self.store.apply, changes, deleted, self.holder)
+        self._writing, self._in_flight = writing, {c.session_id for c in changes} | set(deleted)
+
+        def written(_: Any) -> None:  # when the write ends, not when a waiter is cancelled
+            if self._writing is writing:
+                self._writing, self._in_flight = None, set()
+
+        writing.add_done_callback(written)
         try:
-            await asyncio.shield(self._writing)
+            theirs = await asyncio.shield(writing)
             self.batches += 1
-            self.items_written += sum(len(c.items) for c in changes)
+            self.items_written += sum(len(c.items) for c in changes if c.session_id not in theirs)
+            for sid in theirs:
+                log.warning("session %s: another process holds it now; its changes here were not written", sid)
             for change in changes:
                 self._release(change.session_id)
         except asyncio.CancelledError:
@@ -190,14 +201,13 @@ class Persister:
                 new.items |= old.items - new.removed
                 new.removed |= old.removed - new.items
             self._wake.set()
-        finally:
-            self._writing = None
-            self._in_flight = set()
 
     def _take(self) -> tuple[list[StoreChange], list[str]]:
         dirty, self._dirty = self._dirty, {}
         deleted, self._deleted = sorted(self._deleted), set()
-        return [self._change(d) for d in dirty.values() if d.runner.core.id not in deleted], deleted
+        # a superseded session's copy writes nothing (another process serves it)
+        return [self._change(d) for d in dirty.values()
+                if d.runner.core.id not in deleted and not d.runner.superseded], deleted
 
     def _change(self, dirty: _Dirty) -> StoreChange:
         runner = dirty.runner
@@ -225,8 +235,11 @@ class Persister:
             self._task = None
         try:
             async with asyncio.timeout(timeout):
-                if self._writing is not None:
-                    await asyncio.shield(self._writing)
+                if self._writing is not None:  # the batch the flusher was waiting for goes on
+                    try:
+                        await asyncio.shield(self._writing)
+                    except Exception as exc:  # noqa: BLE001 - its sessions' last changes are lost
+                        log.error("session store write failed at shutdown: %s", exc)
                 await self.flush()
         except TimeoutError:
             return False

@@ -24,6 +24,8 @@ from typing import Any
 
 #: seconds a Redis call may take (connect, or answer) before it fails
 REDIS_TIMEOUT_S = 5.0
+#: a write whose sessions' leases change meanwhile (renewed, taken) starts over, this often at most
+WATCH_TRIES = 8
 
 
 def token_hash(token: str) -> str:
@@ -64,8 +66,10 @@ def assemble(meta: dict[str, Any], items: dict[str, Any]) -> dict[str, Any]:
 
 class SessionStore(abc.ABC):
     @abc.abstractmethod
-    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
-        """Write ``changes`` and delete the sessions in ``deleted``, as one unit where possible."""
+    def apply(self, changes: list[StoreChange], deleted: list[str], holder: str | None = None) -> list[str]:
+        """Write ``changes`` and delete the sessions in ``deleted``, as one unit where possible.
+        ``holder`` (a shared store): only sessions it holds, or nobody does, are touched; returns
+        the ids left alone (another process serves them now)."""
 
     @abc.abstractmethod
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
@@ -99,6 +103,9 @@ class SessionStore(abc.ABC):
 
     def ask(self, session_id: str, asker: str, wait_s: float) -> None:
         """Ask whoever holds the session to let it go (the request lapses after ``wait_s``)."""
+
+    def withdraw(self, session_id: str, asker: str) -> None:
+        """Take back ``asker``'s request (it gave up waiting): the holder keeps the session."""
 
     def release(self, holder: str, session_ids: Collection[str]) -> None:
         """Drop ``holder``'s leases (those it no longer has are left alone)."""
@@ -152,7 +159,7 @@ class SQLiteStore(SessionStore):
             with self._lock:
                 self._db.execute("DROP TABLE sessions")
 
-    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
+    def apply(self, changes: list[StoreChange], deleted: list[str], holder: str | None = None) -> list[str]:
         now = time.time()
         with self._lock:
             self._db.execute("BEGIN")
@@ -178,6 +185,7 @@ class SQLiteStore(SessionStore):
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+        return []  # one process: nobody else's
 
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
         with self._lock:
@@ -236,7 +244,7 @@ end
 return 0
 """
 
-#: the leases among KEYS that ARGV[1] holds go
+#: the leases (or requests) among KEYS whose value is ARGV[1] go
 _RELEASE = """
 for i = 1, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then redis.call('DEL', KEYS[i]) end
@@ -266,14 +274,38 @@ class RedisStore(SessionStore):
     def _keys(self, session_id: str) -> tuple[str, str]:
         return f"{self.prefix}:session:{session_id}", f"{self.prefix}:items:{session_id}"
 
-    def apply(self, changes: list[StoreChange], deleted: list[str]) -> None:
+    def apply(self, changes: list[StoreChange], deleted: list[str], holder: str | None = None) -> list[str]:
+        import redis
+
+        ids = list(dict.fromkeys([c.session_id for c in changes] + list(deleted)))
+        leases = [self._lease_keys(sid)[0] for sid in ids]
+        with self._redis.pipeline(transaction=True) as pipe:
+            for _ in range(WATCH_TRIES):
+                try:
+                    reader: Any = self._redis
+                    theirs: set[str] = set()
+                    if holder is not None and leases:
+                        # a lease that changes before the writes (taken, renewed) starts them over
+                        pipe.watch(*leases)
+                        reader = pipe  # (watching: its reads run at once)
+                        held = pipe.mget(leases)
+                        theirs = {sid for sid, h in zip(ids, held) if h is not None and h.decode() != holder}
+                    tokens = [reader.get(self._keys(sid)[0]) for sid in deleted if sid not in theirs]
+                    pipe.multi()
+                    self._queue(pipe, [c for c in changes if c.session_id not in theirs],
+                                [sid for sid in deleted if sid not in theirs], tokens)
+                    pipe.execute()
+                    return sorted(theirs)
+                except redis.WatchError:
+                    continue
+        raise RuntimeError(f"the session leases kept changing during {WATCH_TRIES} tries of one write")
+
+    def _queue(self, pipe: Any, changes: list[StoreChange], deleted: list[str], docs: list[Any]) -> None:
         doomed = [key for sid in deleted for key in self._keys(sid)]
-        for sid in deleted:  # the token key too
-            doc = self._redis.get(self._keys(sid)[0])
+        for doc in docs:  # the token keys of the deleted sessions too
             token = json.loads(doc)["meta"].get("token_digest") if doc else None
             if token:
                 doomed.append(f"{self.prefix}:token:{token}")
-        pipe = self._redis.pipeline(transaction=True)
         for change in changes:
             meta_key, items_key = self._keys(change.session_id)
             pipe.set(meta_key, json.dumps({"saved": time.time(), "meta": change.meta}), ex=self.ttl_s)
@@ -287,7 +319,6 @@ class RedisStore(SessionStore):
             pipe.expire(items_key, self.ttl_s)
         if doomed:
             pipe.delete(*doomed)
-        pipe.execute()
 
     def load(self, token_digest: str, max_age_s: float) -> dict[str, Any] | None:
         session_id = self._redis.get(f"{self.prefix}:token:{token_digest}")
@@ -320,6 +351,9 @@ class RedisStore(SessionStore):
 
     def ask(self, session_id: str, asker: str, wait_s: float) -> None:
         self._redis.set(self._lease_keys(session_id)[1], asker, px=_ms(wait_s))
+
+    def withdraw(self, session_id: str, asker: str) -> None:
+        self._release(keys=[self._lease_keys(session_id)[1]], args=[asker])
 
     def release(self, holder: str, session_ids: Collection[str]) -> None:
         if session_ids:

@@ -102,14 +102,35 @@ async def test_a_session_carries_on_through_another_gateway_after_its_gateway_di
         await ws.close()
 
 
-@pytest.fixture
-def gateways(redis_url):
-    """Two gateways (real servers in this process, so the test can look inside) on one Redis."""
+OTHER_KEY = "sk-gateway-other"
+
+
+async def refused(url: str, key: str) -> tuple[str, int]:
+    """A resume the gateway answers with an error event and a close: the error's code, the close code."""
+    ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"})
+    event = json.loads(await asyncio.wait_for(ws.recv(), 15))
+    assert event["type"] == "error", event
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(ws.recv(), 10)
+    return event["error"]["code"], closed.value.rcvd.code
+
+
+def two_gateways(redis_url, second_limits: dict | None = None):
+    """Two gateways (real servers in this process, so the test can look inside) on one Redis,
+    both accepting two API keys."""
     registry = ModelRegistry()
     registry.load(["echo"])
-    sections = {"models": ["echo"], "auth": {"api_keys": [KEY]}, "session_store": redis_url,
+    sections = {"models": ["echo"], "auth": {"api_keys": [KEY, OTHER_KEY]}, "session_store": redis_url,
                 "store": {"resume_grace_s": 30, "lease_s": 2.0}}
-    with ServerThread(registry, **sections) as first, ServerThread(registry, **sections) as second:
+    first = ServerThread(registry, **sections)
+    second = ServerThread(registry, **sections, limits=second_limits or {})
+    return registry, first, second
+
+
+@pytest.fixture
+def gateways(redis_url):
+    registry, first, second = two_gateways(redis_url)
+    with first, second:
         yield first, second
     registry.close()
 
@@ -136,10 +157,10 @@ async def test_a_dropped_session_moves_to_the_gateway_its_client_comes_back_thro
     await until(lambda: first.manager.sessions[sid].detached_since is not None, what="the drop")
 
     url = f"{second.ws}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}"
-    # another key cannot take the session over: the first gateway keeps it
-    with pytest.raises(websockets.InvalidStatus):
-        await websockets.connect(url, additional_headers={"Authorization": "Bearer sk-other"})
+    # another key of the server's cannot take the session over: the first gateway keeps it
+    assert await refused(url, OTHER_KEY) == ("resume_token_invalid", 1008)
     assert sid in first.manager.sessions and first.manager.ownership.moved_out == 0
+    assert holder(redis_url, sid) == first.manager.ownership.holder
 
     ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}, open_timeout=15)
     hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
@@ -173,3 +194,40 @@ async def test_a_session_still_attached_elsewhere_is_taken_over_by_its_token_hol
             await asyncio.wait_for(old.recv(), 10)
     assert sid not in first.manager.sessions
     await ws.close()
+
+
+async def test_a_gateway_without_room_refuses_a_resume_before_the_holder_lets_go(redis_url):
+    registry, first, second = two_gateways(redis_url, second_limits={"max_sessions": 1})
+    with first, second:
+        ws, created, said, last_seq = await open_with_items(first, 1)
+        sid, token = created["session"]["id"], created["session"]["resume_token"]
+        await until(lambda: holder(redis_url, sid) == first.manager.ownership.holder, what="the first gateway's lease")
+        busy, *_ = await open_with_items(second, 0)  # the second gateway's only place
+        url = f"{second.ws}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}"
+        assert await refused(url, KEY) == ("session_limit_reached", 1013)
+        # nothing was asked of the first gateway: its client still talks to it
+        assert first.manager.ownership.moved_out == 0 and holder(redis_url, sid) == first.manager.ownership.holder
+        await ws.send(item_event("still here", "item_still"))
+        await recv_type(ws, "conversation.item.done")
+        await ws.close()
+        await busy.close()
+    registry.close()
+
+
+async def test_a_gateway_whose_lease_was_taken_stops_its_copy_and_writes_nothing_more(gateways, redis_url):
+    """As after a stall (a pause, a partition from Redis) longer than the lease, during which
+    another gateway took the session: this copy's writes are fenced off, and it stops."""
+    first, _second = gateways
+    ws, created, said, last_seq = await open_with_items(first, 2)
+    sid = created["session"]["id"]
+    await until(lambda: holder(redis_url, sid) == first.manager.ownership.holder, what="the first gateway's lease")
+    await until(lambda: stored_items(redis_url, sid) == 2, what="the two items in Redis")
+    with redis.Redis.from_url(redis_url) as client:  # another process holds it now
+        client.set(f"realtime_omni:holder:{sid}", "another-gateway", px=60_000)
+    await ws.send(item_event("written nowhere", "item_late"))
+    with pytest.raises(websockets.ConnectionClosed):  # its next renewal stops the copy
+        while True:
+            await asyncio.wait_for(ws.recv(), 10)
+    await until(lambda: sid not in first.manager.sessions, what="the copy to stop")
+    assert first.manager.ownership.lost == 1
+    assert stored_items(redis_url, sid) == 2 and holder(redis_url, sid) == "another-gateway"

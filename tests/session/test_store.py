@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 
-from realtime_omni.session.store import RedisStore, Renewal, SQLiteStore, open_store, token_hash
+from realtime_omni.session.store import RedisStore, Renewal, SQLiteStore, change_from_snapshot, open_store, token_hash
 
 SNAPSHOT = {"id": "sess_1", "model": "embedded", "config": {"model": "embedded", "instructions": "hi"},
             "items": [{"id": "item_1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
@@ -130,12 +130,45 @@ def test_a_redis_lease_has_one_holder_which_lets_go_when_asked(redis_url):
 
 def test_a_dead_holders_redis_lease_lapses(redis_url):
     first, second = RedisStore(redis_url, ttl_s=60), RedisStore(redis_url, ttl_s=60)
-    first.hold("A", ["sess_1"], lease_s=0.3)
+    first.hold("A", ["sess_1"], lease_s=1.0)
     assert not second.claim("sess_1", "B", lease_s=5)
-    time.sleep(0.5)  # A renews no more (it died)
-    assert second.claim("sess_1", "B", lease_s=5)
+    deadline = time.monotonic() + 5  # A renews no more (it died): its lease lapses after 1 s
+    while not second.claim("sess_1", "B", lease_s=5):
+        assert time.monotonic() < deadline, "the dead holder's lease did not lapse"
+        time.sleep(0.05)
     first.close()
     second.close()
+
+
+def test_writes_to_a_shared_store_touch_only_the_sessions_their_process_holds(redis_url):
+    a, b = RedisStore(redis_url, ttl_s=60), RedisStore(redis_url, ttl_s=60)
+    mine, theirs, nobodys = (change_from_snapshot(sid, token_hash(sid), {**SNAPSHOT, "id": sid})
+                             for sid in ("sess_a", "sess_b", "sess_n"))
+    a.hold("A", ["sess_a"], lease_s=5)
+    b.hold("B", ["sess_b"], lease_s=5)
+    assert b.apply([theirs], [], holder="B") == []
+    before = b.load(token_hash("sess_b"), 60)
+    # A stalled past its lease on sess_b (B serves it now): A's write and delete leave it alone
+    assert a.apply([mine, theirs, nobodys], [], holder="A") == ["sess_b"]
+    assert a.apply([], ["sess_b"], holder="A") == ["sess_b"]
+    assert b.load(token_hash("sess_b"), 60) == before
+    assert a.load(token_hash("sess_a"), 60) is not None and a.load(token_hash("sess_n"), 60) is not None
+    # its own session A deletes, token and all
+    assert a.apply([], ["sess_a"], holder="A") == []
+    assert a.load(token_hash("sess_a"), 60) is None
+    a.close()
+    b.close()
+
+
+def test_a_taker_that_gives_up_takes_its_request_back(redis_url):
+    store = RedisStore(redis_url, ttl_s=60)
+    store.hold("A", ["sess_1"], lease_s=5)
+    store.ask("sess_1", "B", wait_s=5)
+    store.withdraw("sess_1", "C")  # not C's request: it stays
+    assert store.hold("A", ["sess_1"], lease_s=5).wanted == ("sess_1",)
+    store.withdraw("sess_1", "B")
+    assert store.hold("A", ["sess_1"], lease_s=5) == Renewal()
+    store.close()
 
 
 def test_a_store_of_one_process_holds_nothing(tmp_path):
