@@ -252,6 +252,14 @@ class OmniModel(VoiceModel):
             return None
         sessions, line = self.estimate_capacity()
         progress(line)
+        if sessions < 1:
+            # a measurement on a device busy with something else (another process mid-shutdown)
+            # must not shut every user out until a restart: one session is admitted
+            log.warning("omni %s: not even one session measured in real time; admitting one (set "
+                        "realtime_admission=off to admit by the slots, or check what else runs on %s)",
+                        self.info.id, self.device)
+            progress("real-time capacity below one session: admitting one")
+            sessions = 1
         self.realtime_capacity = sessions
         self.info = dataclasses.replace(self.info, max_sessions=sessions)
         return sessions

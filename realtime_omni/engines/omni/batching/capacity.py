@@ -1,7 +1,7 @@
 """How many sessions the batched stages keep in real time, from step times measured at load.
 
-The model of a second of speech, with ``B`` sessions all speaking at once (every reply asked
-together, the capacity run's load, the worst case of a live server):
+The model of a second of speech, with ``B`` sessions all speaking at once and every reply still
+being written (the capacity run's load: every reply asked together):
 
 * the talker runs one frame step for all ``B`` rows per code frame (``frame_s`` of audio: 80 ms
   for Qwen3, 20 ms for Qwen2.5), so ``talker(B) / frame_s`` of device time per second;
@@ -9,7 +9,9 @@ together, the capacity run's load, the worst case of a live server):
   (Qwen3: one text token per frame; Qwen2.5: one per three codes), ``thinker(B) *
   tokens_per_frame / frame_s``;
 * the codec decodes every session's running window once per window (``window_s`` of new audio),
-  in groups of the captured buckets: ``codec(group sizes) / window_s``.
+  all of them together in groups of the captured buckets, as when the replies started together
+  (replies that started apart form smaller groups, which cost more per window):
+  ``codec(group sizes) / window_s``.
 
 The stages run on their own streams but share the GPU, so their demands add up. ``B`` sessions
 are in real time when the sum stays within ``budget`` of each second; the rest is left to the
@@ -17,6 +19,11 @@ prefills of new turns and to the moments when all replies start at once. The lar
 (at most the slots) is the engine's real-time capacity; admission refuses sessions beyond it
 (``engines.omni.realtime_admission``). A step's time is that of the smallest bucket holding its
 rows: what the loop runs.
+
+What it leaves out: the host. Each session's threads take the interpreter for about 1.2 ms per
+frame (Qwen3 on the H200 at N = 8, 32 and 64: ``session_cpu_s`` in docs/benchmarks), which binds
+before the device does at about 64 sessions; and it has not yet been checked against a capacity
+run on the GPU (the runs record it as ``capacity_estimate``).
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ TOKENS_PER_FRAME: dict[str, float] = {"qwen3_omni_moe": 1.0, "qwen2_5_omni": 1 /
 
 @dataclass(frozen=True)
 class StepTimes:
-    """Milliseconds per step by rows (the buckets measured), per stage."""
+    """Milliseconds per step by rows (the buckets measured), per stage. The decode steps are
+    timed attending over about 1024 columns of context (longer contexts cost a little more)."""
 
     thinker: Mapping[int, float]
     talker: Mapping[int, float]
@@ -100,6 +108,20 @@ def _timed(run: Callable[[], Any], sync: Callable[[], None], repeats: int) -> fl
     return statistics.median(samples)
 
 
+def _distinct(inputs: tuple[Any, ...], vocab: int) -> None:
+    """Each row its own inputs (token ids, embeddings, draws), so a mixture-of-experts step routes
+    its rows to as many experts as a batch of real sessions does, not all to the same few."""
+    import torch
+
+    for tensor in inputs:
+        if tensor.dtype.is_floating_point:
+            tensor.uniform_(0.0, 1.0)
+        elif tensor.dtype == torch.bool:
+            tensor.fill_(False)  # (the thinker's "chain": forward the given token)
+        else:
+            tensor.random_(0, max(2, min(vocab, 1000)))  # token ids, positions
+
+
 def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> StepTimes:
     """Time each decode stage's step at every batch bucket, and the codec's steady window in
     groups, before any session is open (rows without work write to the scratch column only, so
@@ -110,6 +132,7 @@ def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> S
 
     loaded = batching.loaded
     cuda = loaded.device_type == "cuda"
+    vocab = int(loaded.thinker.lm_head.weight.shape[0])
 
     def stage(batcher: Any) -> dict[int, float]:
         columns = next((c for c in batcher.column_buckets if c > min(1023, batcher.scratch - 1)),
@@ -118,6 +141,8 @@ def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> S
         out = {}
         for size in batcher.sizes:
             bucket = batcher._bucket(size, columns)
+            with torch.inference_mode(), on_stream(batcher.stream):
+                _distinct(bucket.inputs, vocab)
 
             def step(bucket: Any = bucket) -> None:
                 with torch.inference_mode(), on_stream(batcher.stream), batcher.state_lock:
