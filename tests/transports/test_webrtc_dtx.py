@@ -165,3 +165,20 @@ def test_the_timeline_survives_the_timestamps_wrapping() -> None:
     assert pause.ts == 16 * PACKET and pause.decoder.concealed_samples == 19 * PACKET
     for call in (loss, pause):
         assert call.heard() == call.span()
+
+
+def test_packets_that_each_claim_a_short_loss_add_up_to_no_more_than_the_call_lasted() -> None:
+    """A hostile peer steps each 20 ms packet's timestamp by 200 ms (a "loss" of 180 ms, filled on
+    the timestamps' word) while sending in real time: the delivered audio stays within a second
+    of the call's duration instead of growing ten times as fast."""
+    call = Call()
+    call.first()
+    for _ in range(150):  # 3 s of packets
+        call.send(after_ts=10 * PACKET, after_s=0.020)
+    heard_s = call.heard() / 48_000
+    assert 3.0 <= heard_s <= 3.0 + 1.0 + 0.03, heard_s  # the call's 3 s, and the slack (1 s) at most
+    # the same stream played honestly afterwards is delivered whole again
+    before = call.heard()
+    for _ in range(40):
+        call.send()
+    assert call.heard() - before == 40 * PACKET

@@ -88,6 +88,7 @@ class InlineAudioDecoder:
         self._codec_name: str | None = None
         self._next_ts: int | None = None  # RTP timestamp the next Opus packet should carry
         self._last: tuple[int, float] | None = None  # the last Opus packet's RTP timestamp, arrival
+        self._origin: float | None = None  # the first Opus packet's arrival
         self.errors = 0
         self.concealed_samples = 0  # silence put in place of lost packets and pauses (48 kHz)
         self.decoded_samples = 0
@@ -148,11 +149,15 @@ class InlineAudioDecoder:
         leave a hole in the timeline: fill it with silence, so the session's audio clock (turn
         detection, item timestamps, truncation) stays in step with the caller's. Up to 200 ms
         (loss) is filled on the timestamps' word; a longer hole only as far as the packets'
-        arrival times back it, so a hostile timestamp jump cannot inflate the input. A jump
-        the wall clock did not see (a new stream, a hostile peer) just resynchronises."""
+        arrival times back it; and no hole beyond what keeps the delivered audio within
+        :data:`TIMELINE_SLACK_SAMPLES` of the call's duration, so a hostile peer's timestamps
+        cannot inflate the input. A jump the wall clock did not see (a new stream, a hostile
+        peer) just resynchronises."""
         now = self._clock()
         expected, self._next_ts = self._next_ts, timestamp
         last, self._last = self._last, (timestamp, now)
+        if self._origin is None:
+            self._origin = now
         if expected is None or last is None:
             return
         gap = (timestamp - expected) & 0xFFFFFFFF
@@ -160,6 +165,10 @@ class InlineAudioDecoder:
             return
         if gap > MAX_CONCEALED_SAMPLES:
             gap = min(gap, _wall_backed_gap(last, expected, now), MAX_PAUSE_SAMPLES)
+        # and never ahead of the wall clock since the first packet by more than the slack: packets
+        # that each claim a short loss cannot add up to more audio than the call has lasted
+        ahead = self.decoded_samples + self.concealed_samples - round((now - self._origin) * RATE)
+        gap = min(gap, TIMELINE_SLACK_SAMPLES - ahead)
         if gap > 0:
             silence = AudioFrame.from_ndarray(np.zeros((1, gap), dtype=np.int16), format="s16", layout="mono")
             silence.sample_rate = RATE
@@ -183,6 +192,9 @@ MAX_CONCEALED_SAMPLES = 10 * 960
 MAX_PAUSE_SAMPLES = 10 * RATE
 #: network jitter allowed for on a pause's arrival times: the packet before it may have come late
 PAUSE_JITTER_SAMPLES = 60 * RATE // 1000
+#: how far the delivered audio (decoded and filled) may run ahead of the time since the first
+#: packet before no more silence is put in: 1 s, more than a jitter buffer's burst at the start
+TIMELINE_SLACK_SAMPLES = RATE
 
 
 def _wall_backed_gap(last: tuple[int, float], expected: int, now: float) -> int:
