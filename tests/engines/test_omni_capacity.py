@@ -157,3 +157,34 @@ def test_the_capacity_line_says_what_it_rests_on():
     line = capacity.describe(TIMES, QWEN3, 32, 64)
     assert line.startswith("real-time capacity 32 of 64 session slots (steady demand within 60% of the device")
     assert "thinker 1: 10.0, 8: 12.0, 32: 20.0" in line
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_timed_codec_window_is_the_one_a_running_reply_renders(arch, tmp_path, monkeypatch):
+    """The capacity times the codec's running window (the captured graph a reply replays), found
+    by arithmetic: it must be the length a reply's stream renders once its chunks are steady."""
+    model = _model(arch, tmp_path, realtime_admission="off")
+    try:
+        codec = model.codec
+        # enough steady chunks for the left context to fill (the test's chunks are short)
+        assert not model.ramp_frames
+        sizes = [model.first_chunk_frames] + [model.chunk_frames] * 16
+        rendered: list[int] = []  # the windows' lengths once their start has moved (context full)
+        render = codec.render
+
+        def counted(codes, start=0, *args, **kwargs):
+            if start > 0:
+                rendered.append(len(codes))
+            return render(codes, start, *args, **kwargs)
+
+        monkeypatch.setattr(codec, "render", counted)
+        stream = codec.stream(turn=0, speaker=None, seed=0)
+        groups = () if arch == "qwen2_5_omni" else (codec.groups,)
+        start = 0
+        for size in sizes:
+            stream.push(torch.randint(0, codec.max_code + 1, (size, *groups)), start=start)
+            start += size
+        # (with the test's 8-code chunks and Qwen2.5's 12-code blocks the windows cycle: the longest)
+        assert rendered and max(rendered) == codec.running_window(sizes[:1], model.chunk_frames)
+    finally:
+        model.close()

@@ -150,21 +150,27 @@ class OmniCodec:
         c2w = self.loaded.model.code2wav
         return (*self.key_prefix, codes.shape[-1]), lambda c: code2wav(c2w, c), (codes,)
 
-    def running_window(self, sizes: list[int]) -> int:
-        """Codes in the window a reply renders after chunks of ``sizes`` frames (the last
-        chunk's: with the steady size last, its running window); the arithmetic of
-        :meth:`CodecStream._emit` without rendering."""
-        n = emitted = window = 0
+    def running_window(self, sizes: list[int], chunk: int) -> int:
+        """Codes in the longest window a reply renders once its chunks are steady (its left
+        context full): after chunks of ``sizes`` frames, then of ``chunk``, over as many
+        chunks as a block of codes (where a chunk is no whole number of blocks, the windows
+        cycle through a few lengths); the arithmetic of :meth:`CodecStream._emit`."""
+        n = emitted = 0
         hold = max(0, self.settings.lookahead_frames)
-        for size in sizes:
+        running: list[int] = []
+        for size in [*sizes, *[chunk] * 4096]:
             n += size
             target = self.rendered_length(max(0, n - hold))
             if target <= emitted:
                 continue
             first = max(0, emitted // self.samples_per_code - max(0, self.settings.left_context_frames))
-            window = n - (first // self.block) * self.block
+            first = (first // self.block) * self.block
             emitted = target
-        return window
+            if first > 0:  # the window's start has moved: its left context is full
+                running.append(n - first)
+                if len(running) > self.block:
+                    break
+        return max(running, default=n)
 
     def steady_window(self, rows: int, n: int) -> tuple[tuple, Callable[..., Any], tuple]:
         """``rows`` windows of ``n`` random codes (a reply's running window: its chunk with its

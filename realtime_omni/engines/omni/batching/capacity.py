@@ -176,8 +176,8 @@ def estimate(model: Any, budget: float) -> tuple[int, StepTimes, str]:
     batching, codec, loaded = model.batching, model.codec, model.loaded
     if batching is None or loaded is None:
         raise RuntimeError("the real-time capacity is that of the batched stages (max_sessions > 0, loaded)")
-    sizes = [model.first_chunk_frames, *model.ramp_frames] + [model.chunk_frames] * 4
-    window = codec.running_window(sizes) if codec is not None else 0
+    sizes = [model.first_chunk_frames, *model.ramp_frames]
+    window = codec.running_window(sizes, model.chunk_frames) if codec is not None else 0
     times = measure(batching, codec, window, repeats=5 if loaded.device_type == "cuda" else 2)
     frame_s = (codec.samples_per_code if codec is not None else 1920) / model.info.output_rate
     work = Workload(frame_s=frame_s, tokens_per_frame=TOKENS_PER_FRAME[model.arch],
