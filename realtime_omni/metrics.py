@@ -183,6 +183,12 @@ class _EngineCollector:
         paced = GaugeMetricFamily("realtime_omni_engine_replies_paced",
                                   "Replies held back because they are ahead of their listener (pace_lead_ms): "
                                   "few while many speak means no GPU time to spare", labels=["model"])
+        session_cpu = CounterMetricFamily(
+            "realtime_omni_engine_session_cpu_seconds", "CPU time the sessions' own threads took per stage (not the "
+            "batched loops): divided by the frames, the interpreter time a session needs per frame",
+            labels=["model", "stage"])
+        frames = CounterMetricFamily("realtime_omni_engine_frames", "Code frames the sessions' talkers made",
+                                     labels=["model"])
         steps = CounterMetricFamily("realtime_omni_engine_steps", "Batched steps run", labels=["model", "stage"])
         rows = CounterMetricFamily("realtime_omni_engine_rows", "Session rows carried by batched steps",
                                    labels=["model", "stage"])
@@ -209,6 +215,11 @@ class _EngineCollector:
                         speaking.add_metric([model], values["speaking"])
                         paced.add_metric([model], values.get("paced", 0))
                     continue
+                if stage == "session threads":
+                    for role in ("thinker", "talker", "codec"):
+                        session_cpu.add_metric([model, role], values.get(f"{role}_cpu_s", 0.0))
+                    frames.add_metric([model], values.get("frames", 0))
+                    continue
                 steps.add_metric([model, stage], values.get("steps", 0))
                 rows.add_metric([model, stage], values.get("rows", 0))
                 busy.add_metric([model, stage], values.get("busy_s", 0.0))
@@ -219,7 +230,8 @@ class _EngineCollector:
                     prefills.add_metric([model, stage], values["requests"])
                     waited.add_metric([model, stage], values.get("wait_s", 0.0))
                     prefill_time.add_metric([model, stage], values.get("latency_s", 0.0))
-        yield from (slots, used, capacity, speaking, paced, steps, rows, busy, loop, prefills, waited, prefill_time)
+        yield from (slots, used, capacity, speaking, paced, session_cpu, frames, steps, rows, busy, loop, prefills,
+                    waited, prefill_time)
 
 
 _LOOP_PHASES = ("idle", "host", "device_wait")

@@ -188,3 +188,26 @@ def test_the_timed_codec_window_is_the_one_a_running_reply_renders(arch, tmp_pat
         assert rendered and max(rendered) == codec.running_window(sizes[:1], model.chunk_frames)
     finally:
         model.close()
+
+
+def test_host_time_counts_each_step_of_a_generator_and_closing_it_closes_the_generator():
+    from realtime_omni.engines.omni.host_time import HostTime
+
+    host = HostTime()
+    closed = []
+
+    def reply():
+        try:
+            for frames in (2, 3, 4):
+                sum(range(20_000))  # some interpreter time per step
+                yield frames
+        finally:
+            closed.append(True)
+
+    steps = host.generator("talker", reply(), frames=lambda n: n)
+    assert next(steps) == 2 and next(steps) == 3
+    steps.close()  # the consumer stops early (a barge-in): the reply's cleanup runs
+    assert closed == [True]
+    stats = host.stats()
+    assert stats["frames"] == 5 and stats["talker_cpu_s"] > 0 and stats["thinker_cpu_s"] == 0
+    assert list(host.generator("thinker", iter(()))) == []

@@ -150,6 +150,15 @@ async def test_concurrent_clients_share_the_batched_stages(omni_server):
         rows = counter(after, "realtime_omni_engine_rows_total", stage) - counter(
             before, "realtime_omni_engine_rows_total", stage)
         assert steps > 0 and rows / steps > 1.0, (stage, steps, rows)
+    # and what the sessions' own threads took of the interpreter, per stage, beside the frames
+    frames_line = f'realtime_omni_engine_frames_total{{model="{model_id}"}} '
+    frames = sum(float(line[len(frames_line):]) for line in after.splitlines() if line.startswith(frames_line)) - sum(
+        float(line[len(frames_line):]) for line in before.splitlines() if line.startswith(frames_line))
+    assert frames >= sum(audio for _, audio in results) * 12.5 - 6, frames  # 80 ms a frame (a final frame may be cut)
+    for stage in ("thinker", "talker", "codec"):
+        cpu = counter(after, "realtime_omni_engine_session_cpu_seconds_total", stage) - counter(
+            before, "realtime_omni_engine_session_cpu_seconds_total", stage)
+        assert 0 < cpu < 60, (stage, cpu)
 
 
 async def test_a_session_beyond_the_models_slots_is_refused_with_a_code(tmp_path):

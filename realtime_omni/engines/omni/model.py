@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from . import graphs
 from .batching.stages import OmniBatching, SessionRows
 from .codec import CodecSettings, CodecStream, OmniCodec, to_int16
 from .context import TokenRows
+from .host_time import HostTime
 from .loader import (
     Arch,
     LoadedOmni,
@@ -155,6 +157,8 @@ class OmniModel(VoiceModel):
         self.info = ModelInfo(id=name, capabilities=frozenset(caps), output_rate=24_000, hears_audio=True,
                               max_sessions=self.max_sessions or None)
         self.vad: Any = None  # set by load() when silero is installed
+        #: the interpreter time its sessions' own threads take, by stage (``host_time.py``)
+        self.host_time = HostTime()
         #: the batched steps' times measured for the capacity (``estimate_capacity``), when measured
         self.capacity_times: Any = None
         #: the sessions admitted: the real-time capacity measured at load (``measure_capacity``)
@@ -331,6 +335,7 @@ class OmniModel(VoiceModel):
             "speaking": talking.count + talking.paused_count, "paced": talking.paused_count}}
         if self.realtime_capacity is not None:
             out["slots"]["realtime_capacity"] = self.realtime_capacity
+        out["session threads"] = self.host_time.stats()
         loops = {b.name: b for b in batching.batchers}
         loops.update({"thinker prefill": batching.prefill, "talker prefill": batching.talker_prefill})
         if codec is not None and codec.batcher is not None:
@@ -414,6 +419,10 @@ def _optional_vad(progress: Callable[[str], None]) -> Any:
     return SileroVAD()
 
 
+def _frames(out: TalkerOutput) -> int:
+    return len(out.codes) if isinstance(out.codes, CodeChunk) else 0
+
+
 class OmniSession(ModelSession):
     """Per-session state: the thinker's KV cache, the running talker, the codec streams."""
 
@@ -458,7 +467,7 @@ class OmniSession(ModelSession):
     def think(self, request: ThinkRequest) -> Iterator[ThinkerOutput]:
         if self.closed:
             return iter(())
-        return self.thinker.run(request)
+        return self.model.host_time.generator("thinker", self.thinker.run(request))
 
     def prefill(self, request: ThinkRequest) -> int:
         if self.closed:
@@ -473,7 +482,8 @@ class OmniSession(ModelSession):
     ) -> Iterator[TalkerOutput]:
         if self.closed:
             return iter(())
-        return self.talker.talk(segment, voice, cancelled, final)  # the codec has one rate: speed is not applied
+        # (the codec has one rate: speed is not applied)
+        return self.model.host_time.generator("talker", self.talker.talk(segment, voice, cancelled, final), _frames)
 
     def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
         if not self.closed:
@@ -482,9 +492,16 @@ class OmniSession(ModelSession):
     def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
         if self.closed:
             return iter(())
-        return self.talker.talk_live(cancelled)
+        return self.model.host_time.generator("talker", self.talker.talk_live(cancelled), _frames)
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
+        began = time.thread_time()
+        try:
+            return self._decode(out)
+        finally:
+            self.model.host_time.add("codec", time.thread_time() - began)
+
+    def _decode(self, out: TalkerOutput) -> np.ndarray:
         chunk = out.codes
         if not isinstance(chunk, CodeChunk) or self.closed or self.model.codec is None:
             return np.zeros(0, np.int16) if out.audio is None else out.audio
