@@ -119,12 +119,7 @@ class SessionManager:
         """Create and start a session (call on the event loop). ``owner``: digest of the API key
         it belongs to (None when keys are off); only that key may resume it. ``transport``: what
         carries it (websocket, webrtc, twilio), for metrics."""
-        if len(self.sessions) >= self.max_sessions:
-            raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
-        model = self.registry.get(model_name)
-        if model is None:
-            known = ", ".join(m.id for m in self.registry.infos())
-            raise UnknownModelError(f"unknown model {model_name!r}; available: {known}")
+        model = self._admissible(model_name)
         try:
             model_session = model.open_session()
         except ModelAtCapacity as exc:  # admission control: refused, never slowed down
@@ -215,7 +210,7 @@ class SessionManager:
             if snapshot is not None and self._rebuildable(snapshot):
                 if not isinstance(snapshot.get("model"), str):  # a row this server cannot read
                     raise ResumeError("unknown or expired resume token")
-                self._check_room(snapshot["model"])  # before another process is asked to let it go
+                self._admissible(snapshot["model"])  # before another process is asked to let it go
                 if self.ownership is None:
                     return self._rebuild(snapshot, token, last_seq, transport)
                 snapshot = await self._take_over(snapshot, token)
@@ -236,11 +231,16 @@ class SessionManager:
             log.warning("resume: the session store did not answer: %s", exc or type(exc).__name__)
             raise ResumeError("the session store did not answer in time; try again") from None
 
-    def _check_room(self, model_name: str) -> None:
+    def _admissible(self, model_name: str | None) -> Any:
+        """The model a new session would get, or what :meth:`open` refuses at once for it
+        (the model itself may still be at its capacity)."""
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimitError(f"server is at its limit of {self.max_sessions} concurrent sessions")
-        if self.registry.get(model_name) is None:
-            raise ResumeError("unknown or expired resume token")  # a model this server does not serve
+        model = self.registry.get(model_name)
+        if model is None:
+            known = ", ".join(m.id for m in self.registry.infos())
+            raise UnknownModelError(f"unknown model {model_name!r}; available: {known}")
+        return model
 
     def _rebuild(self, snapshot: dict[str, Any], token: str, last_seq: int, transport: str
                  ) -> tuple[SessionRunner, list[Outgoing], bool]:
