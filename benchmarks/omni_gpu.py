@@ -341,7 +341,8 @@ def run_config(path: Path, args) -> dict:
     settings = OmniSettings(device=args.device, dtype=args.dtype, ignore_eos=True, system_prompt="",
                             max_new_tokens=args.reply_tokens, talker_max_frames=args.frames + 1,
                             first_chunk_frames=args.first_chunk_frames, chunk_frames=args.chunk_frames,
-                            left_context_frames=args.left_context_frames, seed=0, cuda_graphs=args.graphs)
+                            left_context_frames=args.left_context_frames, seed=0, cuda_graphs=args.graphs,
+                            realtime_admission="off")  # (the ramp opens what it measures)
     model = OmniModel.random(path, settings, model_id=path.parent.name)
     _sync()
     result["build_s"] = time.perf_counter() - t0

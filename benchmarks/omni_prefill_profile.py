@@ -135,7 +135,7 @@ def main(argv=None) -> int:
 
     slots = max(*args.sessions, args.profile)
     settings = OmniSettings(device=args.device, dtype=args.dtype, system_prompt="", max_new_tokens=8, seed=0,
-                            max_sessions=slots, cache_tokens=1024)
+                            max_sessions=slots, cache_tokens=1024, realtime_admission="off")
     model = OmniModel.random(args.config, settings, model_id=args.config.parent.name,
                              progress=lambda msg: print(msg, flush=True))
     req, _msg, n_prompt = build_request(model, args.prompt_tokens, args.audio_seconds, 8)

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
     from realtime_omni.engines.settings import OmniSettings
 
     settings = OmniSettings(device="cuda", dtype="bfloat16", ignore_eos=True, system_prompt="",
-                            max_sessions=max(args.buckets), cache_tokens=args.cache_tokens, seed=0)
+                            max_sessions=max(args.buckets), cache_tokens=args.cache_tokens, seed=0,
+                            realtime_admission="off")
     model = OmniModel.random(args.config, settings)
     result: dict = {"config": str(args.config), "gpu": torch.cuda.get_device_name(0),
                     "torch": torch.__version__, "stages": {}}

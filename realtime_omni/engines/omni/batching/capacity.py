@@ -28,14 +28,11 @@ run on the GPU (the runs record it as ``capacity_estimate``).
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 #: thinker steps per talker frame while replies are written: Qwen3's talker reads one text token
 #: per 80 ms frame; Qwen2.5 speaks about three 20 ms codes per token (the capacity runs' replies)
@@ -124,8 +121,8 @@ def _distinct(inputs: tuple[Any, ...], vocab: int) -> None:
 
 def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> StepTimes:
     """Time each decode stage's step at every batch bucket, and the codec's steady window in
-    groups, before any session is open (rows without work write to the scratch column only, so
-    the slots' state is untouched)."""
+    groups, while no session speaks (every row is idle and writes to the scratch column only, so
+    the slots' state, and an idle session's context, are untouched)."""
     import torch
 
     from ..graphs import on_stream
