@@ -39,6 +39,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         server_cpus="0",
     ),
     "webrtc": Benchmark("realtime_omni_bench.webrtc", "concurrent WebRTC echo calls (round trip, CPU/call) and first audio over WebRTC", server_cpus="0"),
+    "handover": Benchmark("realtime_omni_bench.handover", "a session moving between two gateways on one Redis: "
+                          "its client dropped (holder alive) and its gateway killed"),
     "telephony": Benchmark("realtime_omni_bench.telephony", "phone calls over the Twilio Media Streams bridge (8 kHz μ-law): end of speech → first audio, barge-in clear"),
 }
 

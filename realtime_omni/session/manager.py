@@ -327,7 +327,7 @@ class SessionManager:
             self.persister.forget(runner.core.id)  # another process writes its row now
         elif self.persister is not None:
             keep = keeps_row(runner.close_reason)
-            self.persister.ended(runner, keep=keep)
+            self.persister.ended(runner, keep=keep, hurry=runner.close_reason == "session_moved")
             if not keep:
                 self._ended[runner.core.id] = None
                 while len(self._ended) > ENDED_MEMORY:

@@ -62,6 +62,8 @@ class Persister:
         self._writing: asyncio.Future[None] | None = None
         #: the sessions of the batch being written
         self._in_flight: set[str] = set()
+        #: sessions whose last write someone waits for (a handover): written without the debounce
+        self._awaited: set[str] = set()
         #: batches written, and items written, since start (for /metrics and the benchmarks)
         self.batches = 0
         self.items_written = 0
@@ -106,10 +108,13 @@ class Persister:
                     if isinstance(output, dict) and output.get("id"):
                         dirty.items.add(str(output["id"]))
 
-    def ended(self, runner: "SessionRunner", keep: bool) -> None:
-        """The session is over: its row goes (``keep`` False) or gets a last write."""
+    def ended(self, runner: "SessionRunner", keep: bool, hurry: bool = False) -> None:
+        """The session is over: its row goes (``keep`` False) or gets a last write (``hurry``:
+        without the debounce, another process waits for it)."""
         sid = runner.core.id
         if keep:
+            if hurry:
+                self._awaited.add(sid)  # (until settled() has seen it written)
             self._mark(runner)
             return
         self._dirty.pop(sid, None)
@@ -126,12 +131,16 @@ class Persister:
         """Wait until what was marked of a session is written (at most ``timeout`` s)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while sid in self._dirty or sid in self._deleted or sid in self._in_flight:
-            if loop.time() >= deadline:
-                return False
-            self._wake.set()
-            await asyncio.sleep(min(self.debounce_s / 4, 0.05))
-        return True
+        self._awaited.add(sid)  # written without the debounce: someone waits for it
+        try:
+            while sid in self._dirty or sid in self._deleted or sid in self._in_flight:
+                if loop.time() >= deadline:
+                    return False
+                self._wake.set()
+                await asyncio.sleep(min(self.debounce_s / 4, 0.05))
+            return True
+        finally:
+            self._awaited.discard(sid)
 
     def _release(self, sid: str) -> None:
         event = self._unwritten.pop(sid, None)
@@ -161,7 +170,7 @@ class Persister:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
-            if not any(sid in self._dirty for sid in self._unwritten):
+            if not any(sid in self._dirty for sid in (*self._unwritten, *self._awaited)):
                 await asyncio.sleep(self.debounce_s)  # let a burst of changes coalesce
             self._wake.clear()
             await self.flush()

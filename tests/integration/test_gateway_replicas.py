@@ -231,3 +231,18 @@ async def test_a_gateway_whose_lease_was_taken_stops_its_copy_and_writes_nothing
     await until(lambda: sid not in first.manager.sessions, what="the copy to stop")
     assert first.manager.ownership.lost == 1
     assert stored_items(redis_url, sid) == 2 and holder(redis_url, sid) == "another-gateway"
+
+
+async def test_the_handover_benchmark_writes_its_report(tmp_path):
+    """``realtime-omni bench handover`` (two gateway processes and a redis-server of its own)."""
+    import shutil
+
+    from realtime_omni_bench import handover
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (scripts/test.sh installs it)")
+    paths = await asyncio.to_thread(handover.run, rounds=2, lease_s=1.0, out=str(tmp_path), name="handover")
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"]["move_ms"]["n"] == 2 and data["summary"]["lease_s"] == 1.0
+    assert all(ms > 0 for ms in data["samples"]["move_ms"]) and data["samples"]["failover_ms"] > 0
+    assert paths["md"].exists() and paths["png"].exists()
