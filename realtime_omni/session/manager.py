@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import logging
 from typing import Any, Literal
 
 from ..audio.end_of_turn import EndOfTurnModel
-from ..engines.base import ModelAtCapacity
+from ..engines.base import ModelAtCapacity, ModelSession
 from ..engines.registry import ModelRegistry
 from ..observer import NullObserver, Observer
 from ..pipeline import PipelineSettings
@@ -115,15 +116,15 @@ class SessionManager:
 
     def open(self, model_name: str | None, *, snapshot: dict | None = None, token: str | None = None,
              last_seq: int = 0, owner: str | None = None, transport: str = "internal",
-             session_type: Literal["realtime", "transcription"] = "realtime") -> SessionRunner:
+             session_type: Literal["realtime", "transcription"] = "realtime",
+             model_session: ModelSession | None = None) -> SessionRunner:
         """Create and start a session (call on the event loop). ``owner``: digest of the API key
         it belongs to (None when keys are off); only that key may resume it. ``transport``: what
-        carries it (websocket, webrtc, twilio), for metrics."""
-        model = self._admissible(model_name)
-        try:
-            model_session = model.open_session()
-        except ModelAtCapacity as exc:  # admission control: refused, never slowed down
-            raise SessionLimitError(f"model {model.info.id!r} is at its capacity: {exc}") from exc
+        carries it (websocket, webrtc, twilio), for metrics. ``model_session``: one reserved for
+        it already (:meth:`_reserve`)."""
+        model = self.registry.get(model_name) if model_session is not None else None
+        if model is None:
+            model, model_session = self._reserve(model_name)
         core = RealtimeSession(
             model.info, session_id=snapshot["id"] if snapshot else None,
             has_vad="vad" in model.info.capabilities, max_session_seconds=self.limits.max_session_s,
@@ -210,12 +211,19 @@ class SessionManager:
             if snapshot is not None and self._rebuildable(snapshot):
                 if not isinstance(snapshot.get("model"), str):  # a row this server cannot read
                     raise ResumeError("unknown or expired resume token")
-                self._admissible(snapshot["model"])  # before another process is asked to let it go
                 if self.ownership is None:
                     return self._rebuild(snapshot, token, last_seq, transport)
-                snapshot = await self._take_over(snapshot, token)
+                # room for it here first (its model session reserved): the process that holds it
+                # lets it go only for a rebuild that can happen
+                _model, reserved = self._reserve(snapshot["model"])
                 try:
-                    return self._rebuild(snapshot, token, last_seq, transport)
+                    snapshot = await self._take_over(snapshot, token)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # (off the loop: a model's close may block)
+                        await asyncio.shield(asyncio.to_thread(reserved.close))
+                    raise
+                try:
+                    return self._rebuild(snapshot, token, last_seq, transport, reserved)
                 except BaseException:
                     await self._give_back(str(snapshot["id"]))
                     raise
@@ -231,6 +239,15 @@ class SessionManager:
             log.warning("resume: the session store did not answer: %s", exc or type(exc).__name__)
             raise ResumeError("the session store did not answer in time; try again") from None
 
+    def _reserve(self, model_name: str | None) -> tuple[Any, ModelSession]:
+        """The model and a session of it, or what admission refuses (the server's limit, an
+        unknown model, the model at its capacity)."""
+        model = self._admissible(model_name)
+        try:
+            return model, model.open_session()
+        except ModelAtCapacity as exc:  # admission control: refused, never slowed down
+            raise SessionLimitError(f"model {model.info.id!r} is at its capacity: {exc}") from exc
+
     def _admissible(self, model_name: str | None) -> Any:
         """The model a new session would get, or what :meth:`open` refuses at once for it
         (the model itself may still be at its capacity)."""
@@ -242,12 +259,12 @@ class SessionManager:
             raise UnknownModelError(f"unknown model {model_name!r}; available: {known}")
         return model
 
-    def _rebuild(self, snapshot: dict[str, Any], token: str, last_seq: int, transport: str
-                 ) -> tuple[SessionRunner, list[Outgoing], bool]:
+    def _rebuild(self, snapshot: dict[str, Any], token: str, last_seq: int, transport: str,
+                 model_session: ModelSession | None = None) -> tuple[SessionRunner, list[Outgoing], bool]:
         stored_seq = int(snapshot.get("last_seq", 0))
         # Number on from whatever the client saw last, so no number is ever reused.
         runner = self.open(snapshot["model"], snapshot=snapshot, token=token, last_seq=max(stored_seq, last_seq),
-                           transport=transport)
+                           transport=transport, model_session=model_session)
         self.observer.session_resumed(transport)
         # The journal died with the old process: say precisely what cannot be replayed
         # and what the store never got (see persist.restoration).
@@ -272,8 +289,8 @@ class SessionManager:
             raise ResumeError("this session is still connected elsewhere")
         try:
             fresh = await self._load(token)
-        except ResumeError:
-            await self._give_back(session_id)
+        except BaseException:  # (cancelled too: a lease without a session would be renewed for ever)
+            await asyncio.shield(self._give_back(session_id))
             raise
         if fresh is None or fresh.get("id") != session_id or not self._rebuildable(fresh):
             await self._give_back(session_id)
@@ -283,8 +300,9 @@ class SessionManager:
         return fresh
 
     async def _give_back(self, session_id: str) -> None:
-        """A lease taken for a rebuild that did not happen (unless the session runs here now)."""
-        if self.ownership is None or session_id in self.sessions:
+        """A lease taken for a rebuild that did not happen (unless the session runs here now, or
+        ended here and waits for its last write)."""
+        if self.ownership is None or session_id in self.sessions or session_id in self.ownership.pending:
             return
         try:
             await self.ownership.release([session_id])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection
@@ -80,9 +81,17 @@ class Ownership:
         ids = sorted((live | self.held) - self._lost)
         if not ids:
             return
-        renewal = await asyncio.wait_for(self._call(self.store.hold, self.holder, ids, self.lease_s), self.lease_s)
+        had = set(self.held)  # a lease of these that lapsed is lost, not taken again
+        renewal = await asyncio.wait_for(self._call(self.store.hold, self.holder, ids, self.lease_s, had),
+                                         self.lease_s)
         assert isinstance(renewal, Renewal)
-        self.held.update(set(ids) - set(renewal.lost))
+        # what ended and was released while the renewal ran must not come back: held again, it
+        # would be renewed for ever (the store has it again now: released once more)
+        live = set(self._live())
+        stale = [sid for sid in ids if sid not in live and sid not in self.held and sid not in renewal.lost]
+        self.held.update(sid for sid in ids if sid not in stale and sid not in renewal.lost)
+        if stale:
+            await self._call(self.store.release, self.holder, stale)
         for sid in renewal.lost:
             self.held.discard(sid)
             self.pending.discard(sid)
@@ -99,9 +108,16 @@ class Ownership:
                 self._spawn(sid, write=True)
 
     def _spawn(self, session_id: str, write: bool) -> None:
-        task = asyncio.get_running_loop().create_task(self._let_go(session_id, write), name=f"let-go-{session_id}")
+        task = asyncio.get_running_loop().create_task(self._letting(session_id, write), name=f"let-go-{session_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _letting(self, session_id: str, write: bool) -> None:
+        try:
+            await self._let_go(session_id, write)
+        except Exception:  # noqa: BLE001 - the copy runs on: it may be asked for again
+            log.exception("session %s: not let go", session_id)
+            self.pending.discard(session_id)
 
     def letting_go(self, session_id: str) -> None:
         """A session of this process ends or moves: its lease is kept (renewed) until
@@ -115,20 +131,25 @@ class Ownership:
         this process is still letting go of is waited for the same way."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        asked = False
-        while True:
-            if session_id not in self.pending and await self._call(
-                    self.store.claim, session_id, self.holder, self.lease_s):
-                self.held.add(session_id)
-                return True
-            if not asked and session_id not in self.pending:
-                await self._call(self.store.ask, session_id, self.holder, timeout + self.lease_s)
-                asked = True
-            if loop.time() + POLL_S > deadline:
-                if asked:  # nobody takes it: its holder keeps it
-                    await self._call(self.store.withdraw, session_id, self.holder)
-                return False
-            await asyncio.sleep(POLL_S)
+        asker = f"{self.holder}:{uuid.uuid4().hex[:8]}"  # this resume's request (not another's here)
+        asked = taken = False
+        try:
+            while True:
+                if session_id not in self.pending and await self._call(
+                        self.store.claim, session_id, self.holder, self.lease_s):
+                    self.held.add(session_id)
+                    taken = True
+                    return True
+                if not asked and session_id not in self.pending:
+                    await self._call(self.store.ask, session_id, asker, timeout + self.lease_s)
+                    asked = True
+                if loop.time() + POLL_S > deadline:
+                    return False
+                await asyncio.sleep(POLL_S)
+        finally:
+            if asked and not taken:  # given up (or cancelled): its holder keeps it
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call(self.store.withdraw, session_id, asker))
 
     async def release(self, session_ids: Collection[str]) -> None:
         ids = [sid for sid in session_ids if sid in self.held]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -175,41 +176,55 @@ class Persister:
             self._wake.clear()
             await self.flush()
 
-    async def flush(self) -> None:
-        """Write everything marked so far (one batch, in the store thread)."""
+    async def flush(self) -> bool:
+        """Write everything marked so far (one batch, in the store thread); False when the write
+        failed (what it held is marked again, for the next batch)."""
         taken = self._dirty
         changes, deleted = self._take()
         if not changes and not deleted:
-            return
+            return True
         loop = asyncio.get_running_loop()
         writing = loop.run_in_executor(self.executor, self.store.apply, changes, deleted, self.holder)
         self._writing, self._in_flight = writing, {c.session_id for c in changes} | set(deleted)
 
-        def written(_: Any) -> None:  # when the write ends, not when a waiter is cancelled
+        def finished(done: asyncio.Future[list[str]]) -> None:
+            # when the write ends (not when a waiter is cancelled), in one step: a failed batch is
+            # marked again before its sessions leave the batch in flight (see ``settled``)
+            error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+            if error is None:
+                self._written(changes, done.result())
+            else:
+                log.error("session store write failed (%d sessions): %s", len(changes) + len(deleted), error)
+                self._mark_again(taken, deleted)
             if self._writing is writing:
                 self._writing, self._in_flight = None, set()
 
-        writing.add_done_callback(written)
+        writing.add_done_callback(finished)
         try:
-            theirs = await asyncio.shield(writing)
-            self.batches += 1
-            self.items_written += sum(len(c.items) for c in changes if c.session_id not in theirs)
-            for sid in theirs:
-                log.warning("session %s: another process holds it now; its changes here were not written", sid)
-            for change in changes:
-                self._release(change.session_id)
+            await asyncio.shield(writing)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - marked again: retried with the next batch
-            log.error("session store write failed (%d sessions): %s", len(changes) + len(deleted), exc)
-            self._deleted.update(deleted)
-            for sid, old in taken.items():
-                if sid in self._deleted:
-                    continue
-                new = self._dirty.setdefault(sid, _Dirty(old.runner, since=old.since))
-                new.items |= old.items - new.removed
-                new.removed |= old.removed - new.items
-            self._wake.set()
+        except Exception:  # noqa: BLE001 - logged and marked again by ``finished``
+            return False
+        return True
+
+    def _written(self, changes: list[StoreChange], theirs: list[str]) -> None:
+        self.batches += 1
+        self.items_written += sum(len(c.items) for c in changes if c.session_id not in theirs)
+        for sid in theirs:
+            log.warning("session %s: another process holds it now; its changes here were not written", sid)
+        for change in changes:
+            self._release(change.session_id)
+
+    def _mark_again(self, taken: dict[str, _Dirty], deleted: list[str]) -> None:
+        self._deleted.update(deleted)
+        for sid, old in taken.items():
+            if sid in self._deleted or old.runner.superseded:
+                continue
+            new = self._dirty.setdefault(sid, _Dirty(old.runner, since=old.since))
+            new.items |= old.items - new.removed
+            new.removed |= old.removed - new.items
+        self._wake.set()
 
     def _take(self) -> tuple[list[StoreChange], list[str]]:
         dirty, self._dirty = self._dirty, {}
@@ -237,7 +252,8 @@ class Persister:
         return StoreChange(core.id, digest, meta, items, removed)
 
     async def close(self, timeout: float) -> bool:
-        """Stop the flusher and write what is left within ``timeout``; False if it did not fit."""
+        """Stop the flusher and write what is left within ``timeout``; False if it did not fit
+        or did not get written."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -245,14 +261,11 @@ class Persister:
         try:
             async with asyncio.timeout(timeout):
                 if self._writing is not None:  # the batch the flusher was waiting for goes on
-                    try:
+                    with contextlib.suppress(Exception):  # (failed: marked again, retried just below)
                         await asyncio.shield(self._writing)
-                    except Exception as exc:  # noqa: BLE001 - its sessions' last changes are lost
-                        log.error("session store write failed at shutdown: %s", exc)
-                await self.flush()
+                return await self.flush()
         except TimeoutError:
             return False
-        return True
 
 
 def restoration(stored_seq: int, client_seq: int, item_ids: list[str]) -> dict[str, Any]:

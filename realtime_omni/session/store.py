@@ -92,9 +92,11 @@ class SessionStore(abc.ABC):
     #: running a second copy. A store of one process holds nothing.
     shared = False
 
-    def hold(self, holder: str, session_ids: Collection[str], lease_s: float) -> Renewal:
-        """Take or extend ``holder``'s lease on each session for ``lease_s``; report the ones
-        another holder has, and the ones another process asked for."""
+    def hold(self, holder: str, session_ids: Collection[str], lease_s: float,
+             had: Collection[str] = ()) -> Renewal:
+        """Extend ``holder``'s lease on each session for ``lease_s``, or take it where it is free
+        (not for the sessions in ``had``: a lease it had and that lapsed may have been another's
+        since); report the ones it does not hold, and the ones another process asked for."""
         return Renewal()
 
     def claim(self, session_id: str, holder: str, lease_s: float) -> bool:
@@ -216,12 +218,14 @@ class SQLiteStore(SessionStore):
             self._db.close()
 
 
-#: per session: 1 held by ARGV[1] now (taken or extended), 0 held by another; then 1 if asked for
+#: per session (KEYS: its lease, its request; ARGV[2 + n]: "1" to extend a lease ARGV[1] had,
+#: "0" to take a free one too): 1 held by ARGV[1] now, 0 not; then 1 if asked for
 _HOLD = """
 local out = {}
 for i = 1, #KEYS, 2 do
   local holder = redis.call('GET', KEYS[i])
-  if holder == false or holder == ARGV[1] then
+  local extend = ARGV[2 + (i + 1) / 2] == '1'
+  if holder == ARGV[1] or (holder == false and not extend) then
     redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
     out[#out + 1] = 1
   else
@@ -337,11 +341,13 @@ class RedisStore(SessionStore):
     def _lease_keys(self, session_id: str) -> tuple[str, str]:
         return f"{self.prefix}:holder:{session_id}", f"{self.prefix}:wanted:{session_id}"
 
-    def hold(self, holder: str, session_ids: Collection[str], lease_s: float) -> Renewal:
+    def hold(self, holder: str, session_ids: Collection[str], lease_s: float,
+             had: Collection[str] = ()) -> Renewal:
         ids = list(session_ids)
         if not ids:
             return Renewal()
-        flags = self._hold(keys=[k for sid in ids for k in self._lease_keys(sid)], args=[holder, _ms(lease_s)])
+        modes = ["1" if sid in had else "0" for sid in ids]
+        flags = self._hold(keys=[k for sid in ids for k in self._lease_keys(sid)], args=[holder, _ms(lease_s), *modes])
         held, asked = flags[0::2], flags[1::2]
         return Renewal(lost=tuple(sid for sid, h in zip(ids, held) if not h),
                        wanted=tuple(sid for sid, h, a in zip(ids, held, asked) if h and a))

@@ -45,3 +45,28 @@ async def test_closing_the_writes_waits_for_the_batch_being_written(tmp_path):
         reader.close()
         await manager.shutdown(timeout=5)
         registry.close()
+
+
+class FailingStore(SQLiteStore):
+    """The real SQLite store on a disk that refuses every write."""
+
+    def apply(self, changes, deleted, holder=None):
+        time.sleep(0.02)
+        raise OSError("the disk is gone")
+
+
+async def test_a_write_that_fails_is_never_taken_for_written(tmp_path):
+    """A session's last changes whose write fails stay marked (retried), so nothing waiting for
+    them (a handover's lease release, a shutdown) goes on as if they had landed."""
+    registry = ModelRegistry()
+    registry.load(["echo"])
+    manager = SessionManager(registry, store=FailingStore(tmp_path / "s.db"))
+    manager.persister.debounce_s = 0.0  # retried at once, again and again
+    manager.start()
+    try:
+        runner = manager.open("echo")
+        assert not await manager.persister.settled(runner.core.id, timeout=1.0)
+        assert not await manager.persister.close(timeout=1.0)  # the shutdown says the rest is lost
+    finally:
+        await manager.shutdown(timeout=2)
+        registry.close()

@@ -176,3 +176,20 @@ def test_a_store_of_one_process_holds_nothing(tmp_path):
     assert store.claim("sess_1", "A", 5) and store.claim("sess_1", "B", 5)
     assert store.hold("A", ["sess_1"], 5) == Renewal()
     store.close()
+
+
+def test_a_lapsed_lease_is_lost_not_taken_again(redis_url):
+    """A process cut off from Redis past its lease, meanwhile another took the session, served it,
+    ended it and let it go: the first one's renewal must not take it back (its copy would write
+    the ended session's row again); a session new to it is taken."""
+    a, b = RedisStore(redis_url, ttl_s=60), RedisStore(redis_url, ttl_s=60)
+    a.hold("A", ["sess_1"], lease_s=1.0)
+    deadline = time.monotonic() + 5
+    while not b.claim("sess_1", "B", lease_s=5):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    b.release("B", ["sess_1"])
+    assert a.hold("A", ["sess_1", "sess_2"], lease_s=5, had=["sess_1"]).lost == ("sess_1",)
+    assert not b.claim("sess_2", "B", lease_s=5)  # sess_2, new to A, is A's
+    a.close()
+    b.close()
