@@ -51,6 +51,10 @@ class ResumeError(Exception):
     """The resume token is unknown or its grace period has passed."""
 
 
+class _LiveHere(Exception):
+    """A stored session another resume rebuilt here meanwhile: resume the live one."""
+
+
 class SessionManager:
     def __init__(
         self,
@@ -218,9 +222,11 @@ class SessionManager:
                 _model, reserved = self._reserve(snapshot["model"])
                 try:
                     snapshot = await self._take_over(snapshot, token)
-                except BaseException:
+                except BaseException as exc:
                     with contextlib.suppress(Exception):  # (off the loop: a model's close may block)
                         await asyncio.shield(asyncio.to_thread(reserved.close))
+                    if isinstance(exc, _LiveHere):  # another resume here rebuilt it meanwhile: take it over
+                        return await self.resume(token, last_seq, owner, transport)
                     raise
                 try:
                     return self._rebuild(snapshot, token, last_seq, transport, reserved)
@@ -295,7 +301,7 @@ class SessionManager:
         if fresh is None or fresh.get("id") != session_id or not self._rebuildable(fresh):
             await self._give_back(session_id)
             if session_id in self.sessions:  # another resume of it here was quicker
-                raise ResumeError("this session is still connected elsewhere")
+                raise _LiveHere(session_id)
             raise ResumeError("unknown or expired resume token")  # ended meanwhile
         return fresh
 

@@ -246,3 +246,31 @@ async def test_the_handover_benchmark_writes_its_report(tmp_path):
     assert data["summary"]["move_ms"]["n"] == 2 and data["summary"]["lease_s"] == 1.0
     assert all(ms > 0 for ms in data["samples"]["move_ms"]) and data["samples"]["failover_ms"] > 0
     assert paths["md"].exists() and paths["png"].exists()
+
+
+async def test_two_resumes_at_once_through_another_gateway_take_over_one_after_the_other(gateways, redis_url):
+    """A client retrying its resume while the first attempt is under way: the attempts rebuild
+    the session once, and the later one takes it over from the earlier (as on one gateway)."""
+    first, second = gateways
+    old, created, said, last_seq = await open_with_items(first, 2)
+    sid, token = created["session"]["id"], created["session"]["resume_token"]
+    await until(lambda: holder(redis_url, sid) == first.manager.ownership.holder, what="the first gateway's lease")
+    old.transport.abort()
+    url = f"{second.ws}/v1/realtime?resume_token={token}&last_sequence_number={last_seq}"
+    auth = {"Authorization": f"Bearer {KEY}"}
+    both = await asyncio.gather(*(websockets.connect(url, additional_headers=auth, open_timeout=15) for _ in range(2)))
+    hellos = [json.loads(await asyncio.wait_for(ws.recv(), 15)) for ws in both]
+    assert [h["type"] for h in hellos] == ["session.resumed", "session.resumed"], hellos
+    # one of them was let go by the other; the survivor talks to the session, rebuilt once
+    open_ones = []
+    for ws in both:
+        try:
+            await ws.send(item_event("who is there", f"item_{id(ws)}"))
+            await recv_type(ws, "conversation.item.done")
+            open_ones.append(ws)
+        except (websockets.ConnectionClosed, asyncio.TimeoutError):
+            pass
+    assert len(open_ones) == 1
+    assert list(second.manager.sessions) == [sid] and first.manager.ownership.moved_out == 1
+    assert holder(redis_url, sid) == second.manager.ownership.holder
+    await open_ones[0].close()
