@@ -244,7 +244,7 @@ async def test_a_reply_takes_one_talker_call_fed_token_by_token(omni_server, mon
     """The pipeline hands the omni talker each thinker token as it comes, in one talk_live call
     per reply (a talk call per token cost a worker round trip each); the reply is whole. With
     ``live_talker`` off, a talk call per hand-over as before."""
-    from realtime_omni.engines.omni.model import OmniSession
+    from realtime_omni.engines.omni.session import OmniSession
 
     if not live:
         monkeypatch.setattr(OmniSession, "talks_live", False)

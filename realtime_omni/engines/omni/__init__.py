@@ -18,8 +18,9 @@ What the engine takes in and gives out:
 
 Where things are:
 
-* ``model.py``: the stage wiring (``OmniModel``, ``OmniSession``), configured by its
-  ``OmniSettings`` section (``engines/settings.py``); ``loader.py``: checkpoints and random builds.
+* ``model.py``: the stage wiring (``OmniModel``), configured by its ``OmniSettings`` section
+  (``engines/settings.py``); ``session.py``: one conversation on it (``OmniSession``);
+  ``loader.py``: checkpoints and random builds.
 * ``thinker.py`` (with ``thinker_prefill.py``, ``thinker_steps.py``, ``prompt.py``, ``context.py``,
   ``sampling.py``): the streaming thinker and the session's resumable context.
 * ``talker.py`` (with ``talker_stream.py``, ``talker_prefix.py``, ``talker_qwen25.py``,
@@ -32,6 +33,7 @@ Where things are:
 """
 
 from .loader import detect_architecture, load_omni, read_config
-from .model import OmniModel, OmniSession
+from .model import OmniModel
+from .session import OmniSession
 
 __all__ = ["OmniModel", "OmniSession", "detect_architecture", "load_omni", "read_config"]
