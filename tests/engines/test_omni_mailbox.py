@@ -11,12 +11,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from realtime_omni.engines.omni.batching.mailbox import BatcherClosed, Mailbox  # noqa: E402
+from realtime_omni.engines.omni.batching.mailbox import BatcherClosed, Done, Mailbox  # noqa: E402
 
 
 @dataclass(eq=False)
 class _Request:
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: tuple = ()
     error: BaseException | None = None
 
@@ -78,3 +78,22 @@ def test_a_lone_request_waits_only_the_gather_and_a_closed_loop_refuses_more():
     loop.close()
     with pytest.raises(BatcherClosed):
         loop._enqueue(_Request())
+
+
+def test_a_done_flag_wakes_every_waiter_once_set_and_times_out_while_unset():
+    done = Done()
+    began = time.monotonic()
+    assert done.wait(0.05) is False and not done.is_set()
+    assert time.monotonic() - began >= 0.04
+    woken: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woken.append(done.wait(5.0))) for _ in range(3)]
+    for thread in waiters:
+        thread.start()
+    time.sleep(0.05)
+    assert woken == []  # nobody passes before the set
+    done.set()
+    done.set()  # a second set changes nothing
+    for thread in waiters:
+        thread.join(5.0)
+    assert woken == [True, True, True] and done.is_set()
+    assert done.wait(0.0) is True  # set stays set

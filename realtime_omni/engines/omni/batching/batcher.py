@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import DeviceSpans, StepGraph, graphs_available, on_stream
-from .mailbox import Mailbox
+from .mailbox import Done, Mailbox
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class _Request:
     inputs: tuple[Any, ...]
     slot: int | None
     write_pos: int
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: tuple[Any, ...] | None = None  # the whole batch's outputs (this request's: ``row``)
     error: BaseException | None = None
     row: int = -1

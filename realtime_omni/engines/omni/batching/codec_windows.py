@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import DeviceSpans, ShapeGraphs, on_stream
-from .mailbox import Mailbox
+from .mailbox import Done, Mailbox
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,7 @@ class WindowRequest:
     #: when its listener needs this window's audio (``time.monotonic``): a reply's first window
     #: now, a later one when playback from the first audio reaches it; inf: no listener waits
     deadline: float = math.inf
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: Any = None
     error: BaseException | None = None
 

@@ -7,6 +7,7 @@ every request still waiting.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -14,6 +15,39 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..graphs import DeviceSpans
+
+
+class Done:
+    """A request's completion, set once by the loop (or by a close or withdrawal) and waited for
+    by its session: a lock taken at creation and released by :meth:`set`. Every step of every
+    session makes one, and ``threading.Event`` (a Python-level condition around a lock) costs
+    several times as much to make, set and wait for, under the interpreter lock all sessions share."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            with contextlib.suppress(RuntimeError):  # (two sets at once: one release is enough)
+                self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """True once set (at once if it already is), False after ``timeout`` seconds."""
+        if self._set:
+            return True
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            return self._set
+        with contextlib.suppress(RuntimeError):  # (for any other waiter)
+            self._lock.release()
+        return True
 
 
 class BatcherClosed(RuntimeError):

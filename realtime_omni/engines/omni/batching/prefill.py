@@ -11,7 +11,6 @@ audio clips and images; :func:`talker_rows` takes input embeddings.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 from ..audio_tower import merge_audio
 from ..device_copy import to_device
 from ..graphs import DeviceSpans, graphs_available, on_stream
-from .mailbox import Mailbox
+from .mailbox import Done, Mailbox
 from .prefill_graphs import Body, BucketKey, PrefillGraphs, PrefillInputs
 from .slots import SlotPool
 
@@ -38,7 +37,7 @@ class PrefillRequest:
     mm: dict[str, Any]
     slot: int
     start: int  # the slot's current length: where the first token goes
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: tuple[Any, ...] | None = None  # what the stage's row forward returns for this row
     error: BaseException | None = None
     offset: int = 0  # tokens prefilled so far (a long text prefill runs in chunks)
