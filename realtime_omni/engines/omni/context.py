@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from .detokenize import TextDeltas
 from .device_copy import to_device
 from .graphs import StaticDecoder
 
@@ -107,6 +108,8 @@ class ReplyState:
     text: str = ""  # concatenation of the emitted text deltas
     ends: list[int] = field(default_factory=list)  # len(text) after each token's delta
     forwarded: int = 0  # how many of ``ids`` are in the cache
+    #: where the decoded text of ``ids`` stands (made by the thinker at the first token)
+    deltas: TextDeltas | None = None
 
 
 @dataclass

@@ -37,6 +37,7 @@ from .context import (
     TokenRows,
     talker_prompt,
 )
+from .detokenize import TextDeltas
 from .graphs import settled_copies
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, norm_text
@@ -375,13 +376,9 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
 
     def _append_text(self, reply: ReplyState, token: int) -> str:
         reply.ids.append(token)
-        full = self.loaded.tokenizer.decode(reply.ids, skip_special_tokens=True)
-        if full.endswith("\ufffd"):
-            delta = ""  # an incomplete UTF-8 sequence: wait for the next token
-        elif full.startswith(reply.text):
-            delta = full[len(reply.text) :]
-        else:
-            delta = full[len(reply.text) :] if len(full) > len(reply.text) else ""
+        if reply.deltas is None:
+            reply.deltas = TextDeltas(self.loaded.tokenizer)
+        delta = reply.deltas.delta(reply.ids)  # ("" while a character's bytes are incomplete)
         reply.text += delta
         reply.ends.append(len(reply.text))
         return delta

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..base import ThinkRequest, ToolCall, ToolCallDelta, ToolSpec
 from ..tool_calls import NAME_END, AllowedTokens, CallParser, call_grammar, compile_call_grammar
+from .detokenize import TextDeltas
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -127,6 +128,7 @@ class CallDecoding:
         self._named = named
         self._ids: list[int] = []  # the constrained tokens so far
         self._text = ""
+        self._deltas = TextDeltas(self._tokenizer, skip_special_tokens=False)
         self.complete = False
 
     def forced(self) -> list[int]:
@@ -145,8 +147,7 @@ class CallDecoding:
         if not self._matcher.consume_token(int(token)):
             raise RuntimeError(f"token {token} is outside the call's grammar: {self._matcher.get_error()}")
         self._ids.append(int(token))
-        full = self._tokenizer.decode(self._ids, skip_special_tokens=False)
-        piece = "" if full.endswith("\ufffd") else full[len(self._text):]
+        piece = self._deltas.delta(self._ids)
         self._text += piece
         deltas = self._parser.feed(piece) if piece else []
         if self._matcher.is_accepting():
