@@ -388,6 +388,8 @@ def capacity_estimate(model) -> dict:
     times = model.capacity_times
     return {"sessions": sessions, "line": line, "budget": model.settings.realtime_budget,
             "ms_per_step": {"thinker": dict(times.thinker), "talker": dict(times.talker), "codec": dict(times.codec)},
+            # a throw-away reply's own threads: the interpreter's ms per session and frame (0: not measured)
+            "host_ms_per_frame": times.host,
             "tokens_per_frame": capacity.TOKENS_PER_FRAME[model.arch]}
 
 

@@ -75,11 +75,13 @@ class OmniSettings(_Section):
     #: refused. 0: every session steps on its own (no batching)
     max_sessions: int = Field(default=16, ge=0, le=1024)
     #: admission by the real-time capacity measured at load (``batching/capacity.py``: the
-    #: sessions whose steps, all speaking at once, fit ``realtime_budget`` of the device): a
+    #: sessions whose steps, all speaking at once, fit ``realtime_budget`` of the device, and
+    #: whose own threads fit that share of the interpreter): a
     #: session beyond it is refused. ``auto``: on CUDA (off the GPU it is not real time anyway);
     #: ``on``: measured and enforced on any device; ``off``: the slots alone admit
     realtime_admission: Literal["auto", "on", "off"] = "auto"
-    #: share of each second the sessions' steady steps may take (the rest: new turns' prefills)
+    #: share of each second of the device (and of the interpreter) the sessions' steady work may
+    #: take (the rest: new turns' prefills, bursts)
     realtime_budget: float = Field(default=0.6, gt=0.0, le=1.0)
     #: how long a stage's step waits for the other sessions mid-reply to join it (ms)
     batch_gather_ms: float = Field(default=2.0, ge=0.0, le=50.0)

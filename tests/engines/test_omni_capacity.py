@@ -18,7 +18,14 @@ from pydantic import ValidationError  # noqa: E402
 from realtime_omni.engines.base import ModelAtCapacity, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.batching import capacity  # noqa: E402
-from realtime_omni.engines.omni.batching.capacity import StepTimes, Workload, at, demand, realtime_sessions  # noqa: E402
+from realtime_omni.engines.omni.batching.capacity import (  # noqa: E402
+    StepTimes,
+    Workload,
+    at,
+    demand,
+    host_demand,
+    realtime_sessions,
+)
 from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
 
 from .test_omni import (  # noqa: E402, F401 - _one_thread: the module's autouse fixture
@@ -58,6 +65,16 @@ def test_the_capacity_is_the_most_sessions_whose_steps_fit_the_budget():
     assert realtime_sessions(TIMES, dataclasses.replace(QWEN3, budget=0.1), slots=64) == 0
 
 
+def test_the_sessions_own_threads_bound_the_capacity_when_the_interpreter_fills_first():
+    # 1.2 ms of the interpreter per session and 80 ms frame: 40 sessions take 60 % of it
+    host = dataclasses.replace(TIMES, host=1.2)
+    assert host_demand(host, QWEN3, 40) == pytest.approx(0.6)
+    assert realtime_sessions(host, QWEN3, slots=64) == 32  # the device binds first (above)
+    cheap = dataclasses.replace(TIMES, talker={1: 1.0, 64: 2.0}, thinker={1: 1.0, 64: 2.0}, host=1.2)
+    assert demand(cheap, QWEN3, 64) < 0.1 and realtime_sessions(cheap, QWEN3, slots=64) == 40
+    assert realtime_sessions(dataclasses.replace(cheap, host=0.0), QWEN3, slots=64) == 64  # not measured
+
+
 def _model(arch: str, root, **settings) -> OmniModel:
     save_checkpoint(arch, root)
     model = OmniModel(root, OmniSettings(talker_do_sample=False, seed=0, talker_max_frames=40, max_sessions=3,
@@ -68,12 +85,14 @@ def _model(arch: str, root, **settings) -> OmniModel:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_load_measures_the_capacity_and_admits_no_session_beyond_it(arch, tmp_path):
-    model = _model(arch, tmp_path, realtime_admission="on", realtime_budget=1.0)
+    model = _model(arch, tmp_path, realtime_admission="on", realtime_budget=1.0, ignore_eos=True)
     try:
         times = model.capacity_times
         # every bucket of both decode stages, and the codec's steady window alone and in groups
         assert sorted(times.thinker) == sorted(times.talker) == model.batching.thinker.sizes
         assert 1 in times.codec and all(ms > 0 for ms in [*times.thinker.values(), *times.codec.values()])
+        # and a throw-away reply's own threads, per frame (the host's share)
+        assert 0 < times.host < 100
         limit = model.realtime_capacity
         assert 0 <= limit <= 3 and model.info.max_sessions == limit
         assert model.stats()["slots"]["realtime_capacity"] == limit
@@ -94,20 +113,22 @@ def test_the_load_measures_the_capacity_and_admits_no_session_beyond_it(arch, tm
         model.close()
 
 
-def _slot_state(model: OmniModel) -> list:
-    """Every slot's cache columns (not the scratch column) and per-slot step state, copied."""
+def _slot_state(model: OmniModel, session) -> list:
+    """The session's slots' cache columns (not the scratch column) and per-slot step state, copied."""
     b = model.batching
-    state = [t[:, :, : pool.length].clone() for pool in (b.thinker_pool, b.talker_pool)
+    thinker, talker = session.rows.thinker.slot, session.rows.talker.slot
+    state = [t[slot, :, : pool.length].clone() for pool, slot in ((b.thinker_pool, thinker), (b.talker_pool, talker))
              for t in (*pool.keys, *pool.values)]
     tokens, frames = b.thinker_tokens, b.talker_frames
-    state += [t.clone() for t in (tokens.last, tokens.seen, tokens.suppress, frames.logits, frames.seen)]
-    return state + ([frames.hidden.clone()] if frames.hidden is not None else [])
+    state += [t[thinker].clone() for t in (tokens.last, tokens.seen, tokens.suppress)]
+    state += [t[talker].clone() for t in (frames.logits, frames.seen)]
+    return state + ([frames.hidden[talker].clone()] if frames.hidden is not None else [])
 
 
 def test_timing_the_steps_leaves_every_slot_as_it_was(tmp_path):
     """The measurement replays each bucket with every row idle (writing to the scratch column
-    only): a session holding its context across it finds its slot as it left it, and says what
-    it says without it."""
+    only), and its throw-away reply (the host's share) runs in a slot of its own: a session
+    holding its context across it finds its slots as it left them."""
     model = _model("qwen3_omni_moe", tmp_path, realtime_admission="off")
     try:
         assert model.realtime_capacity is None and model.info.max_sessions == 3  # off: the slots admit
@@ -115,9 +136,9 @@ def test_timing_the_steps_leaves_every_slot_as_it_was(tmp_path):
         session = model.open_session()
         try:
             run_turn(session, request([first], max_tokens=6))
-            before = _slot_state(model)
+            before = _slot_state(model, session)
             sessions, line = model.estimate_capacity(budget=1.0)
-            after = _slot_state(model)
+            after = _slot_state(model, session)
             assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
             assert line.startswith(f"real-time capacity {sessions} of 3 session slots")
         finally:
@@ -155,7 +176,11 @@ def test_admission_settings_out_of_range_are_refused_by_name(bad):
 
 def test_the_capacity_line_says_what_it_rests_on():
     line = capacity.describe(TIMES, QWEN3, 32, 64)
-    assert line.startswith("real-time capacity 32 of 64 session slots (steady demand within 60% of the device")
+    assert line.startswith("real-time capacity 32 of 64 session slots (steady demand within 60% of the device "
+                           "and of the interpreter")
+    assert line.endswith("host not measured (reply too short, or no free slot)")
+    assert capacity.describe(dataclasses.replace(TIMES, host=1.234), QWEN3, 32, 64).endswith(
+        "host 1.23 ms per session and frame")
     assert "thinker 1: 10.0, 8: 12.0, 32: 20.0" in line
 
 

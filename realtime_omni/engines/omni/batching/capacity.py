@@ -20,19 +20,26 @@ prefills of new turns and to the moments when all replies start at once. The lar
 (``engines.omni.realtime_admission``). A step's time is that of the smallest bucket holding its
 rows: what the loop runs.
 
-What it leaves out: the host. Each session's threads take the interpreter for about 1.2 ms per
-frame (Qwen3 on the H200 at N = 8, 32 and 64: ``session_cpu_s`` in docs/benchmarks), which binds
-before the device does at about 64 sessions; and it has not yet been checked against a capacity
-run on the GPU (the runs record it as ``capacity_estimate``).
+The host counts too: each session's own threads walk its reply token by token and frame by frame
+under the one interpreter lock all sessions share (Qwen3 on the H200: about 1.2 ms per session and
+frame at N = 8, 32 and 64, ``session_cpu_s`` in docs/benchmarks), which binds before the device
+does at about 64 sessions. So the load also times one throw-away reply's own threads, per frame,
+and the capacity keeps ``sessions * host / frame_s`` within the same budget of the interpreter.
+It has not yet been checked against a capacity run on the GPU (the runs record it as
+``capacity_estimate``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 #: thinker steps per talker frame while replies are written: Qwen3's talker reads one text token
 #: per 80 ms frame; Qwen2.5 speaks about three 20 ms codes per token (the capacity runs' replies)
@@ -48,6 +55,8 @@ class StepTimes:
     talker: Mapping[int, float]
     #: one group of that many steady codec windows
     codec: Mapping[int, float] = field(default_factory=dict)
+    #: the interpreter's milliseconds one session's own threads take per frame (0: not measured)
+    host: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,11 +91,17 @@ def demand(times: StepTimes, work: Workload, sessions: int) -> float:
     return (per_frame / work.frame_s + codec) / 1000.0
 
 
+def host_demand(times: StepTimes, work: Workload, sessions: int) -> float:
+    """Interpreter seconds per wall second that ``sessions`` sessions' own threads ask for."""
+    return sessions * times.host / (1000.0 * work.frame_s)
+
+
 def realtime_sessions(times: StepTimes, work: Workload, slots: int) -> int:
-    """The most sessions (up to ``slots``) whose demand stays within the budget."""
+    """The most sessions (up to ``slots``) whose demand, of the device and of the host, stays
+    within the budget."""
     best = 0
     for n in range(1, slots + 1):
-        if demand(times, work, n) > work.budget:
+        if demand(times, work, n) > work.budget or host_demand(times, work, n) > work.budget:
             break
         best = n
     return best
@@ -167,6 +182,58 @@ def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> S
     return StepTimes(times["thinker"], times["talker"], groups)
 
 
+def _timed_items(items: Iterator[Any]) -> Iterator[tuple[Any, float]]:
+    """Each item of ``items`` with this thread's CPU seconds it took."""
+    while True:
+        began = time.thread_time()
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        yield item, time.thread_time() - began
+
+
+def host_ms_per_frame(model: Any, tokens_per_frame: float, frames: int = 48) -> float | None:
+    """The interpreter's milliseconds one session's own threads take per code frame of a reply,
+    steady: a throw-away session of ``model`` (an ``OmniModel``) answers a second of silence
+    with about ``frames`` frames, its stages one after the other in this thread (so every
+    second counted is its own), each stage's first output left out (the prefill, the talker's
+    prompt, the first window: once per reply). None when the reply was too short to tell, or no
+    slot was free."""
+    from ...base import ModelAtCapacity, ThinkRequest, TurnMessage
+    from ..talker_stream import CodeChunk
+
+    tokens = max(8, round(frames * tokens_per_frame))
+    request = ThinkRequest(instructions="", max_output_tokens=tokens, voice="", want_audio=True,
+                           messages=[TurnMessage(role="user", text="Tell me about your day.",
+                                                 audio=np.zeros(16_000, dtype=np.int16))])
+    try:
+        session = model.open_session()
+    except ModelAtCapacity:  # (measured again while every slot is taken)
+        return None
+    try:
+        outputs, think_s = [], 0.0
+        for i, (out, seconds) in enumerate(_timed_items(iter(session.think(request)))):
+            outputs.append(out)
+            think_s += seconds if i else 0.0
+        spoken, talk_s = [], 0.0
+        for i, (out, seconds) in enumerate(_timed_items(iter(session.talk(outputs, "", threading.Event(), True)))):
+            spoken.append(out)
+            talk_s += seconds if i else 0.0
+        codec_s = 0.0
+        for i, out in enumerate(spoken):
+            began = time.thread_time()
+            session.decode(out)
+            codec_s += time.thread_time() - began if i else 0.0
+    finally:
+        session.close()
+    steady = sum(len(out.codes.codes) for out in spoken[1:] if isinstance(out.codes, CodeChunk))
+    if len(outputs) < 4 or steady < 8:
+        return None
+    per_token = think_s / (len(outputs) - 1)
+    return 1000.0 * (tokens_per_frame * per_token + (talk_s + codec_s) / steady)
+
+
 def estimate(model: Any, budget: float) -> tuple[int, StepTimes, str]:
     """An :class:`~..model.OmniModel`'s real-time capacity (with its slots as the ceiling), the
     step times it rests on, and the line that says so."""
@@ -179,6 +246,9 @@ def estimate(model: Any, budget: float) -> tuple[int, StepTimes, str]:
     frame_s = (codec.samples_per_code if codec is not None else 1920) / model.info.output_rate
     work = Workload(frame_s=frame_s, tokens_per_frame=TOKENS_PER_FRAME[model.arch],
                     window_s=model.chunk_frames * frame_s, budget=budget)
+    host = host_ms_per_frame(model, work.tokens_per_frame)
+    if host is not None:
+        times = dataclasses.replace(times, host=host)
     sessions = realtime_sessions(times, work, batching.slots)
     return sessions, times, describe(times, work, sessions, batching.slots)
 
@@ -188,7 +258,8 @@ def describe(times: StepTimes, work: Workload, sessions: int, slots: int) -> str
     def fmt(t: Mapping[int, float]) -> str:
         return ", ".join(f"{b}: {ms:.1f}" for b, ms in sorted(t.items()))
 
-    return (f"real-time capacity {sessions} of {slots} session slots (steady demand within {work.budget:.0%} of "
-            f"the device; frame {1000 * work.frame_s:.0f} ms, {work.tokens_per_frame:.2f} thinker steps per frame); "
+    return (f"real-time capacity {sessions} of {slots} session slots (steady demand within {work.budget:.0%} of the device "
+            f"and of the interpreter; frame {1000 * work.frame_s:.0f} ms, {work.tokens_per_frame:.2f} thinker steps per frame); "
             f"ms per step by rows: thinker {fmt(times.thinker)}; talker {fmt(times.talker)}; "
-            f"codec groups {fmt(times.codec)}")
+            f"codec groups {fmt(times.codec)}; host "
+            + (f"{times.host:.2f} ms per session and frame" if times.host else "not measured (reply too short, or no free slot)"))
