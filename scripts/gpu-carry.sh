@@ -57,4 +57,7 @@ rm -rf .whl_min && mkdir -p .whl_min
 for p in annotated_types llguidance pydantic-2 pydantic_core soxr typing_inspection typing_extensions; do
   cp .whl_server/"$p"*.whl .whl_min/
 done
+# yappi: only for scripts/gpu-next.sh host-profile (not a project dependency)
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux2014_x86_64 -d .whl_min yappi || echo "yappi not downloaded: host-profile will not run" >&2
 du -sh .whl_tf .whl_server .whl_min .omni_cfg

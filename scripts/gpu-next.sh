@@ -14,6 +14,9 @@
 #                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
 #                                thawed and with speech-like replies (about 200 s held)
 #   scripts/gpu-next.sh qwen3-32 N = 32 twice, then with the heap thawed (about 110 s held)
+#   scripts/gpu-next.sh host-profile
+#                                the sessions' own threads at N = 32 under a CPU profile (yappi's
+#                                wheel in .whl_min; about 150 s held)
 #   scripts/gpu-next.sh qwen3-modules
 #                                the same at N = 16 ... 64 with the code predictor through transformers'
 #                                modules, against the lean layout of e1caa08 (about 250 s held)
@@ -83,6 +86,12 @@ case "$run" in
       --sessions 1 8 16 32 64 --sweep thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
     ;;
+  host-profile)
+    # the sessions' own threads under a CPU profile (yappi, its cp312 wheel in .whl_min) at
+    # N = 32: where the 1.2 ms per session and frame goes (host_profile.json)
+    timeout 300 python3 benchmarks/omni_host_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 32 --out "$OUT/host_profile.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-200 | tail -30 || true
+    ;;
   qwen3-32)
     # the shortest check of N = 32 all at once (twice, then with the heap thawed): q3_32.json
     timeout 220 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
@@ -121,7 +130,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|host-profile|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
