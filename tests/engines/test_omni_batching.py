@@ -314,7 +314,7 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
             batcher.step((torch.zeros(2), torch.zeros(2)), slot=0)
         with pytest.raises(RuntimeError):  # a row of the wrong shape never reaches the loop
             batcher.step((torch.zeros(3),), slot=0)
-        for values in ([1.0, 2.0, 3.0], 5.0, [[1.0, 2.0]], "ab", [1.0, None]):  # host values: checked
+        for values in ([1.0, 2.0, 3.0], 5.0, [[1.0, 2.0]], "ab", [1.0, None], [1.0, "2"], [object(), 1]):  # checked
             with pytest.raises(ValueError):
                 batcher.step((values,), slot=0)
         with pytest.raises(RuntimeError, match="forward failed"):

@@ -51,6 +51,11 @@ class RowInput:
 StepFactory = Callable[[int, int, Any, tuple[Any, ...]], Callable[[], tuple[Any, ...]]]
 
 
+#: the types a host value of a step's input may have (``type``, not ``isinstance``: checked per
+#: value of every row, in the sessions' threads)
+_NUMBERS = frozenset({int, float, bool})
+
+
 @dataclass(eq=False)
 class _Request:
     inputs: tuple[Any, ...]
@@ -211,7 +216,7 @@ class StepBatcher(Mailbox):
                 x = [x] if isinstance(x, (int, float)) else list(x)
                 if len(spec.shape) != 1 or len(x) != spec.shape[0]:
                     raise ValueError(f"{self.name}: {len(x)} values for an input of shape {spec.shape}")
-                if not all(isinstance(v, (int, float)) for v in x):  # one bad row must not fail the batch
+                if not _NUMBERS.issuperset(map(type, x)):  # one bad row must not fail the batch
                     raise ValueError(f"{self.name}: an input's host values must be numbers")
             row.append(x)
         return tuple(row)
@@ -219,7 +224,9 @@ class StepBatcher(Mailbox):
     def result(self, req: _Request) -> tuple[Any, ...]:
         """This request's row of its step's outputs (picked here, in the session's thread): host
         outputs as Python values, the others as views of the step's device tensors."""
-        return tuple(o[req.row] for o in self._await(req))
+        outputs = self._await(req)
+        row = req.row  # (set with the outputs)
+        return tuple([o[row] for o in outputs])
 
     def warm(self) -> None:
         """Build every bucket and capture its graph now (the model is loading, nothing else runs)."""
