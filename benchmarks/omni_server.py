@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import base64
 import json
 import os
@@ -152,9 +153,13 @@ async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.B
                      timeout: float, delay_s: float = 0.0) -> None:
     import websockets
 
+    joined = False  # a client refused before the barrier still joins it, so the others go on
     try:
         async with websockets.connect(url, max_size=None, open_timeout=60) as ws:
             created = json.loads(await asyncio.wait_for(ws.recv(), 60))
+            if created.get("type") == "error":  # refused (session_limit_reached: the admission)
+                client.error = created.get("error", {}).get("code", "error")
+                return
             if created.get("type") != "session.created":
                 raise RuntimeError(f"expected session.created, got {created.get('type')}: {created}")
             await ws.send(json.dumps({"type": "session.update", "session": {
@@ -165,6 +170,7 @@ async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.B
                 await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                           "audio": base64.b64encode(raw[offset:offset + step]).decode()}))
             await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            joined = True
             await ready.wait()
             await go.wait()
             await asyncio.sleep(delay_s)  # staggered arrivals: replies that start while others play
@@ -187,6 +193,10 @@ async def run_client(client: Client, url: str, pcm: np.ndarray, ready: asyncio.B
                     return
     except Exception as exc:  # noqa: BLE001 - one client's failure is a result of the level
         client.error = client.error or f"{type(exc).__name__}: {exc}"
+    finally:
+        if not joined:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ready.wait(), 120)
 
 
 async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float, arrive_ms: float = 0.0) -> dict:
@@ -213,7 +223,8 @@ async def run_level(port: int, n: int, pcm: np.ndarray, timeout: float, arrive_m
     audio = sum(r["audio_s"] for r in rows)
     diff = {k: after[k] - before.get(k, 0.0) for k in after if "_total" in k}
     return {
-        "sessions": n, "arrive_ms": arrive_ms, "wall_s": wall, "answered": len(ttfa), "errors": sorted({r["error"] for r in rows if r["error"]}),
+        "sessions": n, "arrive_ms": arrive_ms, "wall_s": wall, "answered": len(ttfa),
+        "refused": sum(1 for r in rows if r["error"] == "session_limit_reached"), "errors": sorted({r["error"] for r in rows if r["error"]}),
         "ttfa_ms": {"p50": percentile(ttfa, 50), "p95": percentile(ttfa, 95), "max": max(ttfa) if ttfa else None},
         "sessions_with_underruns": sum(1 for r in rows if r["underruns"]),
         "gap_ms_p95": percentile([r["gap_ms"] for r in rows], 95),
@@ -253,6 +264,9 @@ def main() -> int:
     try:
         result["load_s"] = wait_ready(args.port, proc, args.load_timeout)
         print(f"server ready after {result['load_s']:.0f} s", flush=True)
+        # the engine's measured real-time capacity (admission auto/on), as the gauge gives it
+        result["realtime_capacity"] = {k: v for k, v in engine_counters(args.port).items() if "realtime_capacity" in k}
+        print(f"real-time capacity: {result['realtime_capacity']}", flush=True)
         asyncio.run(run_level(args.port, 1, pcm, args.reply_timeout))  # warm-up: first reply of the process
         for spec in args.sessions:
             n, _, arrive = spec.partition("@")

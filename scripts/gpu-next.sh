@@ -14,6 +14,10 @@
 #                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
 #                                thawed and with speech-like replies (about 200 s held)
 #   scripts/gpu-next.sh qwen3-32 N = 32 twice, then with the heap thawed (about 110 s held)
+#   scripts/gpu-next.sh admission
+#                                the server with realtime_admission auto, 48 slots, 32 then 48 clients:
+#                                those past the measured capacity refused (about 200 s held; carry
+#                                .whl_server as for talker)
 #   scripts/gpu-next.sh host-profile
 #                                the sessions' own threads at N = 32 under a CPU profile (yappi's
 #                                wheel in .whl_min; about 150 s held)
@@ -58,6 +62,15 @@ case "$run" in
             --slots 40 --speech .omni_cfg/turn.npy)
     timeout 280 python3 "${server[@]}" --out "$OUT/live.json" 2>&1 | tail -40
     REALTIME_OMNI_OMNI_LIVE_TALKER=0 timeout 280 python3 "${server[@]}" --out "$OUT/per_token.json" 2>&1 | tail -40
+    ;;
+  admission)
+    # through the server with the engine's own admission (realtime_admission auto): 48 slots, 32 then
+    # 48 clients at once; those past the measured capacity are refused with session_limit_reached
+    # (admission.json; carry .whl_server, like talker)
+    mkdir -p /tmp/q3
+    cp .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/q3/config.json
+    timeout 330 python3 benchmarks/omni_server.py --model-dir /tmp/q3 --random-weights --sessions 32 48 --slots 48 \
+      --realtime-admission auto --speech .omni_cfg/turn.npy --out "$OUT/admission.json" 2>&1 | tail -30
     ;;
   codec|codec-steps)
     # codec: the last window on a captured length and the speaker as a window input (23e1984),
@@ -130,7 +143,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|host-profile|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
