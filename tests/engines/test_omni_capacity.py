@@ -236,3 +236,19 @@ def test_host_time_counts_each_step_of_a_generator_and_closing_it_closes_the_gen
     stats = host.stats()
     assert stats["frames"] == 5 and stats["talker_cpu_s"] > 0 and stats["thinker_cpu_s"] == 0
     assert list(host.generator("thinker", iter(()))) == []
+
+
+def test_a_failed_host_measurement_leaves_the_host_term_out_and_the_model_serving(tmp_path, monkeypatch, caplog):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("the throw-away reply failed")
+
+    monkeypatch.setattr(capacity, "host_ms_per_frame", broken)  # (a fault injected into the load)
+    model = _model("qwen3_omni_moe", tmp_path, realtime_admission="on", realtime_budget=1.0)
+    try:
+        assert model.capacity_times.host == 0.0 and model.realtime_capacity >= 1
+        assert "could not be measured" in caplog.text
+        session = model.open_session()
+        run_turn(session, request([TurnMessage(role="user", text="hi", audio=user_audio(0.3, seed=2))], max_tokens=3))
+        session.close()
+    finally:
+        model.close()
