@@ -216,11 +216,11 @@ def host_ms_per_frame(model: Any, tokens_per_frame: float, frames: int = 48) -> 
         return None
     try:
         outputs, think_s = [], 0.0
-        for i, (out, seconds) in enumerate(_timed_items(iter(session.think(request)))):
+        for i, (out, seconds) in enumerate(_timed_items(session.think(request))):
             outputs.append(out)
             think_s += seconds if i else 0.0
         spoken, talk_s = [], 0.0
-        for i, (out, seconds) in enumerate(_timed_items(iter(session.talk(outputs, "", threading.Event(), True)))):
+        for i, (out, seconds) in enumerate(_timed_items(session.talk(outputs, "", threading.Event(), True))):
             spoken.append(out)
             talk_s += seconds if i else 0.0
         codec_s = 0.0
