@@ -33,6 +33,8 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 from omni_gpu import _pct, _sync, build_request, run_isolated, stream_once  # noqa: E402
 
+from realtime_omni.engines.omni.graphs import sleeping_waits  # noqa: E402
+
 
 def late_chunks(run: dict) -> list[tuple[int, float]]:
     """Chunks that arrived after playback (started at the first audio) would have needed them:
@@ -329,7 +331,7 @@ def profile_level(model, req, n: int) -> dict:
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze"}
+              "gc_freeze", "sleeping_waits"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -363,6 +365,7 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
         gc.freeze()
     else:
         gc.unfreeze()
+    sleeping_waits.on = bool(values["sleeping_waits"])
     for batcher in model.batching.batchers:
         batcher.pipelined = bool(values["pipelined"])
         built = _COLUMN_BUCKETS.setdefault(batcher.name, list(batcher.column_buckets))
@@ -474,6 +477,7 @@ def run_config(path: Path, args) -> dict:
     defaults = {"switch_ms": 1000 * sys.getswitchinterval(),
                 "prefill_tokens": model.batching.prefill.token_budget, "frames": frames,
                 "burst_ms": 1000 * model.batching.prefill.burst_s, "gc_freeze": float(gc.get_freeze_count() > 0),
+                "sleeping_waits": float(sleeping_waits.on),
                 "lookahead": model.batching.lookahead, "ahead_ms": 0.0, "all_columns": 0.0,
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,

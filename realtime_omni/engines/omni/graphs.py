@@ -104,8 +104,28 @@ def settled_copies(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:
 
     with torch.cuda.stream(stream):
         copies = tuple(t.clone() for t in tensors)
-    stream.synchronize()
+        done = torch.cuda.Event(blocking=True) if sleeping_waits.on else None
+        if done is not None:
+            done.record(stream)
+    if done is not None:
+        done.synchronize()
+    else:
+        stream.synchronize()
     return copies
+
+
+class _SleepingWaits:
+    """Whether a session thread's wait for its copies (:func:`settled_copies`, once per reply
+    token) sleeps on a blocking event, or spins on its core as ``Stream.synchronize`` does with
+    one CUDA context on a many-core host. A spin holds no interpreter lock, but it is the
+    thread's CPU time, which the capacity's host term counts as the interpreter's; under load
+    the copy queues behind the stages' steps and the spin lasts as long. Process-wide; the
+    capacity benchmark compares both (``--sweep ...:sleeping_waits=0``)."""
+
+    on = True
+
+
+sleeping_waits = _SleepingWaits()
 
 
 class DeviceSpans:
