@@ -88,9 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--top", type=int, default=60)
-    ap.add_argument("--waits", nargs="+", choices=("sleeping", "spinning"), default=["sleeping", "spinning"],
-                    help="how session threads wait for their per-token copies, one profile each "
-                         "(graphs.sleeping_waits; on the CPU both are the same)")
+    ap.add_argument("--waits", nargs="+", choices=("sleeping", "spinning"), default=["sleeping"],
+                    help="how session threads wait for their per-token copies (Qwen2.5's vectors), one "
+                         "profile each (graphs.sleeping_waits; on the CPU both are the same)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 

@@ -93,17 +93,15 @@ case "$run" in
     ;;
   qwen3-main)
     # the main levels with the burst of prefills gathered (the default since it was measured),
-    # then 32 and 64 with session threads spinning in their per-token waits (spin), with the
-    # load's heap back in the collector's sight (thaw: gc.unfreeze) and
+    # then 32 and 64 with the load's heap back in the collector's sight (thaw: gc.unfreeze) and
     # with speech-like replies (192 frames for 64 tokens) (q3_main.json)
     timeout 300 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 8 16 32 64 --sweep spin:sleeping_waits=0 thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
+      --sessions 1 8 16 32 64 --sweep thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
     ;;
   host-profile)
     # the sessions' own threads under a CPU profile (yappi, its cp312 wheel in .whl_min) at
-    # N = 32, sleeping then spinning per-token waits: where the 1.2 ms per session and frame goes
-    # (host_profile.json)
+    # N = 32: where the 1.2 ms per session and frame goes (host_profile.json)
     timeout 300 python3 benchmarks/omni_host_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 32 --out "$OUT/host_profile.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-200 | tail -30 || true
     ;;

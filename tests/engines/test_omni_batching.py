@@ -794,9 +794,9 @@ def test_a_pipelined_loop_hands_a_lone_step_over_at_once():
 
 def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_rows(pair, tmp_path):
     """A session's think and talk may run in different processes (the worker's pipe pickles each
-    output): an output holds token ids and no tensor. The talker takes the reply's prompt and each
-    token's rows (Qwen2.5: the thinker's vector; Qwen3: those the batched thinker's step made)
-    through the session, in the model's process."""
+    output): an output holds token ids and no tensor. The talker takes the reply's prompt and
+    (Qwen2.5) each token's vector through the session, in the model's process; Qwen3's batched
+    talker takes each reply token as its id, which its step embeds and projects itself."""
     import pickle
 
     batched = pair["batched"]
@@ -810,9 +810,13 @@ def test_reply_tokens_carry_no_tensors_to_the_talker_and_it_uses_the_thinkers_ro
         for out in outputs:
             assert len(pickle.dumps(out)) < 1024, out
         stream = session.talker.stream
-        rows = stream.vecs if batched.loaded.arch == "qwen2_5_omni" else list(stream.parts.values())
-        assert rows  # the rows were used
-        for row in rows:  # own copies, not views that keep the whole batch's outputs alive
+        if batched.loaded.arch != "qwen2_5_omni":
+            tokens = [out.hidden.token_id for out in outputs if out.hidden.index >= 0]
+            assert stream.assistant[len(stream.prompt.header_src):] == tokens
+            assert session.thinker.token_rows._rows == {}  # no device rows were handed over
+            return
+        assert stream.vecs  # the rows were used
+        for row in stream.vecs:  # own copies, not views that keep the whole batch's outputs alive
             assert row.untyped_storage().nbytes() == row.numel() * row.element_size()
     finally:
         session.close()

@@ -199,8 +199,8 @@ class TalkerPrompt:
 
 class TokenRows:
     """What a reply's thinker hands its talker on the device: the talker prompt (at the reply's
-    first output) and per reply token its rows (Qwen2.5: the hidden vector; Qwen3, batched: the
-    token's embedding and talker text part). They pass here, inside the process that holds the
+    first output) and per reply token its rows (Qwen2.5: the hidden vector; Qwen3's talker needs
+    only the token ids, which the output carries). They pass here, inside the process that holds the
     model: the ``ThinkerOutput`` between thinker and talker may cross a process boundary (the
     worker's pipe pickles it), and device tensors must not ride on it. A new turn drops the last."""
 

@@ -30,9 +30,9 @@ class Qwen3Stream(TalkerStream):
         with torch.inference_mode():
             proj = talker.text_projection(self.embed_tokens(special).to(self.proj_dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = proj[0], proj[1], proj[2]
-        self.assistant: list[Any] = []  # raw thinker embeddings: header rows + reply tokens
-        #: index in ``assistant`` -> that token's talker text part, where the batched thinker made it
-        self.parts: dict[int, Any] = {}
+        #: the header's raw thinker embeddings, then the reply's tokens: their embeddings, or
+        #: (batched talker) their ids, which its step embeds and projects for every row at once
+        self.assistant: list[Any] = []
         if self.prompt is not None:
             self.assistant = list(self.prompt.header_src)
         self.codes_hist: list[int] = []
@@ -61,7 +61,6 @@ class Qwen3Stream(TalkerStream):
     def add(self, out: ThinkerOutput) -> None:
         if out.hidden.prompt is not None and self.prompt is None and not self.prefilled:
             self.assistant = list(out.hidden.prompt.header_src)
-            self.parts = {}
         super().add(out)
 
     def _add_token(self, hidden: TokenHidden) -> None:
@@ -69,14 +68,20 @@ class Qwen3Stream(TalkerStream):
 
         if hidden.token_id is None or hidden.token_id < 0:
             return
-        made = self.token_rows.take(hidden.turn, hidden.index)
-        if made is not None:  # by the batched thinker's step
-            embed, self.parts[len(self.assistant)] = made
-            self.assistant.append(embed)
+        if self.rows is not None:  # the batched talker: the id is its input (see TextParts)
+            self.assistant.append(int(hidden.token_id))
             return
         with torch.inference_mode():
             emb = self.embed_tokens(torch.tensor([hidden.token_id], device=self.device))[0]
         self.assistant.append(emb)
+
+    def _embedding(self, entry: Any) -> Any:
+        """An ``assistant`` entry as the thinker's embedding (a token id is embedded here)."""
+        import torch
+
+        if isinstance(entry, int):
+            return self.embed_tokens(torch.tensor([entry], device=self.device))[0]
+        return entry
 
     def _can_prefill(self) -> bool:
         return self.prompt is not None and len(self.assistant) >= 4
@@ -128,7 +133,8 @@ class Qwen3Stream(TalkerStream):
         context = self.context_part(loaded, prompt)
         user = context[0] if context is not None else self._user_rows(loaded, prompt)
         parts = [] if user is None else [user]
-        head = talker.text_projection(torch.stack(self.assistant[:4]).to(self.proj_dtype)).to(dtype)
+        head = torch.stack([self._embedding(e) for e in self.assistant[:4]])
+        head = talker.text_projection(head.to(self.proj_dtype)).to(dtype)
         text_part = torch.cat([head[:3], self.tts_pad.expand(4, -1).to(dtype), self.tts_bos[None].to(dtype),
                                head[3:4]], dim=0)
         speaker_id = int(loaded.speakers.get(self.speaker, next(iter(loaded.speakers.values()))))
@@ -186,10 +192,8 @@ class Qwen3Stream(TalkerStream):
     def _trailing(self, k: int):
         index = 4 + k
         if index < len(self.assistant):
-            part = self.parts.get(index)
-            if part is None:
-                part = self.loaded.talker.text_projection(self.assistant[index][None].to(self.proj_dtype))[0]
-            return part
+            embed = self._embedding(self.assistant[index])
+            return self.loaded.talker.text_projection(embed[None].to(self.proj_dtype))[0]
         if not self.ended:
             return None
         return self.tts_eos if index == len(self.assistant) else self.tts_pad
@@ -215,7 +219,15 @@ class Qwen3Stream(TalkerStream):
         return list(self.codes_hist)
 
     def _part_after_frame(self, ahead: int = 0) -> Any:
-        return self._trailing(self.steps + ahead)
+        """The batched talker's input: the reply token's id, or TEXT_EOS / TEXT_PAD after it."""
+        from .batching.talker_frames import TEXT_EOS, TEXT_PAD
+
+        index = 4 + self.steps + ahead
+        if index < len(self.assistant):
+            return self.assistant[index]
+        if not self.ended:
+            return None
+        return TEXT_EOS if index == len(self.assistant) else TEXT_PAD
 
     def _append_frame(self, values: list[int]) -> bool:
         if values[0] in self.sampling.eos:

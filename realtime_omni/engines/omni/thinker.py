@@ -314,7 +314,6 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                 first = False
             return hidden
 
-        next_rows: tuple[Any, Any] | None = None  # Qwen3, batched: the token's embedding and talker part
         batched = self.rows is not None
         rows_stream = loaded.stream("token rows")  # where the talker's rows are copied (see settled_copies)
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
@@ -338,9 +337,6 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                     with self.lock:
                         delta = self._append_text(reply, token)
                         reply.record.fingerprint = ("assistant", norm_text(reply.text))
-                    if next_rows is not None and request.want_audio:
-                        # own copies: the step's rows are views of its whole batch's outputs
-                        self.token_rows.put(turn, len(reply.ids) - 1, settled_copies(rows_stream, next_rows))
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                     if last:
                         if self._alive(turn, request):
@@ -352,7 +348,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                     if not self._alive(turn, request):
                         return
                     if batched:
-                        picked, vec, next_rows = self._next_batched(token, forwards=max_new - 1 - reply.forwarded)
+                        picked, vec = self._next_batched(token, forwards=max_new - 1 - reply.forwarded)
                     else:
                         logits, vec = self._step(token)
                     reply.forwarded += 1

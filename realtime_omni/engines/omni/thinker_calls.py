@@ -124,7 +124,7 @@ class ThinkerCalls:
             if self.rows is not None:
                 if allowed is not None:
                     self.rows.state.restrict(self.rows.slot, allowed)
-                picked, _vec, _rows = self._next_batched(token, forwards=1)
+                picked, _vec = self._next_batched(token, forwards=1)
             else:
                 logits, _vec = self._step(token)
                 picked = -1

@@ -80,10 +80,10 @@ class ThinkerSteps:
         vec = src[0] if self.loaded.arch == "qwen2_5_omni" else None
         return logits, vec
 
-    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any, tuple[Any, Any] | None]:
+    def _next_batched(self, token: int, forwards: int) -> tuple[int, Any]:
         """Forward ``token`` in the model's batched thinker, in this session's slot; returns the
-        token the step picked next, the talker's vector (Qwen2.5) or None, and (Qwen3) the picked
-        token's embedding and talker part, else None.
+        token the step picked next and the talker's vector (Qwen2.5) or None (Qwen3's talker
+        needs only the token ids).
 
         Up to ``rows.lookahead`` steps stay queued: each later one forwards, on the device, the
         token the step before it picked (``ThinkerTokens``). What is queued but not read when
@@ -108,14 +108,14 @@ class ThinkerSteps:
                 push(chain=False)
             while ahead.room > 0 and len(ahead) < forwards:
                 push(chain=True)
-            (picked, src, *next_rows), pos = ahead.pop()  # ``picked``: read back by the loop
+            (picked, src), pos = ahead.pop()  # ``picked``: read back by the loop
         except BaseException:
             self._drain_ahead()
             self.ctx.free()  # the step may or may not have written: re-prefill next turn
             raise
         decoder.advance()
         self.ctx.append_token(token, pos, src, self.loaded.tokens)
-        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None), (tuple(next_rows) or None)
+        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None)
 
     def _drain_ahead(self) -> None:
         """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""

@@ -136,7 +136,6 @@ class ThinkerTokens:
         lm = loaded.thinker.model.language_model
         head = loaded.thinker.lm_head
         qwen25 = loaded.arch == "qwen2_5_omni"
-        talker = loaded.talker
         ids, pos, chain, noise = inputs
         cache = self.pool.rows(bucket, write_pos, columns)
         rows = torch.arange(bucket, device=loaded.device)
@@ -153,14 +152,11 @@ class ThinkerTokens:
             picked = pick_codes(head(last).float(), seen_s, suppress_s, noise, self.rule)
             last_s.copy_(torch.where(active, picked, last_s))
             # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
+            # (Qwen2.5); Qwen3's talker needs only the token's id (its batched step embeds and
+            # projects the ids itself, see ``talker_frames.TextParts``)
             if qwen25:
                 return picked, last + embeds[:, 0, :]
-            # Qwen3's talker reads the picked token as its embedding and its text part: made here,
-            # for every row at once, instead of in each session's thread
-            embed = lm.embed_tokens(picked[:, None])[:, 0, :]
-            proj = talker.text_projection.linear_fc1.weight.dtype
-            part = talker.text_projection(embed.to(proj)).to(talker.codec_head.weight.dtype)
-            return picked, embeds[:, 0, :], embed, part
+            return picked, embeds[:, 0, :]
 
         return step
 

@@ -8,6 +8,7 @@ different times, so batches stayed small. Here the step does it all on the devic
     c0     = sample(the slot's pending logits; repetition penalty over the codes it has seen)
     codes  = code predictor frame (hidden, c0)                      (Qwen3; Qwen2.5 has one codebook)
     x      = embed(frame) + the reply part of the next step
+             (Qwen3: made here from the reply token's id, see :class:`TextParts`)
     logits = talker(x)  → kept in the slot for the next frame
 
 and the loop reads ``c0`` (and the residual codes) back for every row at once. The slot's state
@@ -45,6 +46,41 @@ def pick_codes(logits, seen, suppress, noise, rule: CodeSampling):
     return sample_top_k_top_p(scores, noise, float(rule.temperature or 1.0), top_k, top_p)[:, 0]
 
 
+#: Qwen3's batched talker input for a frame after the reply's text: its ``tts_eos`` (the frame
+#: right after the last token), then ``tts_pad``; a reply token is its own id (>= 0)
+TEXT_EOS, TEXT_PAD = -1, -2
+
+
+class TextParts:
+    """Qwen3's reply part of a talker step, for every row at once, from the reply token's id:
+    the talker's ``text_projection`` of the thinker's embedding of that token, or of ``tts_eos`` /
+    ``tts_pad`` after the text (:data:`TEXT_EOS`, :data:`TEXT_PAD`). A session thus hands the
+    batched talker an integer per frame instead of a device vector that its thinker had to copy
+    out of each step's batch (a copy and a wait per token in that session's thread)."""
+
+    def __init__(self, loaded: LoadedOmni) -> None:
+        import torch
+
+        cfg, talker = loaded.config, loaded.talker
+        self.embed_tokens = loaded.thinker.get_input_embeddings()
+        self.projection = talker.text_projection
+        self.proj_dtype = talker.text_projection.linear_fc1.weight.dtype
+        with torch.inference_mode():
+            special = torch.tensor([int(cfg.tts_eos_token_id), int(cfg.tts_pad_token_id)], device=loaded.device)
+            self.special = self.project(special)  # (2, W): TEXT_EOS's row, then TEXT_PAD's
+
+    def project(self, ids: Any) -> Any:
+        return self.projection(self.embed_tokens(ids).to(self.proj_dtype))
+
+    def __call__(self, ids: Any) -> Any:
+        """``ids`` (B,) long → parts (B, W)."""
+        import torch
+
+        tokens = self.project(ids.clamp(min=0))
+        special = self.special[(-1 - ids).clamp(0, 1)]
+        return torch.where((ids >= 0)[:, None], tokens, special)
+
+
 class FusedTalker:
     """Per-slot frame state of the talker and its batched frame step (see the module doc)."""
 
@@ -77,9 +113,10 @@ class FusedTalker:
             self.spec = CodePredictorSpec.of(loaded)
             self.cp_k = self.spec.top_k
             residual = max(1, self.spec.groups - 1) * self.cp_k
-            # part, rotary position, and one row of draws: codebook 0's, then the residual codebooks'
-            inputs = [RowInput((width,), str(dtype).removeprefix("torch.")), RowInput((3,), "long"),
-                      RowInput((self.k + residual,), "float32")]
+            self.text_parts = TextParts(loaded)
+            # the reply token's id (or TEXT_EOS / TEXT_PAD), rotary position, and one row of
+            # draws: codebook 0's, then the residual codebooks'
+            inputs = [RowInput((1,), "long"), RowInput((3,), "long"), RowInput((self.k + residual,), "float32")]
         else:
             part_width = int(loaded.thinker.get_input_embeddings().weight.shape[1])
             part_dtype = str(talker.model.embed_tokens.weight.dtype).removeprefix("torch.")
@@ -147,7 +184,7 @@ class FusedTalker:
                 hid.copy_(hidden_s)
                 c0_in.copy_(c0[:, None])
                 codes, embed = frame()
-                x = (embed + part.to(embed.dtype))[:, None, :]
+                x = (embed + self.text_parts(part[:, 0]).to(embed.dtype))[:, None, :]
             else:
                 codes = c0[:, None]
                 x = talker.model.embed_tokens(c0[:, None]) + part[:, None, :]
