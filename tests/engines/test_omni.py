@@ -979,6 +979,22 @@ def test_token_rows_keep_the_newest_turn():
     assert rows.prompt(2) is None and rows.take(3, 0) == "row of turn 3"
 
 
+def test_a_live_replys_record_is_fingerprinted_by_its_text_so_far_until_settled():
+    """A reply's message record is compared by its text as it stands when the next turn looks
+    (not rebuilt at every token); a cut or a finished call settles it for good."""
+    from realtime_omni.engines.omni.context import MessageRecord, ReplyState
+
+    record = MessageRecord(("assistant", ""), 10, 12, closed=False)
+    reply = ReplyState(turn=1, record=record, content_start=12)
+    record.live = reply
+    assert record.current() == ("assistant", "")
+    reply.text = " Hello,\n  there "
+    assert record.current() == ("assistant", "Hello, there")
+    record.settle(("assistant", "Hello,"))
+    reply.text += "more"  # a settled record no longer follows the reply
+    assert record.current() == ("assistant", "Hello,") and record.live is None
+
+
 def live_turn(session, req, voice="alloy", cancel_after: int | None = None):
     """Drive think → talk_live the way the pipeline does where the model talks live: one talker
     call for the reply in its own thread, fed each thinker output as it comes."""

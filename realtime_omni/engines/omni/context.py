@@ -95,6 +95,20 @@ class MessageRecord:
     end: int
     #: False for a generated reply whose closing ``<|im_end|>\n`` is not in the cache yet
     closed: bool = True
+    #: the reply being generated into this record: its text is the fingerprint until one is set
+    #: (:meth:`settle`), made when a turn compares its messages, not again at every token
+    live: ReplyState | None = field(default=None, repr=False, compare=False)
+
+    def current(self) -> tuple:
+        """The fingerprint as the record stands now (a live reply's text so far)."""
+        if self.live is None:
+            return self.fingerprint
+        from .prompt import norm_text
+
+        return ("assistant", norm_text(self.live.text))
+
+    def settle(self, fingerprint: tuple) -> None:
+        self.fingerprint, self.live = fingerprint, None
 
 
 @dataclass

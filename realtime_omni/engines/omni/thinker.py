@@ -190,7 +190,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
             reply.text = reply.text[: reply.ends[-1]] if keep else ""
             reply.forwarded = min(reply.forwarded, keep)
             record = reply.record
-            record.fingerprint = ("assistant", norm_text(spoken))
+            record.settle(("assistant", norm_text(spoken)))
             record.end = position
             record.closed = False
             if not self.ctx.messages or self.ctx.messages[-1] is not record:
@@ -209,7 +209,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                 reply.ends = reply.ends[:keep]
                 reply.text = reply.text[: reply.ends[-1]] if keep else ""
                 reply.forwarded = min(reply.forwarded, keep)
-                reply.record.fingerprint = ("assistant", norm_text(reply.text))
+                reply.record.settle(("assistant", norm_text(reply.text)))
                 reply.record.closed = False
             return len(self.ctx)
 
@@ -336,7 +336,6 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                     # reference generate); it enters the cache with the next turn's prefill.
                     with self.lock:
                         delta = self._append_text(reply, token)
-                        reply.record.fingerprint = ("assistant", norm_text(reply.text))
                     yield out(delta, attach_prompt(TokenHidden(turn, len(reply.ids) - 1, token)))
                     if last:
                         if self._alive(turn, request):
@@ -355,7 +354,6 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
                     reply.record.end = len(self.ctx)
                     if qwen25:
                         delta = self._append_text(reply, token)
-                        reply.record.fingerprint = ("assistant", norm_text(reply.text))
                 if qwen25:
                     if vec is not None and request.want_audio:
                         self.token_rows.put(turn, len(reply.ids) - 1,

@@ -75,7 +75,7 @@ class ThinkerCalls:
                 return
             made.append(ToolCall(deltas[-1].name, deltas[-1].arguments))
             with self.lock:
-                reply.record.fingerprint = _calls_fingerprint(made)
+                reply.record.settle(_calls_fingerprint(made))
             if (not request.parallel_tool_calls or len(made) >= MAX_CALLS or len(tools.newline) != 1
                     or len(reply.ids) + 8 > max_new):
                 # no other call (or no room for one): the closing enters with the next turn's prefill

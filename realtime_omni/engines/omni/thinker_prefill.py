@@ -59,7 +59,7 @@ class ThinkerPrefill:
         prints = [fingerprint(m) for m in target]
         keep = 0
         while (keep < len(ctx.messages) and keep < len(prints)
-               and ctx.messages[keep].fingerprint == prints[keep]):
+               and ctx.messages[keep].current() == prints[keep]):
             keep += 1
         if keep < len(ctx.messages):
             ctx.crop(ctx.messages[keep].start)
@@ -134,6 +134,7 @@ class ThinkerPrefill:
             record = MessageRecord(("assistant", ""), base + gen_offset, base + len(ids), closed=False)
             records.append(record)
             state = ReplyState(turn=turn, record=record, content_start=base + len(ids))
+            record.live = state
 
         mm_kwargs: dict[str, Any] = {}
         device = loaded.device
