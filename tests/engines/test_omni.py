@@ -995,6 +995,35 @@ def test_a_live_replys_record_is_fingerprinted_by_its_text_so_far_until_settled(
     assert record.current() == ("assistant", "Hello,") and record.live is None
 
 
+def test_reply_tokens_left_for_later_are_embedded_when_the_context_is_read():
+    """Qwen3's batched thinker hands no vector per reply token: the context embeds those tokens
+    in one call when a talker prompt reads it, in their own rows, and forgets those cut away."""
+    import types
+
+    import torch
+
+    from realtime_omni.engines.omni.context import ThinkerContext
+
+    table = torch.nn.Embedding(50, 4)
+    tokens = types.SimpleNamespace(audio=48, image=49)
+    ctx = ThinkerContext()
+    ctx.src.append(torch.full((3, 4), 7.0))  # a prefill's rows
+    ctx.ids += [1, 2, 3]
+    ctx.mm += [False] * 3
+    for pos, token in enumerate([11, 12, 13], start=3):
+        ctx.append_token(token, pos, None, tokens)
+    ctx.append_token(14, 6, torch.full((4,), -1.0), tokens)  # a vector handed over as before
+    ctx.crop(5)  # 13 and 14 cut away: 13 must not be written over what comes next
+    ctx.append_token(15, 5, None, tokens)
+    rows = ctx.source_rows(table, 6)
+    with torch.no_grad():
+        assert torch.equal(rows[:3], torch.full((3, 4), 7.0))
+        assert torch.equal(rows[3:], table(torch.tensor([11, 12, 15])))
+    assert ctx.embed_later == [] and ctx.source_rows(table, 6) is not None
+    with pytest.raises(ValueError):
+        ThinkerContext().append_token(1, 0, None, tokens)  # no row shape to skip by yet
+
+
 def live_turn(session, req, voice="alloy", cancel_after: int | None = None):
     """Drive think → talk_live the way the pipeline does where the model talks live: one talker
     call for the reply in its own thread, fed each thinker output as it comes."""

@@ -24,15 +24,26 @@ class _Rows:
 
         k = rows.shape[0]
         if self.data is None:
-            cap = max(64, 2 * k)
-            self.data = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-        elif self.n + k > self.data.shape[0]:
-            cap = max(2 * self.data.shape[0], self.n + k)
-            grown = torch.empty((cap, *rows.shape[1:]), dtype=self.data.dtype, device=self.data.device)
-            grown[: self.n] = self.data[: self.n]
-            self.data = grown
+            self.data = torch.empty((max(64, 2 * k), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        self._room(k)
         self.data[self.n : self.n + k] = rows
         self.n += k
+
+    def skip(self, k: int) -> None:
+        """``k`` rows written later (room is made now; what they hold until then is undefined)."""
+        if self.data is None:
+            raise ValueError("rows can be skipped only after a first append (their shape and device)")
+        self._room(k)
+        self.n += k
+
+    def _room(self, k: int) -> None:
+        if self.n + k > self.data.shape[0]:
+            import torch
+
+            grown = torch.empty((max(2 * self.data.shape[0], self.n + k), *self.data.shape[1:]),
+                                dtype=self.data.dtype, device=self.data.device)
+            grown[: self.n] = self.data[: self.n]
+            self.data = grown
 
     def crop(self, n: int) -> None:
         self.n = min(self.n, max(0, n))
@@ -143,6 +154,9 @@ class ThinkerContext:
         self.ids: list[int] = []
         self.positions = _HostPositions()  # (T, 3) rotary positions
         self.src = _Rows()  # (T, D) talker source vectors
+        #: (row, token id) of generated tokens whose source vector is their embedding (Qwen3's
+        #: batched thinker): made when the context's vectors are read, all at once
+        self.embed_later: list[tuple[int, int]] = []
         self.mm: list[bool] = []
         self.next_pos = 0
         self.messages: list[MessageRecord] = []
@@ -153,12 +167,31 @@ class ThinkerContext:
         return len(self.ids)
 
     def append_token(self, token: int, pos: int, src, tokens: Any) -> None:
-        """One forwarded text token at rotary position ``pos``, with its talker vector ``src`` (D,)."""
+        """One forwarded text token at rotary position ``pos``, with its talker vector ``src`` (D,);
+        None: the token's embedding, made when the vectors are read (:meth:`source_rows`)."""
         self.ids.append(token)
         self.mm.append(token in (tokens.audio, tokens.image))
         self.positions.append_same(pos)
-        self.src.append(src[None])
+        if src is None:
+            self.embed_later.append((self.src.n, token))
+            self.src.skip(1)
+        else:
+            self.src.append(src[None])
         self.next_pos = pos + 1
+
+    def source_rows(self, embed: Any, n: int) -> Any:
+        """The first ``n`` talker source vectors, those left for later embedded now with ``embed``
+        (the thinker's input embeddings) in one call."""
+        if self.embed_later:
+            import torch
+
+            rows, ids = zip(*self.embed_later, strict=True)
+            self.embed_later.clear()
+            data = self.src.data
+            with torch.inference_mode():
+                vectors = embed(torch.tensor(ids, dtype=torch.long, device=data.device)).to(data.dtype)
+                data.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=data.device), vectors)
+        return self.src.view(0, n)
 
     def crop(self, n: int) -> None:
         """Cut every per-token store (and the KV cache) back to the first ``n`` tokens."""
@@ -169,6 +202,7 @@ class ThinkerContext:
         del self.mm[n:]
         self.positions.crop(n)
         self.src.crop(n)
+        self.embed_later = [(row, token) for row, token in self.embed_later if row < n]
         self.items = [it for it in self.items if it.pos < n]
         self.messages = [m for m in self.messages if m.start < n]
         if self.messages and self.messages[-1].end > n:
@@ -183,6 +217,7 @@ class ThinkerContext:
         self.mm.clear()
         self.positions.clear()
         self.src.clear()
+        self.embed_later.clear()
         self.messages.clear()
         self.items.clear()
         self.reply = None
@@ -283,7 +318,7 @@ def talker_prompt(ctx: ThinkerContext, loaded: Any, turn: int, reply: bool = Tru
         (i - 1 for i in range(n - 1, 0, -1) if ids[i - 1] == tok.im_start and ids[i] == tok.assistant_token_id),
         ctx.reply.record.start)
     idx = torch.tensor([i for i in range(n) if user[i]], dtype=torch.long)
-    src = ctx.src.view(0, n)
+    src = ctx.source_rows(loaded.thinker.get_input_embeddings(), n)
     user_items = [it for it in ctx.items if it.pos < n and user[it.pos]]
     return TalkerPrompt(
         turn=turn,

@@ -108,14 +108,15 @@ class ThinkerSteps:
                 push(chain=False)
             while ahead.room > 0 and len(ahead) < forwards:
                 push(chain=True)
-            (picked, src), pos = ahead.pop()  # ``picked``: read back by the loop
+            (picked, *vec), pos = ahead.pop()  # ``picked``: read back by the loop; Qwen2.5's vector
         except BaseException:
             self._drain_ahead()
             self.ctx.free()  # the step may or may not have written: re-prefill next turn
             raise
         decoder.advance()
+        src = vec[0] if vec else None  # Qwen3: the token's embedding, made when the context is read
         self.ctx.append_token(token, pos, src, self.loaded.tokens)
-        return picked, (src if self.loaded.arch == "qwen2_5_omni" else None)
+        return picked, src
 
     def _drain_ahead(self) -> None:
         """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""

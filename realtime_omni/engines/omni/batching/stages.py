@@ -153,10 +153,11 @@ class ThinkerTokens:
             last_s.copy_(torch.where(active, picked, last_s))
             # what the talker needs of a reply token: ``TalkerReads.vectors`` for a text token
             # (Qwen2.5); Qwen3's talker needs only the token's id (its batched step embeds and
-            # projects the ids itself, see ``talker_frames.TextParts``)
+            # projects the ids itself, see ``talker_frames.TextParts``; the context embeds its
+            # reply tokens when a talker prompt reads them, ``ThinkerContext.source_rows``)
             if qwen25:
                 return picked, last + embeds[:, 0, :]
-            return picked, embeds[:, 0, :]
+            return (picked,)
 
         return step
 
