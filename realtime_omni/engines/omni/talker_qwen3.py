@@ -12,6 +12,12 @@ from .loader import LoadedOmni
 from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
 
 
+#: Qwen3's batched talker input for a frame after the reply's text: its ``tts_eos`` (the frame
+#: right after the last token), then ``tts_pad``; a reply token is its own id (>= 0); see
+#: ``batching.talker_frames.TextParts``
+TEXT_EOS, TEXT_PAD = -1, -2
+
+
 class Qwen3Stream(TalkerStream):
     def __init__(self, *args) -> None:
         super().__init__(*args)
@@ -220,8 +226,6 @@ class Qwen3Stream(TalkerStream):
 
     def _part_after_frame(self, ahead: int = 0) -> Any:
         """The batched talker's input: the reply token's id, or TEXT_EOS / TEXT_PAD after it."""
-        from .batching.talker_frames import TEXT_EOS, TEXT_PAD
-
         index = 4 + self.steps + ahead
         if index < len(self.assistant):
             return self.assistant[index]

@@ -101,6 +101,25 @@ class Superseded(Exception):
     """A closed reply tried to step on the session's shared caches."""
 
 
+class _OwnCaches:
+    """``TalkerStream._own_caches``: a plain class, not a generator-based context manager (it is
+    entered once per frame of every session, in their threads)."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: TalkerStream) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> None:
+        self.stream.step_lock.acquire()
+        if self.stream.done:
+            self.stream.step_lock.release()
+            raise Superseded
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.step_lock.release()
+
+
 class TalkerStream:
     """One reply's talker state (shared logic: chunking, text pacing, stop/resume)."""
 
@@ -317,11 +336,11 @@ class TalkerStream:
         Frames whose next reply part is known are queued ahead (``rows.lookahead``), so the
         talker's loop finds this session's next frame waiting while this thread hands the last
         chunk on; what is still queued when the reply ends is withdrawn."""
-        from .batching.batcher import Lookahead
-
         rows = self.rows
         with self._own_caches():
-            if self.ahead is None:
+            if self.ahead is None:  # (imported here: the batching package imports this module)
+                from .batching.batcher import Lookahead
+
                 self.ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
             ahead, decoder = self.ahead, self.decoder
             most = self._max_frames() if limit is None else min(limit, self._max_frames())
@@ -338,13 +357,9 @@ class TalkerStream:
             decoder.advance()
         return self._append_frame([c0, *codes])
 
-    @contextlib.contextmanager
-    def _own_caches(self) -> Iterator[None]:
+    def _own_caches(self) -> _OwnCaches:
         """Hold the session's caches for one step; a closed (superseded) reply takes none."""
-        with self.step_lock:
-            if self.done:
-                raise Superseded
-            yield
+        return _OwnCaches(self)
 
     def _paced_text(self, final: bool) -> str:
         if final:

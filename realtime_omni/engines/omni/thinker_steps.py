@@ -90,11 +90,11 @@ class ThinkerSteps:
         the reply ends is withdrawn (:meth:`_drain_ahead`); a step that ran past the reply wrote
         beyond the cache's length, where no row attends and the next token overwrites it.
         ``forwards``: forward passes the reply may still make, this one included."""
-        from .batching.batcher import Lookahead
-
         rows, decoder = self.rows, self._decoder()
         ahead = self._ahead
-        if ahead is None:
+        if ahead is None:  # (imported here: the batching package imports this module)
+            from .batching.batcher import Lookahead
+
             ahead = self._ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
         tokens = rows.state
 

@@ -7,7 +7,6 @@ every request still waiting.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -36,8 +35,10 @@ class Done:
     def set(self) -> None:
         if not self._set:
             self._set = True
-            with contextlib.suppress(RuntimeError):  # (two sets at once: one release is enough)
+            try:
                 self._lock.release()
+            except RuntimeError:  # (two sets at once: one release is enough)
+                pass
 
     def wait(self, timeout: float) -> bool:
         """True once set (at once if it already is), False after ``timeout`` seconds."""
@@ -45,8 +46,10 @@ class Done:
             return True
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return self._set
-        with contextlib.suppress(RuntimeError):  # (for any other waiter)
-            self._lock.release()
+        try:
+            self._lock.release()  # (for any other waiter)
+        except RuntimeError:
+            pass
         return True
 
 

@@ -46,15 +46,10 @@ def pick_codes(logits, seen, suppress, noise, rule: CodeSampling):
     return sample_top_k_top_p(scores, noise, float(rule.temperature or 1.0), top_k, top_p)[:, 0]
 
 
-#: Qwen3's batched talker input for a frame after the reply's text: its ``tts_eos`` (the frame
-#: right after the last token), then ``tts_pad``; a reply token is its own id (>= 0)
-TEXT_EOS, TEXT_PAD = -1, -2
-
-
 class TextParts:
     """Qwen3's reply part of a talker step, for every row at once, from the reply token's id:
     the talker's ``text_projection`` of the thinker's embedding of that token, or of ``tts_eos`` /
-    ``tts_pad`` after the text (:data:`TEXT_EOS`, :data:`TEXT_PAD`). A session thus hands the
+    ``tts_pad`` after the text (``talker_qwen3.TEXT_EOS``, ``TEXT_PAD``). A session thus hands the
     batched talker an integer per frame instead of a device vector that its thinker had to copy
     out of each step's batch (a copy and a wait per token in that session's thread)."""
 
