@@ -13,6 +13,8 @@
 #   scripts/gpu-next.sh qwen3-main
 #                                the main levels (N = 1 ... 64), then 32 and 64 with the heap
 #                                thawed and with speech-like replies (about 200 s held)
+#   scripts/gpu-next.sh qwen3-ab this tree against an earlier one (.base, carried) at N = 1, 32, 64 (about
+#                                300 s held)
 #   scripts/gpu-next.sh qwen3-32 N = 32 twice, then with the heap thawed (about 110 s held)
 #   scripts/gpu-next.sh admission
 #                                the server with realtime_admission auto, 48 slots, 32 then 48 clients:
@@ -105,6 +107,18 @@ case "$run" in
     timeout 300 python3 benchmarks/omni_host_profile.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 32 --out "$OUT/host_profile.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-200 | tail -30 || true
     ;;
+  qwen3-ab)
+    # this commit against an earlier one in the same call, N = 1, 32, 64 each, earlier first:
+    # q3_ab_base.json, q3_ab_head.json. Make the earlier tree here first and carry it as well:
+    #   rm -rf .base && mkdir .base && git archive <commit> realtime_omni benchmarks | tar -x -C .base
+    for side in base head; do
+      root=$PWD; [ "$side" = base ] && root=$PWD/.base
+      [ -d "$root/realtime_omni" ] || { echo "qwen3-ab: no .base tree carried" >&2; continue; }
+      (cd "$root" && PYTHONPATH="/tmp/site:$root" timeout 240 python3 benchmarks/omni_capacity.py \
+        --config "$OLDPWD/.omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json" --sessions 1 32 64 \
+        --out "$OUT/q3_ab_$side.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -5) || true
+    done
+    ;;
   qwen3-32)
     # the shortest check of N = 32 all at once (twice, then with the heap thawed): q3_32.json
     timeout 220 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
@@ -143,7 +157,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
