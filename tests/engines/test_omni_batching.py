@@ -528,6 +528,26 @@ def test_in_graph_code_picking_matches_the_sampler():
         assert not suppress[draw].any()
 
 
+def test_greedy_rows_hand_their_draws_as_host_values_and_the_loop_stacks_them_once(pair):
+    """A greedy stage's draws are zeros: as host values every row's become one tensor in the
+    loop (on a GPU, one copy to the device per step instead of one per row)."""
+    batching = pair["batched"].batching
+    for state, batcher in ((batching.thinker_tokens, batching.thinker), (batching.talker_frames, batching.talker)):
+        if state.rule.do_sample:
+            continue
+        draws = state.noise(None)
+        assert isinstance(draws, list) and set(draws) == {0.0}
+        reqs = [type("R", (), {"inputs": batcher._row(row)})() for row in
+                [tuple(spec_value(spec, draws) for spec in batcher.row_inputs) for _ in range(3)]]
+        stacked = batcher._stacked(len(batcher.row_inputs) - 1, reqs)
+        assert stacked.shape == (3, len(draws)) and not stacked.any()
+
+
+def spec_value(spec, draws):
+    """A row's host value for an input of ``spec`` (the draws for the last one)."""
+    return draws if spec.dtype == "float32" and spec.shape == (len(draws),) else [0] * spec.shape[0]
+
+
 def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
     """Sampling in the batch draws from each session's own generator: same seed, same reply
     (whatever else the batch holds; whether another seed changes the codes depends on how peaked

@@ -115,11 +115,12 @@ class ThinkerTokens:
             self.suppress[slot].copy_(staged, non_blocking=self.suppress.is_cuda)
 
     def noise(self, generator: Any) -> Any:
-        """One step's uniform draws (zeros when the rule is greedy)."""
+        """One step's uniform draws: greedy, zeros as host values (the loop makes one tensor of
+        every row's, where a tensor per row would be one host-to-device copy per row)."""
         import torch
 
         if not self.rule.do_sample:
-            return torch.zeros((self.k,), dtype=torch.float32)
+            return [0.0] * self.k
         return torch.rand((self.k,), dtype=torch.float32, device=self.loaded.device, generator=generator)
 
     def row_inputs(self) -> list[RowInput]:

@@ -147,7 +147,7 @@ class FusedTalker:
 
         n = self.batcher.row_inputs[-1].shape[0]
         if not self.rule.do_sample:
-            return torch.zeros((n,), dtype=torch.float32)
+            return [0.0] * n  # host values: one tensor for every row's (see ThinkerTokens.noise)
         return torch.rand((n,), dtype=torch.float32, device=self.loaded.device, generator=generator)
 
     def close(self) -> None:
