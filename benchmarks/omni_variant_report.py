@@ -37,6 +37,27 @@ def compare_table(variants: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
+def host_table(variants: list[tuple[str, dict]]) -> list[str]:
+    """Per level, the sessions' own threads' CPU time per session and frame (thinker + talker +
+    codec: the capacity's host term as the level saw it), and what the engine's admission
+    estimated at load (its host term measured on a throw-away reply)."""
+    lines = ["| variant | sessions | host ms per session and frame (thinker / talker / codec) |", "|---|---|---|"]
+    for label, m in variants:
+        frames = m.get("frames") or 64
+        for r in m["runs"]:
+            cpu = r.get("session_cpu_s") or {}
+            if not cpu:
+                continue
+            per = {k: 1000 * v / (r["sessions"] * frames) for k, v in cpu.items()}
+            parts = " / ".join(_f(per.get(k), 3) for k in ("thinker", "talker", "codec"))
+            lines.append(f"| {label} | {r['sessions']} | {_f(sum(per.values()), 3)} ({parts}) |")
+    lines += ["", "| variant | admission at load: sessions | host ms per session and frame (load) |", "|---|---|---|"]
+    for label, m in variants:
+        est = m.get("capacity_estimate") or {}
+        lines.append(f"| {label} | {est.get('sessions', '—')} | {_f(est.get('host_ms_per_frame'), 3)} |")
+    return lines
+
+
 def plot(variants: list[tuple[str, dict]], path: Path) -> None:
     import matplotlib
 
@@ -76,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.note:
         md += [args.note, ""]
     md += ["## Side by side", ""] + compare_table(variants) + [""]
+    md += ["## The sessions' own threads", ""] + host_table(variants) + [""]
     for label, m in variants:
         md += [f"## {label}", ""] + table(m) + [""]
     md += first_audio_table([{**m, "name": f"{m['name']} ({label})"} for label, m in variants])
