@@ -535,12 +535,27 @@ def test_greedy_rows_hand_their_draws_as_host_values_and_the_loop_stacks_them_on
     for state, batcher in ((batching.thinker_tokens, batching.thinker), (batching.talker_frames, batching.talker)):
         if state.rule.do_sample:
             continue
-        draws = state.noise(None)
+        draws = state.draws(None).next()
         assert isinstance(draws, list) and set(draws) == {0.0}
         reqs = [type("R", (), {"inputs": batcher._row(row)})() for row in
                 [tuple(spec_value(spec, draws) for spec in batcher.row_inputs) for _ in range(3)]]
         stacked = batcher._stacked(len(batcher.row_inputs) - 1, reqs)
         assert stacked.shape == (3, len(draws)) and not stacked.any()
+
+
+def test_a_sessions_draws_come_a_block_of_steps_at_a_time_from_its_generator():
+    """Sampled: step i of each block is row i of one draw of (rows, width) from the session's
+    generator (so a seed gives the same draws, a GPU launches once per block); greedy: zeros."""
+    from realtime_omni.engines.omni.batching.rows import DrawBlocks
+
+    draws = DrawBlocks(5, True, "cpu", torch.Generator().manual_seed(7), rows=4)
+    got = torch.stack([draws.next() for _ in range(6)])
+    reference = torch.Generator().manual_seed(7)
+    expected = torch.cat([torch.rand((4, 5), generator=reference), torch.rand((4, 5), generator=reference)])[:6]
+    assert torch.equal(got, expected)
+    assert len({tuple(row.tolist()) for row in got}) == 6
+    greedy = DrawBlocks(3, False, "cpu", None)
+    assert greedy.next() == [0.0, 0.0, 0.0] and greedy.next() is greedy.next()
 
 
 def spec_value(spec, draws):

@@ -144,6 +144,7 @@ class TalkerStream:
         self.rows: Any = None  # the session's slot in the model's batched talker, set by OmniTalker
         self.token_rows = TokenRows()  # the session's (what its thinker hands over), set by OmniTalker
         self.ahead: Any = None  # batched: frames queued ahead (``batcher.Lookahead``)
+        self.draws: Any = None  # batched: the sampler's draws for those frames (``rows.DrawBlocks``)
         self.frame_limit = settings.max_new_tokens
         self.prefilled = False
         self.rows_run = 0  # prompt rows the prefill ran (the rest were in the cache already)
@@ -348,7 +349,9 @@ class TalkerStream:
                 part = self._part_after_frame(len(ahead))
                 if part is None:
                     break
-                row = (part, [self.pos] * 3, rows.state.noise(self.generator))
+                if self.draws is None:
+                    self.draws = rows.state.draws(self.generator)
+                row = (part, [self.pos] * 3, self.draws.next())
                 ahead.push(row, decoder.write_position() + len(ahead))
                 self.pos += 1
             if not len(ahead):

@@ -135,6 +135,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
         self._sampler = self._make_sampler()
         #: batched: the reply's steps queued ahead in the model's thinker (see ``_next_batched``)
         self._ahead: Lookahead | None = None
+        self._draws: Any = None  # batched: the sampler's draws for those steps (``rows.DrawBlocks``)
 
     # -- public ------------------------------------------------------------------------------
 

@@ -96,12 +96,14 @@ class ThinkerSteps:
             from .batching.batcher import Lookahead
 
             ahead = self._ahead = Lookahead(rows.batcher, rows.slot, rows.lookahead)
-        tokens = rows.state
+        if self._draws is None:
+            self._draws = rows.state.draws(self.generator)
+        draws = self._draws
 
         def push(chain: bool) -> None:
             offset = len(ahead)
             pos = self.ctx.next_pos + offset
-            ahead.push((token, [pos] * 3, chain, tokens.noise(self.generator)), decoder.write_position() + offset, pos)
+            ahead.push((token, [pos] * 3, chain, draws.next()), decoder.write_position() + offset, pos)
 
         try:
             if not len(ahead):

@@ -25,7 +25,7 @@ from ..thinker import ThinkerSettings, thinker_sampling
 from .batcher import RowInput, StepBatcher
 from .prefill import PrefillBatcher, talker_body, talker_rows, thinker_body, thinker_merge, thinker_rows
 from .prefill_graphs import PrefillGraphs
-from .rows import Rows, SessionRows
+from .rows import DrawBlocks, Rows, SessionRows
 from .slots import SlotPool, SlotsFull
 from .talker_frames import FusedTalker, pick_codes
 
@@ -114,14 +114,9 @@ class ThinkerTokens:
         with self.lock, on_stream(self.loaded.stream("thinker")):
             self.suppress[slot].copy_(staged, non_blocking=self.suppress.is_cuda)
 
-    def noise(self, generator: Any) -> Any:
-        """One step's uniform draws: greedy, zeros as host values (the loop makes one tensor of
-        every row's, where a tensor per row would be one host-to-device copy per row)."""
-        import torch
-
-        if not self.rule.do_sample:
-            return [0.0] * self.k
-        return torch.rand((self.k,), dtype=torch.float32, device=self.loaded.device, generator=generator)
+    def draws(self, generator: Any) -> DrawBlocks:
+        """A session's draws for its steps (zeros as host values when the rule is greedy)."""
+        return DrawBlocks(self.k, self.rule.do_sample, self.loaded.device, generator)
 
     def row_inputs(self) -> list[RowInput]:
         # token id, rotary position (3), chain (1: forward the slot's last picked token), draws

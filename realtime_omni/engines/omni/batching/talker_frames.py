@@ -25,6 +25,7 @@ from ..sampling import sample_top_k_top_p
 from ..loader import LoadedOmni
 from ..talker_stream import CodeSampling
 from .batcher import RowInput, StepBatcher
+from .rows import DrawBlocks
 from .slots import SlotPool
 
 
@@ -140,15 +141,10 @@ class FusedTalker:
             if ids:
                 self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
 
-    def noise(self, generator: Any) -> Any:
-        """This frame's uniform draws in one row (c0's, then Qwen3's residual codebooks'; the step
-        splits them)."""
-        import torch
-
-        n = self.batcher.row_inputs[-1].shape[0]
-        if not self.rule.do_sample:
-            return [0.0] * n  # host values: one tensor for every row's (see ThinkerTokens.noise)
-        return torch.rand((n,), dtype=torch.float32, device=self.loaded.device, generator=generator)
+    def draws(self, generator: Any) -> DrawBlocks:
+        """A session's draws for its frames, each frame's in one row (c0's, then Qwen3's residual
+        codebooks'; the step splits them)."""
+        return DrawBlocks(self.batcher.row_inputs[-1].shape[0], self.rule.do_sample, self.loaded.device, generator)
 
     def close(self) -> None:
         self.batcher.close()
