@@ -88,14 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--top", type=int, default=60)
-    ap.add_argument("--waits", nargs="+", choices=("sleeping", "spinning"), default=["sleeping"],
-                    help="how session threads wait for their per-token copies (Qwen2.5's vectors), one "
-                         "profile each (graphs.sleeping_waits; on the CPU both are the same)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
     from realtime_omni.engines.omni import OmniModel
-    from realtime_omni.engines.omni.graphs import sleeping_waits
     from realtime_omni.engines.omni.loader import detect_architecture
     from realtime_omni.engines.settings import OmniSettings
 
@@ -107,19 +103,15 @@ def main(argv=None) -> int:
     model = OmniModel.random(args.config, settings, model_id=args.config.parent.name, progress=print)
     _sync()
     req, _msg, _tokens = build_request(model, 120, 2.0, args.reply_tokens)
-    profiles = []
     try:
         run_n(model, req, args.sessions)  # the level's shapes met once, unprofiled
-        for waits in args.waits:
-            sleeping_waits.on = waits == "sleeping"
-            profiles.append({"waits": waits, **profile_level(model, req, args.sessions, frames, args.top)})
+        result = profile_level(model, req, args.sessions, frames, args.top)
     finally:
         model.close()
-    args.out.write_text(json.dumps({"profiles": profiles}, indent=1))
-    for result in profiles:
-        print(json.dumps({k: result[k] for k in ("waits", "sessions", "session_cpu_ms_per_frame", "audio_s_per_wall_s")}))
-        for row in result["functions"][:25]:
-            print(f"{row['self_us']:8.1f} {row['total_us']:8.1f} {row['calls_per_frame']:6.2f}  {row['name']}")
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: result[k] for k in ("sessions", "session_cpu_ms_per_frame", "audio_s_per_wall_s")}))
+    for row in result["functions"][:25]:
+        print(f"{row['self_us']:8.1f} {row['total_us']:8.1f} {row['calls_per_frame']:6.2f}  {row['name']}")
     return 0
 
 
