@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from .dit_blocks import DiTWindow, run_blocks
+
 
 def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,
                sway_coefficient=-1.0, speaker_encoding=None):
@@ -46,7 +48,8 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     # window's first branch, then every window's second
     spk_seq = speaker_encoding.transpose(0, 1).reshape(-1, speaker_encoding.shape[-1])
     spk_seq = spk_seq.unsqueeze(1).repeat(1, duration, 1)
-    static = (spk_seq, code_embed, speaker)
+    window = DiTWindow(dit, duration, codes.device, dit.proj_out.weight.dtype)
+    static = (spk_seq, code_embed, speaker, window)
 
     def ode_function(time_step, hidden_states):
         out = _dit_forward(dit, hidden_states, time_step, static, cfg)
@@ -141,7 +144,7 @@ def _dit_forward(dit, hidden_states, time_step, static, cfg: bool):
     (:func:`set_dit_dtype`) and the velocity returned in float32."""
     import torch
 
-    spk_seq, code_embed, speaker = static
+    spk_seq, code_embed, speaker, window = static
     dtype = dit.proj_out.weight.dtype
     batch = hidden_states.shape[0] * (2 if cfg else 1)
     if time_step.ndim == 0:
@@ -150,10 +153,6 @@ def _dit_forward(dit, hidden_states, time_step, static, cfg: bool):
     if cfg:
         hidden_states = torch.cat([hidden_states, hidden_states], dim=0)
     hidden = dit.input_embed.proj(torch.cat((hidden_states, spk_seq, code_embed, speaker), dim=-1).to(dtype))
-    position_ids = torch.arange(hidden.shape[1], device=hidden.device)[None, :].repeat(hidden.shape[0], 1)
-    position_embeddings = dit.rotary_embed(hidden, position_ids)
-    block_diff = dit._create_block_diff(hidden)
-    for block in dit.transformer_blocks:
-        hidden = block(hidden, time_embedding, position_embeddings=position_embeddings, block_diff=block_diff)
+    hidden = run_blocks(dit, hidden, time_embedding, window)
     hidden = dit.norm_out(hidden, time_embedding)
     return dit.proj_out(hidden).float()
