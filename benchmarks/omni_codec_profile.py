@@ -57,10 +57,47 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dtype: str = "float32") -> dict:
+def modules_blocks(dit, hidden, time_embedding, window):
+    """The DiT's blocks as transformers' ``DiTDecoderLayer``s run them (masks and rotary tables
+    rebuilt in every evaluation): the baseline of ``--blocks modules``."""
     import torch
 
+    positions = torch.arange(hidden.shape[1], device=hidden.device)[None].repeat(hidden.shape[0], 1)
+    rope = dit.rotary_embed(hidden, positions)
+    block_diff = dit._create_block_diff(hidden)
+    for layer in dit.transformer_blocks:
+        hidden = layer(hidden, time_embedding, position_embeddings=rope, block_diff=block_diff)
+    return hidden
+
+
+def kernel_table(fn, top: int = 14) -> dict:
+    """One call of ``fn`` under the profiler: device ms by operator (self time), the busiest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", None)
+        if device_us is None:
+            device_us = getattr(event, "self_cuda_time_total", 0)
+        if device_us > 0:
+            rows.append({"op": event.key[:80], "ms": round(device_us / 1000, 2), "calls": event.count})
+    rows.sort(key=lambda r: -r["ms"])
+    return {"device_ms": round(sum(r["ms"] for r in rows), 1), "ops": rows[:top]}
+
+
+def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dtype: str = "float32",
+            blocks: str = "lean", kernels: bool = False) -> dict:
+    import torch
+
+    from realtime_omni.engines.omni import waveform
+    from realtime_omni.engines.omni.dit_blocks import run_blocks
     from realtime_omni.engines.omni.waveform import dit_sample, encode_speaker, set_dit_dtype, vocode
+
+    waveform.run_blocks = modules_blocks if blocks == "modules" else run_blocks
 
     dev = next(model.parameters()).device
     dit, vocoder = model.code2wav_dit_model, model.code2wav_bigvgan_model
@@ -83,10 +120,13 @@ def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dty
         def window():
             return vocode(vocoder, ode())
 
-        out = {"codes": codes_len, "batch": batch, "dit_steps": steps, "dit_dtype": dit_dtype,
+        out = {"codes": codes_len, "batch": batch, "dit_steps": steps, "dit_dtype": dit_dtype, "blocks": blocks,
                "dit_eager_ms": timed(ode, repeats), "vocoder_eager_ms": timed(lambda: vocode(vocoder, mel), repeats)}
         if dev.type != "cuda":
             return out
+        if kernels:
+            out["dit_kernels"] = kernel_table(ode)
+            out["vocoder_kernels"] = kernel_table(lambda: vocode(vocoder, mel), top=8)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -111,6 +151,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=[10, 5, 4])
     ap.add_argument("--dit-dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="the DiT transformer's precision (the engine's dit_dtype); each is timed")
+    ap.add_argument("--blocks", nargs="+", default=["lean"], choices=["lean", "modules"],
+                    help="the DiT's blocks: the codec's own loop (lean) or transformers' layers (modules)")
+    ap.add_argument("--kernels", action="store_true", help="also profile each window's device time by operator")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)
@@ -125,10 +168,11 @@ def main() -> int:
         for steps in args.steps:
             for dit_dtype in args.dit_dtype:
                 for batch in args.batch:
-                    row = profile(model, codes_len, batch, steps, args.repeats, dit_dtype)
-                    print(json.dumps(row), flush=True)
-                    result["runs"].append(row)
-                    args.out.write_text(json.dumps(result, indent=1))
+                    for blocks in args.blocks:
+                        row = profile(model, codes_len, batch, steps, args.repeats, dit_dtype, blocks, args.kernels)
+                        print(json.dumps(row), flush=True)
+                        result["runs"].append(row)
+                        args.out.write_text(json.dumps(result, indent=1))
     return 0
 
 

@@ -31,6 +31,10 @@
 #   scripts/gpu-next.sh codec-dtype
 #                                Qwen2.5's DiT in bfloat16 against float32: the window alone, then N = 8,
 #                                16, 32 with a 48-code chunk (about 350 s held; an H100 will do)
+#   scripts/gpu-next.sh dit-blocks
+#                                Qwen2.5's DiT window through transformers' layers and the codec's
+#                                own block loop, by operator, then qwen25's capacity run (about 450 s;
+#                                an H100 will do)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
@@ -150,6 +154,16 @@ case "$run" in
     timeout 400 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_chunk48_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -4 || true
     ;;
+  dit-blocks)
+    # Qwen2.5's DiT: transformers' layers against the codec's own block loop (dit_blocks), a 78-code
+    # window (48-code chunk) in bfloat16 at 1 ... 32 windows, with device ms by operator
+    # (dit_blocks.json), then the capacity run of qwen25 with the codec's loop (q25_blocks.json)
+    timeout 200 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --codes 78 --batch 1 8 32 --steps 10 --dit-dtype bfloat16 --blocks modules lean --kernels \
+      --out "$OUT/dit_blocks.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
+      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_blocks.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
+    ;;
   qwen25)
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
@@ -157,7 +171,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac
