@@ -434,7 +434,7 @@ def run_config(path: Path, args) -> dict:
     slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames,
-                    "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype, "vocoder_form": args.vocoder_form,
+                    "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
                     "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
@@ -443,7 +443,7 @@ def run_config(path: Path, args) -> dict:
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
-                            dit_dtype=args.dit_dtype, vocoder_form=args.vocoder_form,
+                            dit_dtype=args.dit_dtype,
                             lean_code_predictor=not args.modules_code_predictor,
                             # every level runs, past the capacity too; the estimate is recorded below
                             realtime_admission="off")
@@ -536,8 +536,6 @@ def main(argv=None) -> int:
                     help="Qwen2.5's codec: flow-matching steps per window (a build setting: one run per value)")
     ap.add_argument("--dit-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="Qwen2.5's codec: the DiT transformer's precision (a build setting: one run per value)")
-    ap.add_argument("--vocoder-form", default="grouped", choices=["grouped", "flat", "polyphase"],
-                    help="Qwen2.5's codec: the vocoder's anti-aliased activations (same audio; a build setting)")
     ap.add_argument("--modules-code-predictor", action="store_true",
                     help="Qwen3's code predictor through transformers' modules, not the lean layout (a build setting)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
@@ -565,7 +563,7 @@ def main(argv=None) -> int:
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
-               "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype, "--vocoder-form", args.vocoder_form,
+               "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype,
                "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]

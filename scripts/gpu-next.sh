@@ -35,8 +35,6 @@
 #                                Qwen2.5's DiT window through transformers' layers and the codec's
 #                                own block loop, by operator, then qwen25's capacity run (about 450 s;
 #                                an H100 will do)
-#   scripts/gpu-next.sh vocoder  Qwen2.5's vocoder activations in three forms, then qwen25's capacity
-#                                run with the fastest (about 420 s; an H100 will do)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
@@ -166,17 +164,6 @@ case "$run" in
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_blocks.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
     ;;
-  vocoder)
-    # Qwen2.5's vocoder: its anti-aliased activations as grouped, flat and polyphase convolutions,
-    # with and without cudnn.benchmark (vocoder.json), then qwen25's capacity run with the form
-    # fastest at 32 windows (q25_vocoder.json)
-    timeout 200 python3 benchmarks/omni_vocoder_variants.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
-      --batch 8 32 --out "$OUT/vocoder.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
-    form=$(python3 -c 'import json,sys; r=[x for x in json.load(open(sys.argv[1]))["runs"] if x["batch"]==32 and not x["cudnn_benchmark"] and x["max_abs_diff"]<1e-3]; print(min(r,key=lambda x:x["graph_ms"])["variant"])' "$OUT/vocoder.json" || echo grouped)
-    echo "vocoder form: $form"
-    timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
-      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --vocoder-form "$form" --out "$OUT/q25_vocoder.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
-    ;;
   qwen25)
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
@@ -184,7 +171,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|vocoder|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac

@@ -60,10 +60,6 @@ class OmniSettings(_Section):
     #: the vocoder stay float32). The release runs it in float32; bfloat16 halves what each of its
     #: evaluations reads and writes, at a cost in quality to check by ear on a real checkpoint.
     dit_dtype: Literal["float32", "bfloat16"] = "float32"
-    #: Qwen2.5's codec: how the vocoder's anti-aliased activations run their fixed filters
-    #: (engines/omni/vocoder_blocks.py). Every form gives the same audio up to rounding; they
-    #: differ only in speed on the GPU.
-    vocoder_form: Literal["grouped", "flat", "polyphase"] = "grouped"
     #: longest reply in thinker tokens
     max_new_tokens: int = Field(default=1024, ge=1)
     #: longest spoken reply in codec frames (Qwen2.5: 20 ms, Qwen3: 80 ms each)

@@ -60,8 +60,6 @@ class CodecSettings:
     sway_coefficient: float = -1.0
     #: the DiT transformer's precision (its inputs and output stay float32: see waveform.set_dit_dtype)
     dit_dtype: str = "float32"
-    #: the vocoder's anti-aliased activations (see vocoder_blocks): same audio, different speed
-    vocoder_form: str = "grouped"
     #: replay each window shape as a CUDA graph (CUDA only)
     cuda_graphs: bool = True
 
@@ -288,7 +286,7 @@ class OmniCodec:
             mel = dit_sample(dit, cond, None, codes, noise, num_steps=settings.dit_steps,
                              guidance_scale=settings.guidance_scale, sway_coefficient=settings.sway_coefficient,
                              speaker_encoding=enc)
-            return vocode(t2w.code2wav_bigvgan_model, mel, settings.vocoder_form)
+            return vocode(t2w.code2wav_bigvgan_model, mel)
 
         noise = noise.to(device).float()[None]
         # the speaker is an input like the codes: one graph per window shape serves every speaker,

@@ -118,7 +118,6 @@ class OmniModel(VoiceModel):
         self.lookahead_steps = max(1, int(settings.lookahead_steps))
         self.dit_steps = int(settings.dit_steps)
         self.dit_dtype = settings.dit_dtype
-        self.vocoder_form = settings.vocoder_form
         self.pipelined_steps = bool(settings.pipelined_steps)
         #: benchmarks: build the checkpoint's config with random weights (no weight files read)
         self.random_weights = bool(settings.random_weights)
@@ -194,7 +193,7 @@ class OmniModel(VoiceModel):
         self.codec = OmniCodec(self.loaded, CodecSettings(
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
-            dit_steps=self.dit_steps, dit_dtype=self.dit_dtype, vocoder_form=self.vocoder_form,
+            dit_steps=self.dit_steps, dit_dtype=self.dit_dtype,
         ), batch_windows=self.batching is not None, batch_rows=self.max_sessions)
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:

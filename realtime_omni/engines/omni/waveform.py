@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 from .dit_blocks import DiTWindow, run_blocks
-from .vocoder_blocks import amp_block, anti_aliased
 
 
 def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,
@@ -100,10 +99,9 @@ def code2wav(c2w, codes):
     return wav.clamp(min=-1, max=1)
 
 
-def vocode(vocoder, mel, form: str = "grouped"):
+def vocode(vocoder, mel):
     """``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its final copy to the CPU (a sync a
-    CUDA graph cannot hold), with the dB floor as a plain number (no tensor built inside) and
-    the anti-aliased activations in ``form`` (see :mod:`.vocoder_blocks`)."""
+    CUDA graph cannot hold) and with the dB floor as a plain number (no tensor built inside)."""
     import torch
 
     floor = math.exp(-115 / 20.0 * math.log(10))
@@ -113,8 +111,8 @@ def vocode(vocoder, mel, form: str = "grouped"):
     blocks = vocoder.num_residual_blocks
     for i in range(vocoder.num_upsample_layers):
         x = vocoder.ups[i][0](x)
-        x = sum(amp_block(vocoder.resblocks[i * blocks + b], x, form) for b in range(blocks)) / blocks
-    x = vocoder.conv_post(anti_aliased(vocoder.activation_post, x, form))
+        x = sum(vocoder.resblocks[i * blocks + b](x) for b in range(blocks)) / blocks
+    x = vocoder.conv_post(vocoder.activation_post(x))
     return torch.clamp(x, min=-1.0, max=1.0).squeeze(1)  # (windows, samples)
 
 
