@@ -35,6 +35,9 @@
 #                                Qwen2.5's DiT window through transformers' layers and the codec's
 #                                own block loop, by operator, then qwen25's capacity run (about 450 s;
 #                                an H100 will do)
+#   scripts/gpu-next.sh vocoder-kernels
+#                                Qwen2.5's vocoder activations as Triton kernels against the modules,
+#                                then qwen25's capacity run (about 350 s; an H100 will do)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
@@ -164,6 +167,17 @@ case "$run" in
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_blocks.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
     ;;
+  vocoder-kernels)
+    # Qwen2.5's vocoder with its activations as fused Triton kernels against transformers' modules
+    # (vocoder_kernels.json: times, largest difference, operators), the kernel tests on the GPU where
+    # pytest is there, then qwen25's capacity run (q25_kernels.json)
+    python3 -c 'import triton; print("triton", triton.__version__)' | tee -a "$OUT/gpu.txt" || true
+    timeout 200 python3 benchmarks/omni_vocoder_kernels.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --batch 1 8 32 --out "$OUT/vocoder_kernels.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -6 || true
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/engines/test_omni_vocoder_kernels.py 2>&1 | tail -3 || true
+    timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
+      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_kernels.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
+    ;;
   qwen25)
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
@@ -171,7 +185,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|vocoder-kernels|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .dit_blocks import DiTWindow, run_blocks
+from .vocoder_kernels import activation, amp_block
 
 
 def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,
@@ -99,9 +100,11 @@ def code2wav(c2w, codes):
     return wav.clamp(min=-1, max=1)
 
 
-def vocode(vocoder, mel):
+def vocode(vocoder, mel, fused: bool = True):
     """``Qwen2_5OmniToken2WavBigVGANModel.forward`` without its final copy to the CPU (a sync a
-    CUDA graph cannot hold) and with the dB floor as a plain number (no tensor built inside)."""
+    CUDA graph cannot hold), with the dB floor as a plain number (no tensor built inside) and,
+    on the GPU, its anti-aliased activations as fused kernels (:mod:`.vocoder_kernels`;
+    ``fused=False``: transformers' modules throughout)."""
     import torch
 
     floor = math.exp(-115 / 20.0 * math.log(10))
@@ -111,8 +114,9 @@ def vocode(vocoder, mel):
     blocks = vocoder.num_residual_blocks
     for i in range(vocoder.num_upsample_layers):
         x = vocoder.ups[i][0](x)
-        x = sum(vocoder.resblocks[i * blocks + b](x) for b in range(blocks)) / blocks
-    x = vocoder.conv_post(vocoder.activation_post(x))
+        x = sum(amp_block(vocoder.resblocks[i * blocks + b], x, fused) for b in range(blocks)) / blocks
+    x = activation(vocoder.activation_post, x) if fused else vocoder.activation_post(x)
+    x = vocoder.conv_post(x)
     return torch.clamp(x, min=-1.0, max=1.0).squeeze(1)  # (windows, samples)
 
 

@@ -1,0 +1,80 @@
+"""The vocoder's fused activation kernels (Triton) against transformers' modules.
+
+On a GPU the kernels run compiled. Elsewhere Triton's interpreter runs the same kernels on the
+CPU, where Triton is installed (it comes with torch's CUDA wheels, not with the CPU ones).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from realtime_omni.engines.omni import vocoder_kernels  # noqa: E402
+from realtime_omni.engines.omni.waveform import vocode  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tiny_vocoder():
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavBigVGANModel
+
+    config = transformers.Qwen2_5OmniBigVGANConfig(
+        mel_dim=16, upsample_initial_channel=32, upsample_rates=[5, 3, 2], upsample_kernel_sizes=[11, 7, 4],
+        resblock_kernel_sizes=[3, 7], resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5]])
+    torch.manual_seed(0)
+    vocoder = Qwen2_5OmniToken2WavBigVGANModel._from_config(config).eval()
+    with torch.no_grad():
+        for p in vocoder.parameters():  # SnakeBeta's alpha and beta start at zero: make them count
+            p.normal_(0.0, 0.3)
+    return vocoder.to(DEVICE)
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    if DEVICE == "cpu":  # the interpreter stands in for the GPU (read when Triton is imported)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        monkeypatch.setattr(vocoder_kernels, "_on_device", lambda hidden: True)
+    pytest.importorskip("triton", reason="Triton is not installed (it comes with torch's CUDA wheels)")
+    vocoder_kernels._kernels.cache_clear()
+    yield vocoder_kernels
+    vocoder_kernels._kernels.cache_clear()
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 40, 300])
+def test_the_kernels_compute_the_anti_aliased_activation(kernels, length):
+    activation = tiny_vocoder().resblocks[1].activations[3]
+    x = torch.randn((2, 16, length), generator=torch.Generator().manual_seed(length)).to(DEVICE)
+    with torch.inference_mode():
+        want = activation(x)
+        got = kernels.run(activation, x, block=64)
+    assert got.shape == want.shape == (2, 16, length)
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_the_vocoder_with_fused_activations_gives_the_modules_waveform(kernels):
+    vocoder = tiny_vocoder()
+    mel = (torch.randn((2, 16, 12), generator=torch.Generator().manual_seed(3)) - 4).to(DEVICE)
+    with torch.inference_mode():
+        want = vocoder(mel).reshape(2, -1).to(DEVICE)  # transformers' forward
+        got = vocode(vocoder, mel)
+        post = vocoder.activation_post
+        kernels_used = vocoder_kernels.fits(post, torch.zeros((1, post.act.in_features, 4), device=DEVICE))
+    assert kernels_used
+    assert got.shape == want.shape and float(want.abs().max()) > 0
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_other_filters_and_the_cpu_take_the_modules():
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
+        Qwen2_5OmniAntiAliasedActivation1d, Qwen2_5OmniSnakeBeta)
+
+    release = tiny_vocoder().activation_post
+    channels = release.act.in_features
+    other = Qwen2_5OmniAntiAliasedActivation1d(Qwen2_5OmniSnakeBeta(channels), up_kernel_size=6).to(DEVICE)
+    assert not vocoder_kernels.fits(other, torch.zeros((1, channels, 4), device=DEVICE))
+    assert not vocoder_kernels.fits(release, torch.zeros((1, channels, 4), dtype=torch.float64, device=DEVICE))
+    x = torch.randn((1, channels, 5), device="cpu")
+    assert not vocoder_kernels.fits(release.cpu(), x)
+    assert torch.equal(vocoder_kernels.activation(release.cpu(), x), release.cpu()(x))
