@@ -13,6 +13,7 @@ the GPU machine:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -97,7 +98,8 @@ def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dty
     from realtime_omni.engines.omni.dit_blocks import run_blocks
     from realtime_omni.engines.omni.waveform import dit_sample, encode_speaker, set_dit_dtype, vocode
 
-    waveform.run_blocks = modules_blocks if blocks == "modules" else run_blocks
+    unfused = functools.partial(run_blocks, fused=False)
+    waveform.run_blocks = {"modules": modules_blocks, "unfused": unfused}.get(blocks, run_blocks)
 
     dev = next(model.parameters()).device
     dit, vocoder = model.code2wav_dit_model, model.code2wav_bigvgan_model
@@ -116,11 +118,17 @@ def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dty
             return dit_sample(dit, cond, ref, codes, noise, num_steps=steps, speaker_encoding=enc)
 
         mel = ode()
+        if blocks == "lean":  # the fused norms against PyTorch's operations, same inputs
+            waveform.run_blocks = unfused
+            reference = ode()
+            waveform.run_blocks = run_blocks
+            fused_diff = float((mel - reference).abs().max() / reference.abs().max())
 
         def window():
             return vocode(vocoder, ode())
 
         out = {"codes": codes_len, "batch": batch, "dit_steps": steps, "dit_dtype": dit_dtype, "blocks": blocks,
+               "mel_difference_from_unfused": fused_diff if blocks == "lean" else None,
                "dit_eager_ms": timed(ode, repeats), "vocoder_eager_ms": timed(lambda: vocode(vocoder, mel), repeats)}
         if dev.type != "cuda":
             return out
@@ -151,8 +159,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, nargs="+", default=[10, 5, 4])
     ap.add_argument("--dit-dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
                     help="the DiT transformer's precision (the engine's dit_dtype); each is timed")
-    ap.add_argument("--blocks", nargs="+", default=["lean"], choices=["lean", "modules"],
-                    help="the DiT's blocks: the codec's own loop (lean) or transformers' layers (modules)")
+    ap.add_argument("--blocks", nargs="+", default=["lean"], choices=["lean", "unfused", "modules"],
+                    help="the DiT's blocks: the codec's own loop with its fused norm kernel (lean) or without "
+                         "(unfused), or transformers' layers (modules)")
     ap.add_argument("--kernels", action="store_true", help="also profile each window's device time by operator")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda")

@@ -38,6 +38,9 @@
 #   scripts/gpu-next.sh vocoder-kernels
 #                                Qwen2.5's vocoder activations as Triton kernels against the modules,
 #                                then qwen25's capacity run (about 350 s; an H100 will do)
+#   scripts/gpu-next.sh dit-kernels
+#                                Qwen2.5's DiT window without and with the fused norm kernel (about 120 s
+#                                held; an H100 will do)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
@@ -178,6 +181,13 @@ case "$run" in
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_kernels.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -8 || true
     ;;
+  dit-kernels)
+    # Qwen2.5's DiT: the codec's block loop without and with its fused norm kernel, a 78-code
+    # window in bfloat16 at 8 and 32 windows, by operator (dit_kernels.json; about 120 s held)
+    timeout 150 python3 benchmarks/omni_codec_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --codes 78 --batch 32 8 --steps 10 --dit-dtype bfloat16 --blocks unfused lean --kernels \
+      --out "$OUT/dit_kernels.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+    ;;
   qwen25)
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
@@ -185,7 +195,7 @@ case "$run" in
       --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|vocoder-kernels|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|dit-kernels|vocoder-kernels|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
     exit 2
     ;;
 esac

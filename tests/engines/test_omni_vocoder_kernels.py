@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from realtime_omni.engines.omni import vocoder_kernels  # noqa: E402
 from realtime_omni.engines.omni.waveform import vocode  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .triton_kernels import DEVICE, kernels_of  # noqa: E402
 
 
 def tiny_vocoder():
@@ -33,13 +33,7 @@ def tiny_vocoder():
 
 @pytest.fixture
 def kernels(monkeypatch):
-    if DEVICE == "cpu":  # the interpreter stands in for the GPU (read when Triton is imported)
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        monkeypatch.setattr(vocoder_kernels, "_on_device", lambda hidden: True)
-    pytest.importorskip("triton", reason="Triton is not installed (it comes with torch's CUDA wheels)")
-    vocoder_kernels._kernels.cache_clear()
-    yield vocoder_kernels
-    vocoder_kernels._kernels.cache_clear()
+    yield from kernels_of(vocoder_kernels, monkeypatch)
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 40, 300])
@@ -66,15 +60,21 @@ def test_the_vocoder_with_fused_activations_gives_the_modules_waveform(kernels):
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
 
 
-def test_other_filters_and_the_cpu_take_the_modules():
+def test_other_filters_or_precisions_are_not_for_the_kernels(kernels):
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
         Qwen2_5OmniAntiAliasedActivation1d, Qwen2_5OmniSnakeBeta)
 
     release = tiny_vocoder().activation_post
     channels = release.act.in_features
+    x = torch.zeros((1, channels, 4), device=DEVICE)
     other = Qwen2_5OmniAntiAliasedActivation1d(Qwen2_5OmniSnakeBeta(channels), up_kernel_size=6).to(DEVICE)
-    assert not vocoder_kernels.fits(other, torch.zeros((1, channels, 4), device=DEVICE))
-    assert not vocoder_kernels.fits(release, torch.zeros((1, channels, 4), dtype=torch.float64, device=DEVICE))
-    x = torch.randn((1, channels, 5), device="cpu")
-    assert not vocoder_kernels.fits(release.cpu(), x)
-    assert torch.equal(vocoder_kernels.activation(release.cpu(), x), release.cpu()(x))
+    assert kernels.fits(release, x)
+    assert not kernels.fits(other, x)
+    assert not kernels.fits(release, x.double())
+
+
+def test_on_the_cpu_the_modules_run():
+    release = tiny_vocoder().activation_post.cpu()
+    x = torch.randn((1, release.act.in_features, 5))
+    assert not vocoder_kernels.fits(release, x)
+    assert torch.equal(vocoder_kernels.activation(release, x), release(x))

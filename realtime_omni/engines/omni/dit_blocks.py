@@ -6,7 +6,8 @@ elementwise passes over it, and SDPA converts it to an additive mask again), and
 rotary embedding of every row in every evaluation. Both depend only on the window's length: here
 they are made once per window (:class:`DiTWindow`), one additive mask per distinct look-back /
 look-ahead pair, broadcast over rows and heads. The blocks' modulations, gates and residuals are
-fused multiply-adds (one pass over the activations each instead of two).
+fused multiply-adds (one pass over the activations each instead of two), and on the GPU each
+norm with its modulation (and the gated residual before it) is one kernel (:mod:`.dit_kernels`).
 
 The weights are transformers' own modules, read here; the arithmetic is the same up to rounding
 (a fused multiply-add rounds once where the layer rounds twice).
@@ -15,6 +16,8 @@ The weights are transformers' own modules, read here; the arithmetic is the same
 from __future__ import annotations
 
 from typing import Any
+
+from .dit_kernels import gate_norm_modulate, norm_modulate
 
 
 class DiTWindow:
@@ -40,23 +43,24 @@ class DiTWindow:
             self.masks.append(masks[reach])
 
 
-def run_blocks(dit, hidden, time_embedding, window: DiTWindow):
-    """Every transformer block of ``dit`` over ``hidden`` (rows, frames, hidden)."""
+def run_blocks(dit, hidden, time_embedding, window: DiTWindow, fused: bool = True):
+    """Every transformer block of ``dit`` over ``hidden`` (rows, frames, hidden); ``fused``: the
+    norms through :mod:`.dit_kernels` on the GPU (else PyTorch's operations)."""
     for layer, mask in zip(dit.transformer_blocks, window.masks):
-        hidden = _block(layer, hidden, time_embedding, window.rope, mask)
+        hidden = _block(layer, hidden, time_embedding, window.rope, mask, fused)
     return hidden
 
 
-def _block(layer, hidden, time_embedding, rope, mask):
+def _block(layer, hidden, time_embedding, rope, mask, fused: bool):
     import torch
     import torch.nn.functional as F
 
     modulation = layer.attn_norm
     emb = modulation.linear(F.silu(time_embedding))[:, None]
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=-1)
-    normed = torch.addcmul(shift_msa, modulation.norm(hidden), 1 + scale_msa)
-    hidden = torch.addcmul(hidden, gate_msa, _attention(layer.attn, normed, rope, mask))
-    normed = torch.addcmul(shift_mlp, layer.ff_norm(hidden), 1 + scale_mlp)
+    normed = norm_modulate(modulation.norm, hidden, shift_msa, scale_msa, fused)
+    attention = _attention(layer.attn, normed, rope, mask)
+    hidden, normed = gate_norm_modulate(layer.ff_norm, hidden, attention, gate_msa, shift_mlp, scale_mlp, fused)
     ff = layer.ff.ff  # Linear, GELU, Dropout (off in eval), Linear
     return torch.addcmul(hidden, gate_mlp, ff[3](ff[1](ff[0](normed))))
 
