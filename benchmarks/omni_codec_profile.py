@@ -58,6 +58,22 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def graph_ms(fn, repeats: int) -> float:
+    """Median device milliseconds of ``fn`` captured as one CUDA graph (warmed up on a side stream)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, repeats)
+
+
 def modules_blocks(dit, hidden, time_embedding, window):
     """The DiT's blocks as transformers' ``DiTDecoderLayer``s run them (masks and rotary tables
     rebuilt in every evaluation): the baseline of ``--blocks modules``."""
@@ -135,17 +151,7 @@ def profile(model, codes_len: int, batch: int, steps: int, repeats: int, dit_dty
         if kernels:
             out["dit_kernels"] = kernel_table(ode)
             out["vocoder_kernels"] = kernel_table(lambda: vocode(vocoder, mel), top=8)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                window()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            window()
-        out["window_graph_ms"] = timed(graph.replay, repeats)
-        del graph
+        out["window_graph_ms"] = graph_ms(window, repeats)
     out["window_graph_ms_per_window"] = out["window_graph_ms"] / batch
     return out
 

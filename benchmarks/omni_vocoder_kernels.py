@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.omni_codec_profile import kernel_table, timed  # noqa: E402
+from benchmarks.omni_codec_profile import graph_ms, kernel_table, timed  # noqa: E402
 
 
 def build(config_path: Path, device: str):
@@ -33,21 +33,6 @@ def build(config_path: Path, device: str):
             p.normal_(0.0, 0.02)
     torch.backends.cuda.matmul.allow_tf32 = True  # as the engine's loader sets it
     return model.eval()
-
-
-def graph_ms(fn, repeats: int) -> float:
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return timed(graph.replay, repeats)
 
 
 def main() -> int:
