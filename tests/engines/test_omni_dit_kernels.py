@@ -11,7 +11,7 @@ from realtime_omni.engines.omni import dit_kernels  # noqa: E402
 from realtime_omni.engines.omni.dit_blocks import DiTWindow, run_blocks  # noqa: E402
 
 from .test_omni_dit_blocks import tiny_dit  # noqa: E402
-from .triton_kernels import DEVICE, kernels_of  # noqa: E402
+from .triton_kernels import DEVICE, failing_kernels, kernels_of  # noqa: E402
 
 
 @pytest.fixture
@@ -68,3 +68,16 @@ def test_on_the_cpu_pytorchs_operations_run():
     norm = torch.nn.LayerNorm(16, elementwise_affine=False, eps=1e-6)
     assert not dit_kernels.fits(*cpu)
     assert torch.equal(dit_kernels.norm_modulate(norm, *cpu), torch.addcmul(cpu[1], norm(cpu[0]), 1 + cpu[2]))
+
+
+def test_a_kernel_that_fails_leaves_pytorchs_operations_running(monkeypatch, caplog):
+    (hidden, x), (shift, scale, gate, *_rest) = inputs(2, 3, 16, 0)
+    hidden, x, shift, scale, gate = (t.cpu() for t in (hidden, x, shift, scale, gate))
+    norm = torch.nn.LayerNorm(16, elementwise_affine=False, eps=1e-6)
+    launches = failing_kernels(dit_kernels, "_launch", monkeypatch)
+    want = torch.addcmul(shift, norm(hidden), 1 + scale)
+    assert torch.equal(dit_kernels.norm_modulate(norm, hidden, shift, scale), want)
+    summed, out = dit_kernels.gate_norm_modulate(norm, hidden, x, gate, shift, scale)
+    assert torch.equal(summed, torch.addcmul(hidden, gate, x))
+    assert len(launches) == 1 and dit_kernels._disabled
+    assert "fused norm kernel failed" in caplog.text

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from realtime_omni.engines.omni import vocoder_kernels  # noqa: E402
 from realtime_omni.engines.omni.waveform import vocode  # noqa: E402
 
-from .triton_kernels import DEVICE, kernels_of  # noqa: E402
+from .triton_kernels import DEVICE, failing_kernels, kernels_of  # noqa: E402
 
 
 def tiny_vocoder():
@@ -78,3 +78,15 @@ def test_on_the_cpu_the_modules_run():
     x = torch.randn((1, release.act.in_features, 5))
     assert not vocoder_kernels.fits(release, x)
     assert torch.equal(vocoder_kernels.activation(release, x), release(x))
+
+
+def test_a_kernel_that_fails_leaves_the_modules_running(monkeypatch, caplog):
+    """A compiler or driver error on the first window is logged; that window and every later one
+    run through the modules, and the reply goes on."""
+    release = tiny_vocoder().activation_post.cpu()
+    x = torch.randn((1, release.act.in_features, 5))
+    launches = failing_kernels(vocoder_kernels, "run", monkeypatch)
+    assert torch.equal(vocoder_kernels.activation(release, x), release(x))
+    assert torch.equal(vocoder_kernels.activation(release, x), release(x))
+    assert len(launches) == 1 and vocoder_kernels._disabled
+    assert "fused activation kernels failed" in caplog.text

@@ -22,3 +22,29 @@ def kernels_of(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     cache.cache_clear()
     yield module
     cache.cache_clear()
+
+
+class _Compiled:
+    """Stands for a module's compiled kernels where the launch itself is replaced."""
+
+    def __call__(self) -> "_Compiled":
+        return self
+
+    def cache_clear(self) -> None:
+        pass
+
+
+def failing_kernels(module: ModuleType, launch: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``module``'s kernels as if compiled for this device, with ``launch`` raising the error a
+    driver gives for a kernel it cannot run; returns the launches tried."""
+    tried: list[str] = []
+
+    def broken(*args, **kwargs):
+        tried.append(launch)
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(module, "_disabled", [])
+    monkeypatch.setattr(module, "_kernels" if hasattr(module, "_kernels") else "_kernel", _Compiled())
+    monkeypatch.setattr(module, "_on_device", lambda hidden: not module._disabled)
+    monkeypatch.setattr(module, launch, broken)
+    return tried

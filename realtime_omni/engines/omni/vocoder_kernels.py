@@ -66,6 +66,14 @@ def _kernels() -> Any:
     return triton, up_snake, down
 
 
+#: set once the kernels failed in this process
+_disabled: list[bool] = []
+
+
+def _on_device(hidden) -> bool:
+    return bool(hidden.is_cuda) and not _disabled
+
+
 def fits(activation, hidden) -> bool:
     """Whether the kernels compute this activation: CUDA float32, the filters of the release."""
     import torch
@@ -77,14 +85,6 @@ def fits(activation, hidden) -> bool:
             and down.pad_left == 5 and down.pad_right == 6 and _kernels() is not None)
 
 
-#: set once the kernels failed in this process
-_disabled: list[bool] = []
-
-
-def _on_device(hidden) -> bool:
-    return bool(hidden.is_cuda) and not _disabled
-
-
 def activation(act, hidden):
     """``Qwen2_5OmniAntiAliasedActivation1d.forward(hidden)``, fused where :func:`fits`. A kernel
     that fails (first met while the model warms up, before any graph is captured) is logged and
@@ -94,9 +94,7 @@ def activation(act, hidden):
     try:
         return run(act, hidden)
     except Exception:  # noqa: BLE001 - a compiler or driver error: the modules still work
-        log.exception("omni vocoder: the fused activation kernels failed; transformers' modules run instead")
-        _kernels.cache_clear()
-        _disabled.append(True)
+        _give_up()
         return act(hidden)
 
 
@@ -118,6 +116,12 @@ def run(act, hidden, block: int = 1024):
     down[(rows * channels, triton.cdiv(length, block))](
         wide, out, act.downsample.filter.reshape(-1).float().contiguous(), length, BLOCK=block)
     return out
+
+
+def _give_up() -> None:
+    log.exception("omni vocoder: the fused activation kernels failed; transformers' modules run instead")
+    _kernels.cache_clear()
+    _disabled.append(True)
 
 
 def amp_block(block, hidden, fused: bool = True):
