@@ -3,6 +3,8 @@ on the CPU (where Triton is installed: it comes with torch's CUDA wheels, not th
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -10,13 +12,19 @@ import pytest
 import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Triton picks its interpreter when it is imported: chosen here, as the tests are collected,
+# before any test imports it
+if DEVICE == "cpu" and "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+INTERPRETED = DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def kernels_of(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     """For a fixture: ``module`` with its kernels compiled afresh (interpreted on the CPU)."""
-    if DEVICE == "cpu":  # the interpreter stands in for the GPU (read when Triton is imported)
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-        monkeypatch.setattr(module, "_on_device", lambda hidden: True)
+    if DEVICE == "cpu":
+        if not INTERPRETED:
+            pytest.skip("Triton was imported in this process before its interpreter could be chosen")
+        monkeypatch.setattr(module, "_on_device", lambda hidden: True)  # the interpreter stands in for the GPU
     pytest.importorskip("triton", reason="Triton is not installed (it comes with torch's CUDA wheels)")
     cache = getattr(module, "_kernels", None) or module._kernel
     cache.cache_clear()
