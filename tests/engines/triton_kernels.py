@@ -26,10 +26,9 @@ def kernels_of(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             pytest.skip("Triton was imported in this process before its interpreter could be chosen")
         monkeypatch.setattr(module, "_on_device", lambda hidden: True)  # the interpreter stands in for the GPU
     pytest.importorskip("triton", reason="Triton is not installed (it comes with torch's CUDA wheels)")
-    cache = getattr(module, "_kernels", None) or module._kernel
-    cache.cache_clear()
+    module._kernels.cache_clear()
     yield module
-    cache.cache_clear()
+    module._kernels.cache_clear()
 
 
 class _Compiled:
@@ -52,7 +51,7 @@ def failing_kernels(module: ModuleType, launch: str, monkeypatch: pytest.MonkeyP
         raise RuntimeError("no kernel image is available for execution on the device")
 
     monkeypatch.setattr(module, "_disabled", [])
-    monkeypatch.setattr(module, "_kernels" if hasattr(module, "_kernels") else "_kernel", _Compiled())
+    monkeypatch.setattr(module, "_kernels", _Compiled())
     monkeypatch.setattr(module, "_on_device", lambda hidden: not module._disabled)
     monkeypatch.setattr(module, launch, broken)
     return tried

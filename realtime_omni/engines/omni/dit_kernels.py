@@ -24,8 +24,8 @@ _disabled: list[bool] = []
 
 
 @functools.cache
-def _kernel() -> Any:
-    """The kernel, compiled on first use (None where Triton is missing)."""
+def _kernels() -> Any:
+    """Triton and the kernel, compiled on first use (None where Triton is missing)."""
     try:
         import triton
         import triton.language as tl
@@ -67,7 +67,7 @@ def fits(hidden, *modulation) -> bool:
     return (_on_device(hidden) and hidden.ndim == 3 and hidden.is_contiguous()
             and all(m.shape == (hidden.shape[0], 1, hidden.shape[2]) and m.stride(2) == 1
                     and m.stride(0) == modulation[0].stride(0) for m in modulation)
-            and _kernel() is not None)
+            and _kernels() is not None)
 
 
 def norm_modulate(norm, hidden, shift, scale, fused: bool = True):
@@ -101,7 +101,7 @@ def gate_norm_modulate(norm, hidden, x, gate, shift, scale, fused: bool = True):
 
 
 def _launch(hidden, x, gate, shift, scale, h_out, out, eps: float, gated: bool) -> None:
-    _, kernel = _kernel()
+    _, kernel = _kernels()
     rows, frames, width = hidden.shape
     block = 1 << (width - 1).bit_length()
     kernel[(rows * frames,)](hidden, x, gate, shift, scale, h_out, out, frames, shift.stride(0), float(eps),
@@ -110,5 +110,5 @@ def _launch(hidden, x, gate, shift, scale, h_out, out, eps: float, gated: bool) 
 
 def _give_up() -> None:
     log.exception("omni DiT: the fused norm kernel failed; PyTorch's operations run instead")
-    _kernel.cache_clear()
+    _kernels.cache_clear()
     _disabled.append(True)

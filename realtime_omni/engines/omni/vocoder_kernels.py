@@ -32,7 +32,7 @@ def _kernels() -> Any:
     # T and C vary with the window and stage: not specialised, so that a new window length
     # never compiles (a CUDA graph cannot hold a compilation)
     @triton.jit(do_not_specialize=["channels", "length"])
-    def up_snake(x_ptr, out_ptr, taps_ptr, alpha_ptr, inv_beta_ptr, channels, length, BLOCK: tl.constexpr):
+    def up_snake(x_ptr, out_ptr, taps_ptr, alpha_ptr, beta_ptr, eps, channels, length, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         t = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # upsampled positions, [0, 2 length)
         inside = t < 2 * length
@@ -46,9 +46,12 @@ def _kernels() -> Any:
             src = tl.minimum(tl.maximum(first + q, 0), length - 1)  # the edge repeated
             acc += tl.load(taps_ptr + top - 2 * q) * tl.load(base + src, mask=inside, other=0.0)
         y = 2.0 * acc  # the upsampling ratio's gain
+        # SnakeBeta with its log-scale parameters, one channel per program
         channel = row % channels
-        s = tl.sin(y * tl.load(alpha_ptr + channel))
-        out = y + tl.load(inv_beta_ptr + channel) * (s * s)
+        alpha = tl.exp(tl.load(alpha_ptr + channel).to(tl.float32))
+        inv_beta = 1.0 / (tl.exp(tl.load(beta_ptr + channel).to(tl.float32)) + eps)
+        s = tl.sin(y * alpha)
+        out = y + inv_beta * (s * s)
         tl.store(out_ptr + row.to(tl.int64) * 2 * length + t, out, mask=inside)
 
     @triton.jit(do_not_specialize=["length"])
@@ -80,6 +83,8 @@ def fits(activation, hidden) -> bool:
 
     up, down = activation.upsample, activation.downsample
     return (_on_device(hidden) and hidden.dtype == torch.float32 and hidden.ndim == 3
+            and all(t.dtype == torch.float32 and t.is_contiguous()
+                    for t in (up.filter, down.filter, activation.act.alpha, activation.act.beta))
             and up.ratio == 2 and up.stride == 2 and up.filter.numel() == 12 and up.pad == 5
             and up.pad_left == 15 and down.stride == 2 and down.filter.numel() == 12
             and down.pad_left == 5 and down.pad_right == 6 and _kernels() is not None)
@@ -106,15 +111,13 @@ def run(act, hidden, block: int = 1024):
     hidden = hidden.contiguous()
     rows, channels, length = hidden.shape
     snake = act.act
-    alpha = torch.exp(snake.alpha.float()).contiguous()
-    inv_beta = (1.0 / (torch.exp(snake.beta.float()) + snake.no_div_by_zero)).contiguous()
     wide = torch.empty((rows, channels, 2 * length), device=hidden.device, dtype=torch.float32)
+    # the filters and SnakeBeta's parameters as the module holds them (contiguous float32)
     up_snake[(rows * channels, triton.cdiv(2 * length, block))](
-        hidden, wide, act.upsample.filter.reshape(-1).float().contiguous(), alpha, inv_beta, channels, length,
+        hidden, wide, act.upsample.filter, snake.alpha, snake.beta, float(snake.no_div_by_zero), channels, length,
         BLOCK=block)
     out = torch.empty_like(hidden)
-    down[(rows * channels, triton.cdiv(length, block))](
-        wide, out, act.downsample.filter.reshape(-1).float().contiguous(), length, BLOCK=block)
+    down[(rows * channels, triton.cdiv(length, block))](wide, out, act.downsample.filter, length, BLOCK=block)
     return out
 
 
