@@ -41,8 +41,14 @@
 #   scripts/gpu-next.sh dit-kernels
 #                                Qwen2.5's DiT window without and with the fused norm kernel (about 120 s
 #                                held; an H100 will do)
+#   scripts/gpu-next.sh q25-steps
+#                                Qwen2.5's thinker and talker decode steps alone, at 1, 8, 16 and 32 rows,
+#                                kernel by kernel, and replayed together (about 150 s held; an H100 will do)
+#   scripts/gpu-next.sh q25-host the sessions' own threads of Qwen2.5 at N = 16 under a CPU profile (yappi
+#                                in .whl_min; about 150 s held)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
+#   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
 #    .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --codes 54 74 --out $OUT/profile.json)
@@ -63,6 +69,11 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' \
   | tee -a "$OUT/gpu.txt"
+
+python3 -c 'import torch; print("stream priorities (least, greatest)", torch.cuda.Stream.priority_range())' | tee -a "$OUT/gpu.txt"
+# qwen25's settings, also q25-ab's
+q25=(--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32
+     --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16)
 
 [ $# -gt 0 ] || set -- usage
 for run in "$@"; do
@@ -110,6 +121,17 @@ case "$run" in
     timeout 300 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --sessions 1 8 16 32 64 --sweep thaw:gc_freeze=0 speech:frames=192 --sweep-sessions 32 64 \
       --out "$OUT/q3_main.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -14 || true
+    ;;
+  q25-steps)
+    # what one batched decode step of Qwen2.5's thinker and talker costs alone and replayed
+    # together, kernel by kernel (q25_steps.json)
+    timeout 300 python3 benchmarks/omni_step_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --buckets 1 8 16 32 --together --show 8 --out "$OUT/q25_steps.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-200 | tail -60 || true
+    ;;
+  q25-host)
+    # Qwen2.5's sessions' own threads under a CPU profile at N = 16 (q25_host.json)
+    timeout 300 python3 benchmarks/omni_host_profile.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json \
+      --sessions 16 --out "$OUT/q25_host.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-200 | tail -30 || true
     ;;
   host-profile)
     # the sessions' own threads under a CPU profile (yappi, its cp312 wheel in .whl_min) at
@@ -191,8 +213,17 @@ case "$run" in
   qwen25)
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
-    timeout 420 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32 \
-      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16 --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+    ;;
+  q25-ab)
+    # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),
+    # earlier first: q25_ab_base.json, q25_ab_head.json (about 300 s held)
+    for side in base head; do
+      root=$PWD; [ "$side" = base ] && root=$PWD/.base
+      [ -d "$root/realtime_omni" ] || { echo "q25-ab: no .base tree carried" >&2; continue; }
+      (cd "$root" && PYTHONPATH="/tmp/site:$root" timeout 280 python3 benchmarks/omni_capacity.py "${q25[@]/#.omni_cfg/$OLDPWD/.omni_cfg}" \
+        --out "$OUT/q25_ab_$side.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -5) || true
+    done
     ;;
   *)
     echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|dit-kernels|vocoder-kernels|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2

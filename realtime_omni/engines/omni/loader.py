@@ -158,17 +158,16 @@ class LoadedOmni:
         return {"run_stream": self.stream(stage), "capture_stream": self.stream(f"{stage} capture")}
 
     def stream(self, stage: str) -> Any:
-        """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA. The
-        stages whose steps keep live sessions playing (:data:`URGENT_STAGES`) get streams of high
-        priority: the GPU schedules their kernels before those of prefills, which run beside."""
+        """The CUDA stream of one pipeline stage (shared by all sessions); None off CUDA, of the
+        stage's :data:`STREAM_PRIORITY`: where kernels of several streams wait for the GPU, it
+        starts those of the more urgent stream first."""
         if self.device_type != "cuda":
             return None
         streams = self.__dict__.setdefault("_streams", {})
         if stage not in streams:
             import torch
 
-            priority = -1 if stage in URGENT_STAGES else 0  # lower is more urgent
-            stream = streams[stage] = torch.cuda.Stream(self.device, priority=priority)
+            stream = streams[stage] = torch.cuda.Stream(self.device, priority=STREAM_PRIORITY.get(stage, 0))
             if stage.endswith(" capture"):
                 _prime_cublas(stream, self.device)
         return streams[stage]
@@ -345,9 +344,14 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
     )
 
 
-#: stages whose steps a listener is waiting for (the decode steps, the codec, and the copies of
-#: each reply token's rows that a session thread waits for, see ``graphs.settled_copies``)
-URGENT_STAGES = frozenset({"thinker", "talker", "codec", "token rows"})
+#: CUDA stream priority per stage (lower is more urgent; others, the prefills among them, 0).
+#: First the decode steps, which every live session waits for frame by frame, and the copies of
+#: each reply token's rows that a session thread waits for (``graphs.settled_copies``): a step of
+#: a few milliseconds alone took three to five times as long while a codec pass of hundreds of
+#: milliseconds shared the GPU at the same priority (Qwen2.5 on the H100), and every frame of a
+#: reply waits for a talker step. Then the codec, whose windows are due a chunk's length ahead;
+#: then the prefills, which would otherwise hold the live sessions' steps for hundreds of ms.
+STREAM_PRIORITY = {"thinker": -2, "talker": -2, "token rows": -2, "codec": -1}
 
 
 def _prime_cublas(stream: Any, device: Any) -> None:
