@@ -119,7 +119,7 @@ def stats_delta(before: dict, after: dict) -> dict:
             prepared = [1000 * p for p, _, _ in recent if p is not None]
             if prepared:  # the session's own work before queuing it (its prompt, its inputs)
                 out[name]["prepared_ms"] = _spread(prepared)
-        for key in ("graph_rows", "eager_rows", "padded_rows"):  # codec: windows by graph or eagerly
+        for key in ("graph_rows", "eager_rows", "padded_rows", "mixed_passes", "mixed_padded_codes"):  # codec
             if key in a:
                 out[name][key] = a[key] - b.get(key, 0)
     return out
@@ -305,7 +305,8 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
                            for k, v in res["batches"].items() if "wait_ms" in v}
     codec = res["batches"].get("codec", {})
     brief["codec_window_codes"] = res["codec_window_codes"]
-    brief["codec_windows"] = {k: codec[k] for k in ("graph_rows", "eager_rows", "padded_rows") if k in codec}
+    brief["codec_windows"] = {k: codec[k] for k in ("graph_rows", "eager_rows", "padded_rows", "mixed_passes",
+                                                    "mixed_padded_codes") if k in codec}
     print(json.dumps(brief, default=float), flush=True)
     return res
 
@@ -331,7 +332,7 @@ def profile_level(model, req, n: int) -> dict:
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze", "sleeping_waits"}
+              "gc_freeze", "sleeping_waits", "mix"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -379,6 +380,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     model.talker_settings.first_chunk_frames = int(values["first_frames"])
     model.talker_settings.ramp_frames = ramp_frames(values["ramp"])
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
+    if model.codec.batcher is not None:  # Qwen2.5: windows of several lengths in one pass (0: one length)
+        model.codec.batcher.mix = bool(values["mix"])
     return values
 
 
@@ -482,7 +485,8 @@ def run_config(path: Path, args) -> dict:
                 "eager_prefill": 0.0, "pipelined": float(model.batching.thinker.pipelined), "arrive_ms": 0.0,
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,
                 "first_frames": model.talker_settings.first_chunk_frames,
-                "ramp": tuple(model.talker_settings.ramp_frames)}
+                "ramp": tuple(model.talker_settings.ramp_frames),
+                "mix": float(model.codec.batcher is not None and model.codec.batcher.mix)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

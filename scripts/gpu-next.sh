@@ -48,6 +48,8 @@
 #                                in .whl_min; about 150 s held)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
+#   scripts/gpu-next.sh q25-mix  the same with windows of several lengths in one codec pass, then a pass per
+#                                length (about 300 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -214,6 +216,12 @@ case "$run" in
     # Qwen2.5 at N = 8, 16, 32 with the DiT in bfloat16 and a 48-code chunk, warmed up as the
     # server is (since 6405ffb): codec-dtype's capacity run without the window profile
     timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
+    ;;
+  q25-mix)
+    # qwen25's run with Qwen2.5's codec windows of several lengths in one DiT pass (the default),
+    # then the same levels a pass per window length (q25_mix.json; about 300 s held)
+    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sweep one-length:mix=0 \
+      --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -12 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),

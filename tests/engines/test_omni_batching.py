@@ -7,6 +7,9 @@ sessions join and leave mid-stream.
 
 from __future__ import annotations
 
+import collections
+import math
+
 import threading
 import time
 
@@ -650,6 +653,100 @@ def test_codec_windows_of_several_sessions_decode_together(pair, padded):
         assert out[i].shape == alone[i].shape
         # relative to the window's level (the tiny Qwen2.5 vocoder's output is about 1e-9)
         np.testing.assert_allclose(out[i], alone[i], rtol=0, atol=1e-6 * np.abs(alone[i]).max())
+
+
+def _meet_in_the_codec(codec, render: list) -> dict:
+    """``render`` (callables) from threads that queue while the codec's loop is busy with a
+    blocker; returns the batcher's stats before and after and each call's result."""
+    busy, release = threading.Event(), threading.Event()
+
+    def hold(x):
+        busy.set()
+        release.wait(30)
+        return x
+
+    out: dict[int, np.ndarray] = {}
+    blocker = threading.Thread(target=codec.batcher.run, args=("blocker", hold, (torch.zeros(1, 1),), False))
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, render[i]())) for i in range(len(render))]
+    try:
+        blocker.start()
+        assert busy.wait(30)
+        before = codec.batcher.stats()
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + 30
+        while len(codec.batcher._queue) < len(render) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        release.set()
+        for th in [blocker, *threads]:
+            th.join(60)
+    return {"before": before, "after": codec.batcher.stats(), "out": out}
+
+
+@pytest.mark.parametrize("mix", [True, False], ids=["one-pass", "a-pass-per-length"])
+def test_qwen25_windows_of_different_lengths_decode_in_one_pass(pair, mix):
+    """Qwen2.5 windows of three lengths (a reply's first window beside others further on) and two
+    speakers: one DiT pass for all of them (each padded to the longest), and each window's audio
+    is what it is alone. With mixing off, a pass per length (the same audio)."""
+    codec = pair["batched"].codec
+    if codec.arch != "qwen2_5_omni":
+        pytest.skip("Qwen3's code2wav windows decode by shape")
+    gen = torch.Generator().manual_seed(8)
+    windows = [torch.randint(0, codec.max_code + 1, (n,), generator=gen) for n in (12, 30, 18)]
+    names = sorted(codec.loaded.speakers)
+    speakers = [names[i % len(names)] for i in range(3)]
+    alone = [codec.render(w, 4 * i, speakers[i], 5) for i, w in enumerate(windows)]
+    mixer = codec.batcher.mixer
+    learnt = mixer.fixed_ms, mixer.per_code_ms
+    codec.batcher.mix = mix
+    mixer.fixed_ms = math.inf  # every length worth mixing (the cost model is tested below)
+    try:
+        met = _meet_in_the_codec(codec, [lambda i=i: codec.render(windows[i], 4 * i, speakers[i], 5) for i in range(3)])
+    finally:
+        codec.batcher.mix = True
+        mixer.fixed_ms, mixer.per_code_ms = learnt
+    before, after = met["before"], met["after"]
+    assert after["rows"] - before["rows"] == 4  # the blocker and the three
+    assert after["steps"] - before["steps"] == (2 if mix else 4)
+    assert after["mixed_passes"] - before["mixed_passes"] == (1 if mix else 0)
+    assert after["mixed_padded_codes"] - before["mixed_padded_codes"] == (18 + 12 if mix else 0)
+    for i in range(3):
+        got = met["out"][i]
+        assert got.shape == alone[i].shape
+        np.testing.assert_allclose(got, alone[i], rtol=0, atol=1e-6 * np.abs(alone[i]).max())
+
+
+def test_a_codec_pass_mixes_only_the_lengths_whose_padding_costs_less_than_a_pass_of_their_own():
+    """The cost model from the load's group times (H100, Qwen2.5: a 78-code window 91 ms alone,
+    569 ms for 32): three urgent first windows (12 codes) beside 13 steady ones go in one pass;
+    13 urgent first windows beside 3 steady ones do not (the steady ones wait for the next
+    pass). Before any measurement every length mixes; a measurement without a lone window
+    teaches nothing."""
+    from types import SimpleNamespace
+
+    from realtime_omni.engines.omni.codec_mixing import MixedWindows
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    mixer = MixedWindows(SimpleNamespace(windows=ShapeGraphs(device=torch.device("cpu")), key_prefix=("t2w",)),
+                         (2, 4, 8, 16, 32))
+
+    def windows(*counts: tuple[int, int]) -> list[tuple]:
+        return [("t2w", n) for n, rows in counts for _ in range(rows)]
+
+    def lengths(chosen: list[tuple]) -> dict[int, int]:
+        return dict(collections.Counter(key[-1] for key in chosen))
+
+    length = lambda key: key[-1]  # noqa: E731
+    assert lengths(mixer.choose(windows((12, 13), (78, 3)), length)) == {12: 13, 78: 3}  # not measured yet
+    mixer.learn({2: 101.0, 32: 569.4}, 78)  # no lone window: nothing learnt
+    assert math.isinf(mixer.fixed_ms)
+    mixer.learn({1: 90.6, 2: 101.0, 4: 133.5, 8: 186.8, 16: 303.8, 32: 569.4}, 78)
+    assert 70 < mixer.fixed_ms < 80 and 0.18 < mixer.per_code_ms < 0.22
+    assert lengths(mixer.choose(windows((12, 3), (78, 13)), length)) == {12: 3, 78: 13}
+    assert lengths(mixer.choose(windows((12, 13), (78, 3)), length)) == {12: 13}
+    # the order is kept: the most urgent length first, then the others by urgency
+    assert [k[-1] for k in mixer.choose(windows((54, 2), (42, 2), (12, 1)), length)] == [54, 54, 42, 42, 12]
 
 
 def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, monkeypatch):

@@ -65,3 +65,29 @@ def test_each_layer_gets_the_mask_of_its_own_reach():
     ahead = same | (block[None, :] == block[:, None] + 1)
     assert [a.tolist() for a in allowed] == [back.tolist(), same.tolist(), ahead.tolist(), back.tolist()]
     assert window.masks[0] is window.masks[3]  # one mask per distinct reach
+
+
+def test_windows_of_different_lengths_padded_into_one_batch_come_out_as_alone():
+    """Rows padded at their ends (to 30 frames) with their own lengths: each row's frames equal
+    the row run alone at its length, and garbage in the padding (even huge values) changes
+    nothing, nor turns a padding frame into NaN."""
+    dit = tiny_dit()
+    gen = torch.Generator().manual_seed(1)
+    lengths = [30, 11, 17]
+    rows = [torch.randn((1, n, 64), generator=gen) for n in lengths]
+    time_embedding = torch.randn((3, 64), generator=gen)
+    padded = torch.full((3, 30, 64), 1e4)
+    for i, row in enumerate(rows):
+        padded[i, : lengths[i]] = row[0]
+    with torch.inference_mode():
+        window = DiTWindow(dit, 30, "cpu", torch.float32, torch.tensor(lengths))
+        got = run_blocks(dit, padded, time_embedding, window)
+        assert torch.isfinite(got).all()
+        for i, n in enumerate(lengths):
+            alone = run_blocks(dit, rows[i], time_embedding[i : i + 1], DiTWindow(dit, n, "cpu", torch.float32))
+            scale = float(alone.abs().max())
+            assert float((got[i, :n] - alone[0]).abs().max()) <= 1e-5 * scale
+    # without the lengths the padding is attended to: the rows differ (the test can fail)
+    with torch.inference_mode():
+        unmasked = run_blocks(dit, padded, time_embedding, DiTWindow(dit, 30, "cpu", torch.float32))
+    assert float((unmasked[1, :11] - got[1, :11]).abs().max()) > 1e-3

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .codec_mixing import MixedWindows
 from .graphs import ShapeGraphs, on_stream
 from .loader import LoadedOmni, samples_per_code
 from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
@@ -79,13 +80,15 @@ class OmniCodec:
         #: captured window lengths a reply's last window may be stretched to (see last_start)
         self.last_window_lengths: list[int] = []
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
-                                   name=f"{loaded.arch} codec window", limit=96, **loaded.graph_streams("codec"))
+                                   name=f"{loaded.arch} codec window", limit=192, **loaded.graph_streams("codec"))
         #: windows of all sessions decoded together (``batching``), or each on its own
         self.batcher: Any = None
         if batch_windows:
             from .batching.codec_windows import CodecBatcher
 
             self.batcher = CodecBatcher(self.windows, loaded.stream("codec"), max_rows=batch_rows)
+            if self.arch == "qwen2_5_omni":
+                self.batcher.mixer = MixedWindows(self, self.batcher.buckets)
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config
             self.repeats = int(dit.repeats)
@@ -275,23 +278,29 @@ class OmniCodec:
 
     def _q25_call(self, codes, noise, speaker: str | None) -> tuple[tuple, Callable[..., Any], tuple]:
         """A window of ``codes`` (1, n) on the device: its graph key, its function and its inputs."""
-        t2w = self.loaded.model.token2wav
-        device = next(t2w.parameters()).device
-        dit = t2w.code2wav_dit_model
+        device = next(self.loaded.model.token2wav.parameters()).device
         cfg = self.settings.guidance_scale >= 1e-5
         cond, enc = self._speaker_inputs(speaker, cfg, device)
-        settings = self.settings
 
         def window(codes, noise, cond, enc):
-            mel = dit_sample(dit, cond, None, codes, noise, num_steps=settings.dit_steps,
-                             guidance_scale=settings.guidance_scale, sway_coefficient=settings.sway_coefficient,
-                             speaker_encoding=enc)
-            return vocode(t2w.code2wav_bigvgan_model, mel)
+            return self.q25_vocode(self.q25_dit(codes, noise, cond, enc))
 
         noise = noise.to(device).float()[None]
         # the speaker is an input like the codes: one graph per window shape serves every speaker,
         # and windows of different speakers decode in one batch
         return (*self.key_prefix, codes.shape[1]), window, (codes, noise, cond, enc)
+
+    def q25_dit(self, codes, noise, cond, enc, lengths=None):
+        """The mel frames (windows, mel, frames) of Qwen2.5 windows (inputs as :meth:`_q25_call`
+        makes them, a row per window; ``lengths``: see :func:`~.waveform.dit_sample`)."""
+        s = self.settings
+        return dit_sample(self.loaded.model.token2wav.code2wav_dit_model, cond, None, codes, noise,
+                          num_steps=s.dit_steps, guidance_scale=s.guidance_scale,
+                          sway_coefficient=s.sway_coefficient, speaker_encoding=enc, lengths=lengths)
+
+    def q25_vocode(self, mel):
+        """The waveforms (windows, samples) of Qwen2.5 mel frames."""
+        return vocode(self.loaded.model.token2wav.code2wav_bigvgan_model, mel)
 
     def _speaker_inputs(self, speaker: str | None, cfg: bool, device) -> tuple[Any, Any]:
         """A Qwen2.5 speaker as window inputs with a batch axis of 1: its x-vector (1, D) and the

@@ -21,25 +21,41 @@ from .dit_kernels import gate_norm_modulate, norm_modulate
 
 
 class DiTWindow:
-    """What every evaluation of one window shares: the rotary cos/sin and each layer's mask."""
+    """What every evaluation of one window shares: the rotary cos/sin and each layer's mask.
 
-    def __init__(self, dit, frames: int, device, dtype) -> None:
+    ``lengths`` (rows,): windows of different lengths in one batch, each padded at its end to
+    ``frames`` (mel frames). A row's frames keep the positions and blocks they have alone (both
+    count from the window's start), and its frames attend to none of its padding, so they come
+    out as they do alone (attention is the DiT's only mixing along time). A padding frame still
+    attends within its blocks (to itself at least: no row of its mask is all -inf, which would
+    fill it with NaN, and NaN times a zero weight is NaN in every frame)."""
+
+    def __init__(self, dit, frames: int, device, dtype, lengths=None) -> None:
         import torch
 
         positions = torch.arange(frames, device=device)[None]
         probe = torch.empty((1, frames, 1), device=device, dtype=dtype)
         cos, sin = dit.rotary_embed(probe, positions)  # (1, frames, head_dim)
         self.rope = (cos[:, None], sin[:, None])
-        block = torch.arange(frames, device=device) // dit.block_size
+        index = torch.arange(frames, device=device)
+        block = index // dit.block_size
         diff = block[None, :] - block[:, None]  # key block - query block
+        padding = None
+        if lengths is not None:  # (rows, query, key): a real frame's query on a padding key
+            lengths = lengths.to(device)[:, None]
+            padding = ((index[None, :] >= lengths)[:, None, :] & (index[None, :] < lengths)[:, :, None])
         masks: dict[tuple[int, int], Any] = {}
         self.masks = []
         for layer in dit.transformer_blocks:
             reach = (int(layer.look_backward_block), int(layer.look_ahead_block))
             if reach not in masks:
-                allowed = (diff >= -reach[0]) & (diff <= reach[1])
-                mask = torch.zeros((frames, frames), device=device, dtype=dtype)
-                masks[reach] = mask.masked_fill_(~allowed, float("-inf"))[None, None]
+                blocked = ~((diff >= -reach[0]) & (diff <= reach[1]))
+                if padding is None:
+                    mask = torch.zeros((frames, frames), device=device, dtype=dtype).masked_fill_(blocked, float("-inf"))
+                    masks[reach] = mask[None, None]
+                else:
+                    mask = torch.zeros((padding.shape[0], frames, frames), device=device, dtype=dtype)
+                    masks[reach] = mask.masked_fill_(blocked[None] | padding, float("-inf"))[:, None]
             self.masks.append(masks[reach])
 
 

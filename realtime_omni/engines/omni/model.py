@@ -302,6 +302,10 @@ class OmniModel(VoiceModel):
                     keys = codec.batcher.capture_groups()
                     progress(f"codec: {len(keys)} window shapes captured for groups of "
                              f"{', '.join(map(str, codec.batcher.buckets))} sessions")
+                    if codec.batcher.mixer is not None:
+                        mixed = codec.batcher.mixer.capture(keys)
+                        progress(f"codec: windows of {len(mixed)} lengths ({', '.join(map(str, mixed))} codes) "
+                                 "decode together in one DiT pass")
                 # a reply's last window: the longest it can be with the default left context
                 longest = self.chunk_frames + self.lookahead_frames + self.left_context_frames + codec.block
                 added = codec.capture_last_windows(longest)

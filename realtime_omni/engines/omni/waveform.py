@@ -15,7 +15,7 @@ from .vocoder_kernels import activation, amp_block
 
 
 def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, guidance_scale=0.5,
-               sway_coefficient=-1.0, speaker_encoding=None):
+               sway_coefficient=-1.0, speaker_encoding=None, lengths=None):
     """``Qwen2_5OmniToken2WavDiTModel.sample`` with the initial noise passed in (same ODE, same
     classifier-free guidance, same sway schedule) so that windows share one noise field.
 
@@ -25,7 +25,9 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
 
     ``codes`` (windows, n) and ``noise`` (windows, 2n, mel) hold one row per window; the speaker
     is either one for all windows (``conditioning`` (1, D), an encoding (branches, D')) or one per
-    window ((windows, D) and (windows, branches, D')).
+    window ((windows, D) and (windows, branches, D')). ``lengths`` (windows,): each window's own
+    length in codes where windows of different lengths are padded at their ends to ``n`` (see
+    :class:`~.dit_blocks.DiTWindow`); a window's mel frames up to its length come out as alone.
     """
     import torch
 
@@ -49,7 +51,10 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     # window's first branch, then every window's second
     spk_seq = speaker_encoding.transpose(0, 1).reshape(-1, speaker_encoding.shape[-1])
     spk_seq = spk_seq.unsqueeze(1).repeat(1, duration, 1)
-    window = DiTWindow(dit, duration, codes.device, dit.proj_out.weight.dtype)
+    if lengths is not None:  # in mel frames, for every row of the DiT's batch
+        lengths = lengths * dit.repeats
+        lengths = torch.cat([lengths, lengths]) if cfg else lengths
+    window = DiTWindow(dit, duration, codes.device, dit.proj_out.weight.dtype, lengths)
     static = (spk_seq, code_embed, speaker, window)
 
     def ode_function(time_step, hidden_states):

@@ -246,6 +246,8 @@ def estimate(model: Any, budget: float) -> tuple[int, StepTimes, str]:
     sizes = [model.first_chunk_frames, *model.ramp_frames]
     window = codec.running_window(sizes, model.chunk_frames) if codec is not None else 0
     times = measure(batching, codec, window, repeats=5 if loaded.device_type == "cuda" else 2)
+    if codec is not None and getattr(codec.batcher, "mixer", None) is not None:
+        codec.batcher.mixer.learn(times.codec, window)  # what a codec pass of mixed lengths costs
     frame_s = (codec.samples_per_code if codec is not None else 1920) / model.info.output_rate
     work = Workload(frame_s=frame_s, tokens_per_frame=TOKENS_PER_FRAME[model.arch],
                     window_s=model.chunk_frames * frame_s, budget=budget)

@@ -71,6 +71,10 @@ class CodecBatcher(Mailbox):
         self.eager_rows = 0
         self._shapes: dict[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
         self.spans = DeviceSpans(stream is not None)
+        #: decodes windows of different lengths in one pass (Qwen2.5: ``codec_mixing``); ``mix``
+        #: turns it off and on (windows of one shape per pass when off)
+        self.mixer: Any = None
+        self.mix = True
         self._start()
 
     def remember(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...]) -> None:
@@ -110,7 +114,7 @@ class CodecBatcher(Mailbox):
                     return
                 groups: dict[Hashable, list[WindowRequest]] = {}
                 for req in self._queue:
-                    groups.setdefault(req.key, []).append(req)
+                    groups.setdefault(self._family(req.key), []).append(req)
                 # earliest deadline first: a reply's first window (its listener hears nothing
                 # yet), then the windows of replies about to run dry (the second and third
                 # chunks, due 160-480 ms after the first audio), before those of replies seconds
@@ -118,10 +122,17 @@ class CodecBatcher(Mailbox):
                 # while this group runs (a new reply's first) is weighed against them, not
                 # behind them, and windows of their shape that arrive meanwhile join them.
                 group = min(groups.values(), key=lambda g: min(r.deadline for r in g))
+                if len({r.key for r in group}) > 1:  # several lengths: those worth one pass
+                    group = self.mixer.choose(sorted(group, key=lambda r: r.deadline))
                 chosen = {id(r) for r in group}
                 self._queue = [r for r in self._queue if id(r) not in chosen]
                 carried = bool(self._queue)
             self._run(group)
+
+    def _family(self, key: Hashable) -> Hashable:
+        """What a window decodes with: windows of its family (any length), or of its own shape."""
+        family = self.mixer.family(key) if self.mixer is not None and self.mix else None
+        return key if family is None else family
 
     def _run(self, group: list[WindowRequest]) -> None:
         import torch
@@ -131,7 +142,9 @@ class CodecBatcher(Mailbox):
             with torch.inference_mode(), on_stream(self.stream):
                 span = self.spans.begin(self.stream)
                 first = group[0]
-                if len(group) == 1:
+                if len({req.key for req in group}) > 1:
+                    self._run_mixed(group)
+                elif len(group) == 1:
                     self._tally(self.windows.has(first.key), 1)
                     first.result = self.windows.run(first.key, first.fn, first.inputs, capture=first.steady)
                 else:
@@ -145,6 +158,24 @@ class CodecBatcher(Mailbox):
             self._count(len(group), started)
             for req in group:
                 req.done.set()
+
+    def _run_mixed(self, group: list[WindowRequest]) -> None:
+        """Windows of several lengths (one family): the neediest first, a bucket at a time."""
+        top = self.buckets[-1]
+        group = sorted(group, key=lambda r: r.deadline)
+        for lo in range(0, len(group), top):
+            part = group[lo : lo + top]
+            if len({req.key for req in part}) == 1:
+                self._run_group(part) if len(part) > 1 else self._run_one(part[0])
+                continue
+            outputs, replayed = self.mixer.run([req.inputs for req in part], [req.key[-1] for req in part])
+            for req, out in zip(part, outputs, strict=True):
+                req.result = out
+            self._tally(replayed, len(part))
+
+    def _run_one(self, req: WindowRequest) -> None:
+        self._tally(self.windows.has(req.key), 1)
+        req.result = self.windows.run(req.key, req.fn, req.inputs, capture=False)
 
     def _run_group(self, group: list[WindowRequest]) -> None:
         import torch
@@ -184,5 +215,6 @@ class CodecBatcher(Mailbox):
             self.eager_rows += rows
 
     def stats(self) -> dict[str, Any]:
+        mixed = self.mixer.stats() if self.mixer is not None else {}
         return {**super().stats(), "graph_rows": self.graph_rows, "eager_rows": self.eager_rows,
-                "padded_rows": self.padded_rows}
+                "padded_rows": self.padded_rows, **mixed}
