@@ -3,6 +3,8 @@ the lean code predictor against transformers' modules), as docs/benchmarks/<stem
 
     python3 benchmarks/omni_variant_report.py --title "..." --commit abc1234 --gpu "NVIDIA H200" \\
         --stem omni-qwen3-lean lean:q3.json modules:q3_modules.json
+
+A variant may be one ``--sweep`` variant of a run: ``LABEL:PATH#NAME``.
 """
 
 from __future__ import annotations
@@ -90,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = []
     for spec in args.variants:
         label, _, path = spec.partition(":")
-        variants.append((label, json.loads(Path(path).read_text())["models"][0]))
+        path, _, sweep = path.partition("#")  # PATH#NAME: that --sweep variant's levels of the run
+        model = json.loads(Path(path).read_text())["models"][0]
+        if sweep:
+            model = {**model, "runs": next(e["runs"] for e in model["sweep"] if e["name"] == sweep)}
+        variants.append((label, model))
     md = [f"# {args.title}", "", f"Machine: {args.gpu}. Commit `{args.commit[:12]}`. Generated "
           f"{time.strftime('%Y-%m-%d')} by `benchmarks/omni_variant_report.py` from `benchmarks/omni_capacity.py` "
           "runs (N sessions opened, then N replies together; random bf16 weights at real size).", ""]
