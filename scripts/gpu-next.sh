@@ -48,8 +48,8 @@
 #                                in .whl_min; about 150 s held)
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
-#   scripts/gpu-next.sh q25-mix  the same with windows of several lengths in one codec pass, then a pass per
-#                                length (about 300 s held)
+#   scripts/gpu-next.sh q25-mix  the same at N = 16, 32 with windows of several lengths in one codec pass,
+#                                then a pass per length (about 350 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -218,10 +218,12 @@ case "$run" in
     timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --out "$OUT/q25_bf16.json" 2>&1 | grep -v '^\[transformers\]' | tail -8 || true
     ;;
   q25-mix)
-    # qwen25's run with Qwen2.5's codec windows of several lengths in one DiT pass (the default),
-    # then the same levels a pass per window length (q25_mix.json; about 300 s held)
-    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sweep one-length:mix=0 \
-      --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -12 || true
+    # qwen25's run at N = 16 and 32 with Qwen2.5's codec windows of several lengths in one DiT
+    # pass and the codec gathering the windows sent right after a pass (the defaults), then the
+    # same levels a pass per window length, starting at once (q25_mix.json; about 350 s held)
+    timeout 430 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 \
+      --sweep one-length:mix=0,codec_burst_ms=0 --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' \
+      | cut -c1-600 | tail -12 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),

@@ -749,6 +749,72 @@ def test_a_codec_pass_mixes_only_the_lengths_whose_padding_costs_less_than_a_pas
     assert [k[-1] for k in mixer.choose(windows((54, 2), (42, 2), (12, 1)), length)] == [54, 54, 42, 42, 12]
 
 
+@pytest.mark.parametrize("mix", [True, False], ids=["gathers-the-next-windows", "one-length-at-once"])
+def test_after_a_pass_the_codec_waits_for_the_windows_its_sessions_send_next(mix):
+    """Mixing lengths: a window left queued by a pass waits for the windows that arrive right
+    after it (sessions whose last window just came back send their next), and all go in one
+    pass. Without mixing, the window left queued goes at once, alone."""
+    from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    passes: list[list[int]] = []
+
+    class Mixer:
+        lengths: list[int] = []
+
+        def family(self, key):
+            return "all"
+
+        def choose(self, group):
+            return list(group)
+
+        def run(self, inputs, lengths):
+            passes.append(sorted(lengths))
+            return [x + 1 for x, in inputs], False
+
+        def stats(self):
+            return {}
+
+    batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.3, burst_s=1.0)
+    batcher.mixer, batcher.mix = Mixer(), mix
+    busy, release, alone_started = threading.Event(), threading.Event(), threading.Event()
+
+    def window(n: int):
+        def fn(x):
+            if n == 0:
+                busy.set()
+                release.wait(10)
+            if n == 1:
+                alone_started.set()
+            passes.append([n])
+            return x + 1
+        return fn
+
+    def send(n: int) -> threading.Thread:
+        th = threading.Thread(target=batcher.run, args=(("w", n), window(n), (torch.zeros(1, 2),), False, time.monotonic()))
+        th.start()
+        return th
+
+    threads = [send(0)]
+    try:
+        assert busy.wait(10)
+        threads.append(send(1))  # left queued by the blocker's pass
+        deadline = time.monotonic() + 10
+        while len(batcher._queue) < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        threads[0].join(10)  # the blocker's pass is over: its session sends its next window
+        if not mix:
+            assert alone_started.wait(10)
+        threads.append(send(2))
+    finally:
+        release.set()
+        for th in threads:
+            th.join(10)
+        batcher.close()
+    assert passes == ([[0], [1, 2]] if mix else [[0], [1], [2]])
+
+
 def test_an_isolated_omni_worker_refuses_a_session_beyond_its_slots(tmp_path, monkeypatch):
     """The server's default: the model in a worker process, built with the settings it was handed
     (not its environment). Its slot count travels with the model's info, so the server refuses

@@ -86,8 +86,10 @@ class OmniCodec:
         if batch_windows:
             from .batching.codec_windows import CodecBatcher
 
-            self.batcher = CodecBatcher(self.windows, loaded.stream("codec"), max_rows=batch_rows)
-            if self.arch == "qwen2_5_omni":
+            mixed = self.arch == "qwen2_5_omni"  # (Qwen3's windows decode by shape)
+            self.batcher = CodecBatcher(self.windows, loaded.stream("codec"), max_rows=batch_rows,
+                                        **({"gather_s": 0.006, "burst_s": 0.03} if mixed else {}))
+            if mixed:
                 self.batcher.mixer = MixedWindows(self, self.batcher.buckets)
         if self.arch == "qwen2_5_omni":
             dit = loaded.config.token2wav_config.dit_config

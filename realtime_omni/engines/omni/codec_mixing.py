@@ -39,6 +39,9 @@ class MixedWindows:
         self.codec = codec
         self.windows = codec.windows
         self.buckets = tuple(sorted(buckets))
+        #: the DiT's buckets: a mixed pass has two windows at least, and pads two to four (one
+        #: graph fewer per length to capture at load, where each costs seconds)
+        self.dit_buckets = tuple(b for b in self.buckets if b >= 4) or self.buckets
         #: DiT window lengths (codes) with captured graphs, ascending (any length without graphs)
         self.lengths: list[int] = []
         self.passes = 0  # mixed passes run
@@ -99,7 +102,7 @@ class MixedWindows:
         codec = self.codec
         rows, longest = len(inputs), max(lengths)
         n = next((m for m in self.lengths if m >= longest), longest) if self.windows.enabled else longest
-        size = self._bucket(self.buckets, rows, lambda b: ("dit", *codec.key_prefix, n, b))
+        size = self._bucket(self.dit_buckets, rows, lambda b: ("dit", *codec.key_prefix, n, b))
         fill = [0] * (size - rows)  # rows of copies of the first window, discarded
         pad = [n - m for m in lengths]
         self.passes += 1
@@ -144,7 +147,7 @@ class MixedWindows:
         with torch.inference_mode(), on_stream(codec.loaded.stream("codec")):
             for n in sorted(set(lengths)):
                 key, _fn, (codes, noise, speaker, encoding) = codec.steady_window(1, n)
-                for size in self.buckets:
+                for size in self.dit_buckets:
                     rows = tuple(t.expand(size, *t.shape[1:]).contiguous() for t in (codes, noise, speaker, encoding))
                     own = torch.full((size,), n, dtype=torch.long, device=codes.device)
                     for _ in range(2):  # a shape is captured on its second use
@@ -154,7 +157,7 @@ class MixedWindows:
                     for _ in range(2):
                         self.windows.run(("vocoder", *key[:-1], n, size), codec.q25_vocode, (part,), capture=True)
         self.lengths = sorted(n for n in set(lengths) if all(
-            self.windows.has(("dit", *codec.key_prefix, n, b)) for b in self.buckets))
+            self.windows.has(("dit", *codec.key_prefix, n, b)) for b in self.dit_buckets))
         return self.lengths
 
     def stats(self) -> dict[str, int]:

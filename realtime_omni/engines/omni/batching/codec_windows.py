@@ -56,11 +56,18 @@ class CodecBatcher(Mailbox):
     name = "codec"
 
     def __init__(self, windows: ShapeGraphs, stream: Any, *, gather_s: float = 0.003,
-                 step_timeout_s: float = 60.0, max_rows: int = 64) -> None:
+                 step_timeout_s: float = 60.0, max_rows: int = 64, burst_s: float = 0.0) -> None:
         super().__init__()
         self.windows = windows
         self.stream = stream
         self.gather_s = gather_s
+        #: with windows of several lengths decoding together (``mixer``): after a pass, wait
+        #: for the windows its sessions send next (each arrival ``gather_s`` more, up to this
+        #: long) instead of starting at once on those left queued. A session has one window in
+        #: flight, so sessions whose replies started a step apart otherwise take turns: a pass for
+        #: one group while the other's windows queue, then the reverse, each pass costing nearly
+        #: what one for both would (0: start at once)
+        self.burst_s = burst_s
         self.step_timeout_s = step_timeout_s
         self.buckets = tuple(b for b in GROUP_BUCKETS if b <= max(2, max_rows))
         #: pad groups to a bucket even without a captured graph (tests check the padding on CPU)
@@ -110,7 +117,8 @@ class CodecBatcher(Mailbox):
         carried = False  # windows left queued by the last pass: take them at once
         while True:
             with self._cond:
-                if not self._gathered(self.gather_s, lambda _n, now=carried: now):
+                burst = self.burst_s if self.mixer is not None and self.mix else 0.0
+                if not self._gathered(self.gather_s, lambda _n, now=carried and not burst: now, burst):
                     return
                 groups: dict[Hashable, list[WindowRequest]] = {}
                 for req in self._queue:
