@@ -437,7 +437,7 @@ def run_config(path: Path, args) -> dict:
     most_frames = max([frames] + [int(v.get("frames", frames)) for _, v in variants])
     slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
-                    "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames,
+                    "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames, "first_frames": args.first_frames,
                     "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
                     "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
@@ -446,6 +446,7 @@ def run_config(path: Path, args) -> dict:
                             max_new_tokens=args.reply_tokens, talker_max_frames=most_frames + 1, seed=0,
                             max_sessions=slots, cache_tokens=args.cache_tokens, batch_gather_ms=args.gather_ms,
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
+                            first_chunk_frames=args.first_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
                             dit_dtype=args.dit_dtype,
                             lean_code_predictor=not args.modules_code_predictor,
@@ -529,6 +530,8 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=None)
     ap.add_argument("--chunk-frames", type=int, default=None,
                     help="codec frames of a reply's steady audio chunks (default: the model's)")
+    ap.add_argument("--first-frames", type=int, default=None,
+                    help="codec frames of a reply's first audio chunk (default: the model's)")
     ap.add_argument("--ramp-frames", type=int, nargs="*", default=None,
                     help="frames of the chunks between the first and the steady ones (with --chunk-frames)")
     ap.add_argument("--cache-tokens", type=int, default=1024, help="thinker context per session slot")
@@ -581,6 +584,8 @@ def main(argv=None) -> int:
             cmd += ["--chunk-frames", str(args.chunk_frames)]
         if args.ramp_frames:
             cmd += ["--ramp-frames", *map(str, args.ramp_frames)]
+        if args.first_frames:
+            cmd += ["--first-frames", str(args.first_frames)]
         if args.check_alone:
             cmd.append("--check-alone")
         if args.modules_code_predictor:

@@ -50,6 +50,8 @@
 #                                held; an H100 will do)
 #   scripts/gpu-next.sh q25-mix  the same at N = 16, 32 with windows of several lengths in one codec pass,
 #                                then a pass per length (about 350 s held)
+#   scripts/gpu-next.sh q25-first24
+#                                the same with chunks of 24, 24, then 48 frames (about 220 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -224,6 +226,13 @@ case "$run" in
     timeout 430 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 \
       --sweep one-length:mix=0,codec_burst_ms=0 --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-600 | tail -12 || true
+    ;;
+  q25-first24)
+    # qwen25's run at N = 16 and 32 with a first chunk of 24 frames and one ramp chunk of 24
+    # (chunks 24, 24, 48, ...: twice the first audio's length of playback to cover the second
+    # chunk; q25_first24.json; about 220 s held)
+    timeout 215 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 --first-frames 24 --ramp-frames 24 \
+      --out "$OUT/q25_first24.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -6 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),
