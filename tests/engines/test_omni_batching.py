@@ -1451,6 +1451,22 @@ def test_a_batched_session_builds_its_cache_views_when_it_opens_not_in_its_first
         session.close()
 
 
+class _Store:
+    """A codec window store that says which shapes it holds a CUDA graph for and runs the window's
+    function (as a replay computes what the function does; CUDA graphs do not run on the CPU)."""
+
+    def __init__(self, held, enabled: bool = False):
+        self.held, self.replays, self.enabled = set(held), [], enabled
+
+    def has(self, key):
+        return key in self.held
+
+    def run(self, key, fn, inputs, capture=True):
+        if key in self.held:
+            self.replays.append((key, int(inputs[0].shape[0])))
+        return fn(*inputs)
+
+
 def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
     """Windows of a shape with a graph for one window but none for groups (a reply's last window)
     replay that graph window by window when up to ``ALONE_REPLAYS`` of them come together; a
@@ -1458,20 +1474,6 @@ def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
     is its own either way. (CUDA graphs do not run on the CPU: the store here says which shapes
     it holds and runs the window's function, as a replay computes what the function does.)"""
     from realtime_omni.engines.omni.batching.codec_windows import ALONE_REPLAYS, CodecBatcher, WindowRequest
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
-
-    class Store(ShapeGraphs):
-        def __init__(self, held):
-            super().__init__(device=torch.device("cpu"))
-            self.held, self.replays = set(held), []
-
-        def has(self, key):
-            return key in self.held
-
-        def run(self, key, fn, inputs, capture=True):
-            if key in self.held:
-                self.replays.append((key, int(inputs[0].shape[0])))
-            return fn(*inputs)
 
     calls: list[int] = []
 
@@ -1482,7 +1484,7 @@ def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
     def group(n, key="last 85"):
         return [WindowRequest(key, fn, (torch.full((1, 3), float(i)),), False) for i in range(n)]
 
-    store = Store({"last 85"})
+    store = _Store({"last 85"})
     batcher = CodecBatcher(store, None, gather_s=0.0)
     try:
         small = group(ALONE_REPLAYS)
@@ -1498,5 +1500,48 @@ def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
         calls.clear()
         batcher._run_group(group(2, key="never captured"))
         assert store.replays == [] and calls == [2] and batcher.eager_rows == ALONE_REPLAYS + 3
+    finally:
+        batcher.close()
+
+
+@pytest.mark.parametrize("mix", [True, False], ids=["mixer-graphs", "eager"])
+def test_last_windows_of_replies_that_end_together_replay_the_mixers_graphs(mix):
+    """A group of windows too large to replay one by one, of a shape with no group graph (the
+    last windows of replies that end together): with lengths mixing on the GPU it goes through
+    the mixer in one pass (padded to a captured length) instead of running eagerly."""
+    from realtime_omni.engines.omni.batching.codec_windows import ALONE_REPLAYS, CodecBatcher, WindowRequest
+
+    mixed: list[list[int]] = []
+
+    class Mixer:
+        def family(self, key):
+            return "all" if key[0] == "t2w" else None
+
+        def run(self, inputs, lengths):
+            mixed.append(list(lengths))
+            return [x * 2 for x, in inputs], True
+
+        def stats(self):
+            return {}
+
+    calls: list[int] = []
+
+    def fn(x):
+        calls.append(int(x.shape[0]))
+        return x * 2
+
+    store = _Store({("t2w", 85)}, enabled=True)
+    batcher = CodecBatcher(store, None, gather_s=0.0)
+    batcher.mixer, batcher.mix = Mixer(), mix
+    try:
+        group = [WindowRequest(("t2w", 85), fn, (torch.full((1, 3), float(i)),), False) for i in range(ALONE_REPLAYS + 2)]
+        batcher._run_group(group)
+        assert [float(r.result[0, 0]) for r in group] == [2.0 * i for i in range(ALONE_REPLAYS + 2)]
+        assert mixed == ([[85] * (ALONE_REPLAYS + 2)] if mix else [])
+        assert calls == ([] if mix else [ALONE_REPLAYS + 2])
+        assert (batcher.graph_rows, batcher.eager_rows) == ((ALONE_REPLAYS + 2, 0) if mix else (0, ALONE_REPLAYS + 2))
+        # a shape the mixer does not take (Qwen3's) runs eagerly either way
+        batcher._run_group([WindowRequest(("c2w", 8), fn, (torch.zeros(1, 3),), False) for _ in range(6)])
+        assert calls[-1] == 6
     finally:
         batcher.close()

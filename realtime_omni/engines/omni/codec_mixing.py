@@ -133,10 +133,13 @@ class MixedWindows:
         none was: an eager pass, as on the CPU)."""
         return next((b for b in buckets if b >= rows and self.windows.has(key(b))), rows)
 
-    def capture(self, keys: Sequence[Hashable]) -> list[int]:
+    def capture(self, keys: Sequence[Hashable], longest: int = 0) -> list[int]:
         """At load (inside :func:`~.graphs.probing`): for the window shapes a reply renders (their
         graph keys), capture the DiT of each length for every group bucket and the vocoder for
-        every vocoder bucket, with random windows. Returns the lengths (codes) now mixed."""
+        every vocoder bucket, with random windows; for ``longest`` (a reply's longest last
+        window) the DiT only: the last windows of replies that end together decode in one pass,
+        padded to it, instead of eagerly (their vocoder runs eagerly, about as fast as replayed).
+        Returns the lengths (codes) now mixed."""
         if not self.windows.enabled:
             return []
         import torch
@@ -144,6 +147,8 @@ class MixedWindows:
         codec = self.codec
         prefix = codec.key_prefix
         lengths = [k[-1] for k in keys if isinstance(k, tuple) and k[:-1] == prefix and isinstance(k[-1], int)]
+        vocoded = set(lengths)
+        lengths += [longest] if longest > max(lengths, default=0) else []
         with torch.inference_mode(), on_stream(codec.loaded.stream("codec")):
             for n in sorted(set(lengths)):
                 key, _fn, (codes, noise, speaker, encoding) = codec.steady_window(1, n)
@@ -152,7 +157,7 @@ class MixedWindows:
                     own = torch.full((size,), n, dtype=torch.long, device=codes.device)
                     for _ in range(2):  # a shape is captured on its second use
                         mel = self.windows.run(("dit", *key[:-1], n, size), codec.q25_dit, (*rows, own), capture=True)
-                for size in VOCODER_BUCKETS:
+                for size in VOCODER_BUCKETS if n in vocoded else ():
                     part = mel[:1].expand(size, *mel.shape[1:]).contiguous()
                     for _ in range(2):
                         self.windows.run(("vocoder", *key[:-1], n, size), codec.q25_vocode, (part,), capture=True)

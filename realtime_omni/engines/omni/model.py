@@ -298,16 +298,16 @@ class OmniModel(VoiceModel):
                     for size in sizes:
                         stream.push(torch.randint(0, high, (size, *groups)), start=start)
                         start += size
+                # a reply's last window: the longest it can be with the default left context
+                longest = self.chunk_frames + self.lookahead_frames + self.left_context_frames + codec.block
                 if codec.batcher is not None:
                     keys = codec.batcher.capture_groups()
                     progress(f"codec: {len(keys)} window shapes captured for groups of "
                              f"{', '.join(map(str, codec.batcher.buckets))} sessions")
                     if codec.batcher.mixer is not None:
-                        mixed = codec.batcher.mixer.capture(keys)
-                        progress(f"codec: windows of {len(mixed)} lengths ({', '.join(map(str, mixed))} codes) "
-                                 "decode together in one DiT pass")
-                # a reply's last window: the longest it can be with the default left context
-                longest = self.chunk_frames + self.lookahead_frames + self.left_context_frames + codec.block
+                        mixed = codec.batcher.mixer.capture(keys, longest)
+                        progress(f"codec: windows of {', '.join(map(str, mixed))} codes (and any length up to "
+                                 f"{max(mixed, default=0)}) decode together in one DiT pass")
                 added = codec.capture_last_windows(longest)
                 progress(f"codec: last windows replay {len(codec.last_window_lengths)} lengths "
                          f"({len(added)} captured for them)")

@@ -10,6 +10,10 @@ load for that key (every window shape of a reply, from the first to the steady o
 it; a small group of a shape captured only alone (a reply's last window) replays that graph
 window by window; other groups run eagerly in one pass. Eager codec passes are thousands of
 small launches, each taking the interpreter lock the thinker's and the talker's loops also need.
+
+Where a ``mixer`` is set (Qwen2.5, :mod:`..codec_mixing`), windows of several lengths are one
+group, decoded in one pass where its cost model says so, and a larger group of a shape without
+group graphs replays the mixer's graphs (padded to a captured length) instead of running eagerly.
 """
 
 from __future__ import annotations
@@ -175,11 +179,20 @@ class CodecBatcher(Mailbox):
             part = group[lo : lo + top]
             if len({req.key for req in part}) == 1:
                 self._run_group(part) if len(part) > 1 else self._run_one(part[0])
-                continue
-            outputs, replayed = self.mixer.run([req.inputs for req in part], [req.key[-1] for req in part])
-            for req, out in zip(part, outputs, strict=True):
-                req.result = out
-            self._tally(replayed, len(part))
+            else:
+                self._mix(part)
+
+    def _mix(self, part: list[WindowRequest]) -> None:
+        outputs, replayed = self.mixer.run([req.inputs for req in part], [req.key[-1] for req in part])
+        for req, out in zip(part, outputs, strict=True):
+            req.result = out
+        self._tally(replayed, len(part))
+
+    def _mixes(self, key: Hashable) -> bool:
+        """Whether a group of ``key`` without a graph of its own replays the mixer's instead
+        (its length padded to a captured one; on the GPU only: elsewhere nothing replays)."""
+        return (self.mixer is not None and self.mix and self.windows.enabled
+                and self.mixer.family(key) is not None)
 
     def _run_one(self, req: WindowRequest) -> None:
         self._tally(self.windows.has(req.key), 1)
@@ -205,6 +218,9 @@ class CodecBatcher(Mailbox):
             for req in group:
                 self._tally(True, 1)
                 req.result = self.windows.run(req.key, req.fn, req.inputs, capture=False)
+            return
+        if size is None and self._mixes(first.key):  # (replies that end together: their last windows)
+            self._mix(group)
             return
         rows = [r.inputs for r in group]
         if size is not None and size > len(group):
