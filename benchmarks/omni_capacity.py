@@ -332,7 +332,7 @@ def profile_level(model, req, n: int) -> dict:
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms"}
+              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "expect_talkers"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -380,6 +380,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     model.talker_settings.first_chunk_frames = int(values["first_frames"])
     model.talker_settings.ramp_frames = ramp_frames(values["ramp"])
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
+    # the talker's prefill waits for the sessions of each thinker prefill batch (0: it does not)
+    model.batching.prefill.on_finished = model.batching.talker_prefill.expect if values["expect_talkers"] else None
     if model.codec.batcher is not None:  # Qwen2.5: windows of several lengths in one pass (0: one length)
         model.codec.batcher.mix = bool(values["mix"])
         model.codec.batcher.burst_s = values["codec_burst_ms"] / 1000.0
@@ -488,6 +490,7 @@ def run_config(path: Path, args) -> dict:
                 "pace_ms": 1000 * model.talker_settings.pace_lead_s,
                 "first_frames": model.talker_settings.first_chunk_frames,
                 "ramp": tuple(model.talker_settings.ramp_frames),
+                "expect_talkers": float(model.batching.prefill.on_finished is not None),
                 "mix": float(model.codec.batcher is not None and model.codec.batcher.mix),
                 "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0}
     apply_variant(model, {}, defaults)

@@ -50,6 +50,9 @@
 #                                held; an H100 will do)
 #   scripts/gpu-next.sh q25-mix  the same at N = 16, 32 with windows of several lengths in one codec pass,
 #                                then a pass per length (about 350 s held)
+#   scripts/gpu-next.sh q25-expect
+#                                the same with and without the talker's prefill waiting for a thinker prefill
+#                                batch's sessions (about 250 s held)
 #   scripts/gpu-next.sh q25-first24
 #                                the same with chunks of 24, 24, then 48 frames (about 220 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
@@ -225,6 +228,13 @@ case "$run" in
     # same levels a pass per window length, starting at once (q25_mix.json; about 350 s held)
     timeout 430 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 \
       --sweep one-length:mix=0,codec_burst_ms=0 --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' \
+      | cut -c1-600 | tail -12 || true
+    ;;
+  q25-expect)
+    # qwen25's run at N = 16 and 32 with the talker's prefill waiting for the sessions of each
+    # thinker prefill batch (the default), then without (q25_expect.json; about 250 s held)
+    timeout 430 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 \
+      --sweep apart:expect_talkers=0 --out "$OUT/q25_expect.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-600 | tail -12 || true
     ;;
   q25-first24)

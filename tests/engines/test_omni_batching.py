@@ -229,6 +229,31 @@ def test_steps_of_several_sessions_share_one_forward(pair):
     assert batched.stats()["thinker prefill"]["requests"] == prefill["requests"]
 
 
+def test_the_talker_prefill_expects_the_sessions_of_each_thinker_prefill_batch(pair):
+    """A thinker prefill batch tells the talker's prefill which sessions will come next; it
+    waits for them (up to its burst: tests/engines/test_omni_mailbox.py) until they come or the
+    expectation lapses. Without a burst it expects nothing."""
+    batching = pair["batched"].batching
+    talker = batching.talker_prefill
+    assert batching.prefill.on_finished == talker.expect
+    assert talker.burst_s > 0
+    with talker._cond:
+        assert not talker._expecting()
+    talker.expect([2, 3], within_s=0.2)
+    with talker._cond:
+        assert talker._expecting()
+    time.sleep(0.3)
+    with talker._cond:
+        assert not talker._expecting() and not talker._expected
+    burst, talker.burst_s = talker.burst_s, 0.0
+    try:
+        talker.expect([2, 3], within_s=5.0)
+        with talker._cond:
+            assert not talker._expecting()
+    finally:
+        talker.burst_s = burst
+
+
 def test_a_session_beyond_the_slots_is_refused_and_a_freed_slot_is_reused(pair):
     batched = pair["batched"]
     sessions = [batched.open_session() for _ in range(4)]

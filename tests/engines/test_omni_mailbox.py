@@ -27,17 +27,22 @@ class _Recorder(Mailbox):
     name = "recorder"
     step_timeout_s = 5.0
 
-    def __init__(self, gather_s: float, burst_s: float) -> None:
+    def __init__(self, gather_s: float, burst_s: float, expected: int = 0) -> None:
         super().__init__()
         self.gather_s, self.burst_s = gather_s, burst_s
+        self.expected = expected  # requests known to be on their way (a batch waits for them)
         self.batches: list[int] = []
+        self.gathered_s: list[float] = []
         self._start()
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                if not self._gathered(self.gather_s, burst_s=self.burst_s):
+                began = time.monotonic()
+                if not self._gathered(self.gather_s, burst_s=self.burst_s,
+                                      expecting=lambda: len(self._queue) < self.expected):
                     return
+                self.gathered_s.append(time.monotonic() - began)
                 take, self._queue = self._queue, []
             self.batches.append(len(take))
             self._count(len(take), time.perf_counter())
@@ -97,3 +102,23 @@ def test_a_done_flag_wakes_every_waiter_once_set_and_times_out_while_unset():
         thread.join(5.0)
     assert woken == [True, True, True] and done.is_set()
     assert done.wait(0.0) is True  # set stays set
+
+
+def test_a_batch_waits_the_whole_burst_for_requests_known_to_be_on_their_way_and_no_longer():
+    """Four requests, then (40 ms later, past the 10 ms gather) twelve more that the loop was told
+    to expect: one batch of sixteen, which starts once the last has come (not at the burst's end).
+    Told nothing, the first four go alone. (The talker's prefill is told which sessions of a
+    thinker prefill batch will come.)"""
+    for expected, batches in ((16, [16]), (0, [4, 12])):
+        loop = _Recorder(gather_s=0.01, burst_s=2.0 if expected else 0.0, expected=expected)
+        try:
+            first = [loop._enqueue(_Request()) for _ in range(4)]
+            time.sleep(0.04)
+            late = [loop._enqueue(_Request()) for _ in range(12)]
+            for req in first + late:
+                loop._await(req)
+        finally:
+            loop.close()
+        assert loop.batches == batches
+        if expected:  # it started about 40 ms after the first, far from the 2 s burst
+            assert loop.gathered_s[0] < 1.0

@@ -126,18 +126,20 @@ class Mailbox:
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False,
-                  burst_s: float = 0.0) -> bool:
+                  burst_s: float = 0.0, expecting: Callable[[], bool] = lambda: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
         until ``enough(queued)``). With ``burst_s``: each request that joins waits ``gather_s``
         again, up to ``burst_s`` after the first, so a burst whose requests keep coming (turns
         ending together, prepared one after another on their threads) meets in one batch instead
-        of leaving its stragglers for the next. False once closed."""
+        of leaving its stragglers for the next; while ``expecting()`` (requests known to be on
+        their way), the wait lasts the whole burst. False once closed."""
         while not self._queue and not self._closed:
             self._cond.wait(self.idle_wait_s)
         first = time.monotonic()
         deadline, seen = first + gather_s, len(self._queue)
         while not self._closed and not enough(len(self._queue)):
-            left = deadline - time.monotonic()
+            limit = max(deadline, first + burst_s) if expecting() else deadline
+            left = limit - time.monotonic()
             if left <= 0:
                 break
             self._cond.wait(left)

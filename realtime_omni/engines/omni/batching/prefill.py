@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +158,34 @@ class PrefillBatcher(Mailbox):
         self.wait_s = 0.0
         self.latency_s = 0.0
         self.recent: deque[tuple[float | None, float, float]] = deque(maxlen=1024)
+        #: slots whose prefill is on its way (see :meth:`expect`) -> until when to wait for them
+        self._expected: dict[int, float] = {}
+        #: called with the slots of each batch's finished requests (the thinker's prefill tells
+        #: the talker's which sessions will want theirs next)
+        self.on_finished: Callable[[list[int]], None] | None = None
         self._start()
+
+    def expect(self, slots: Sequence[int], within_s: float = 0.25) -> None:
+        """Prefills of ``slots`` will come within ``within_s``: a batch that starts meanwhile
+        waits for them (up to ``burst_s`` after its first request). The sessions of a burst of
+        turns, prefilled by the thinker in one batch, reach the talker's prefill a decode step or
+        two apart (the first thinker step takes those whose threads came round first); batched
+        apart, their replies stay a step apart from then on and take turns at the codec."""
+        if self.burst_s <= 0:
+            return
+        until = time.monotonic() + within_s
+        with self._cond:
+            for slot in slots:
+                self._expected[int(slot)] = until
+            self._cond.notify_all()
+
+    def _expecting(self) -> bool:
+        """Under ``_cond``: whether an expected prefill has neither come nor expired."""
+        if not self._expected:
+            return False
+        now, queued = time.monotonic(), {req.slot for req in self._queue}
+        self._expected = {s: t for s, t in self._expected.items() if t > now and s not in queued}
+        return bool(self._expected)
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int,
                 prepared_since: float | None = None) -> tuple[Any, ...]:
@@ -177,7 +204,8 @@ class PrefillBatcher(Mailbox):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                if not self._gathered(self.gather_s, burst_s=self.burst_s):  # prefills starting together meet
+                # prefills starting together meet
+                if not self._gathered(self.gather_s, burst_s=self.burst_s, expecting=self._expecting):
                     return
                 take, tokens = [], 0
                 seen: set[int] = set()
@@ -241,6 +269,9 @@ class PrefillBatcher(Mailbox):
                         self._timed(req, ended)
             for req in finished:
                 req.done.set()
+            done = [req.slot for req in finished if req.error is None]
+            if done and self.on_finished is not None:
+                self.on_finished(done)
 
     def _timed(self, req: PrefillRequest, ended: float) -> None:
         wait = (req.started_at if req.started_at is not None else ended) - req.queued_at

@@ -199,6 +199,8 @@ class OmniBatching:
         self.talker_prefill = PrefillBatcher(loaded, self.talker_pool, talker_rows(loaded, talker_graphs),
                                              stage="talker", gather_s=prefill_gather_s, token_budget=PREFILL_TOKENS,
                                              graphs=talker_graphs, burst_s=prefill_burst_s)
+        # the sessions of one thinker prefill batch reach the talker's prefill together
+        self.prefill.on_finished = self.talker_prefill.expect
         kind = Qwen25Stream if loaded.arch == "qwen2_5_omni" else Qwen3Stream
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
