@@ -8,6 +8,7 @@ sessions join and leave mid-stream.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 
 import threading
@@ -230,13 +231,27 @@ def test_steps_of_several_sessions_share_one_forward(pair):
 
 
 def test_the_talker_prefill_expects_the_sessions_of_each_thinker_prefill_batch(pair):
-    """A thinker prefill batch tells the talker's prefill which sessions will come next; it
-    waits for them (up to its burst: tests/engines/test_omni_mailbox.py) until they come or the
+    """A thinker prefill batch tells the talker's prefill which sessions (their talker slots) will
+    come next: those of spoken replies; it waits for them (up to its burst: tests/engines/test_omni_mailbox.py) until they come or the
     expectation lapses. Without a burst it expects nothing."""
-    batching = pair["batched"].batching
+    batched = pair["batched"]
+    batching = batched.batching
     talker = batching.talker_prefill
     assert batching.prefill.on_finished == talker.expect
     assert talker.burst_s > 0
+    # a spoken reply's thinker prefill names its session; a text reply's does not
+    told: list[list[int]] = []
+    batching.prefill.on_finished = lambda slots: (told.append(list(slots)), talker.expect(slots))
+    session = batched.open_session()
+    try:
+        for want_audio in (True, False):
+            req = request([TurnMessage(role="user", text=f"hi {want_audio}")], max_tokens=3)
+            req = dataclasses.replace(req, want_audio=want_audio)
+            list(session.think(req)) if not want_audio else run_turn(session, req)
+    finally:
+        session.close()
+        batching.prefill.on_finished = talker.expect
+    assert told == [[session.rows.talker.slot]]
     with talker._cond:
         assert not talker._expecting()
     talker.expect([2, 3], within_s=0.2)

@@ -88,7 +88,7 @@ class ThinkerPrefill:
         if len(ctx) + len(ids) > budget and len(target) > 1:
             # too long: drop the oldest non-system messages and re-prefill what is left
             return self._prefill_trimmed(request, turn, target, [fingerprint(m) for m in target], budget)
-        return self._prefill_ids(turn, ids, rendered, gen_offset, close_len)
+        return self._prefill_ids(turn, ids, rendered, gen_offset, close_len, talks=request.want_audio)
 
     def _prefill_trimmed(self, request, turn, target, prints, budget):
         ctx = self.ctx
@@ -110,12 +110,13 @@ class ThinkerPrefill:
         gen_offset = len(ids)
         ids += self.renderer.header("assistant")
         log.info("omni thinker: context over %d tokens, dropped %d old messages", budget, drop - head)
-        return self._prefill_ids(turn, ids, rendered, gen_offset)
+        return self._prefill_ids(turn, ids, rendered, gen_offset, talks=request.want_audio)
 
     def _prefill_ids(self, turn: int, ids: list[int], rendered, gen_offset: int, close_len: int = 0,
-                     reply: bool = True):
+                     reply: bool = True, talks: bool = False):
         """Run ``ids`` into the cache and record their messages; with ``reply``, the last tokens
-        are the header of a reply that starts now (its record and state are set up)."""
+        are the header of a reply that starts now (its record and state are set up); ``talks``:
+        the reply is spoken (the batched talker prefill expects this session next)."""
         import torch
 
         ctx = self.ctx
@@ -157,7 +158,8 @@ class ThinkerPrefill:
                 # with the prefills of the other sessions starting now, in one forward pass
                 decoder = self._decoder()
                 logits, src = self.rows.prefill.prefill(input_ids[0], positions, mm_kwargs, self.rows.slot,
-                                                        decoder.write_position(), self.preparing_since)
+                                                        decoder.write_position(), self.preparing_since,
+                                                        then=self.rows.then if reply and talks else None)
                 decoder.advance(len(ids))
             else:
                 with on_stream(loaded.stream("thinker")):

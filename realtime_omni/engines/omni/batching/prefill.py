@@ -46,6 +46,9 @@ class PrefillRequest:
     started_at: float | None = None  # when its first batch began
     #: seconds the session spent on it before queuing it (its prompt and inputs), when it says
     prepared_s: float | None = None
+    #: the slot whose prefill on the next stage follows this one (a spoken reply's thinker
+    #: prefill: its session's talker slot), or None
+    then: int | None = None
 
     @property
     def length(self) -> int:
@@ -160,8 +163,8 @@ class PrefillBatcher(Mailbox):
         self.recent: deque[tuple[float | None, float, float]] = deque(maxlen=1024)
         #: slots whose prefill is on its way (see :meth:`expect`) -> until when to wait for them
         self._expected: dict[int, float] = {}
-        #: called with the slots of each batch's finished requests (the thinker's prefill tells
-        #: the talker's which sessions will want theirs next)
+        #: called with the ``then`` slots of each batch's finished requests (the thinker's prefill
+        #: tells the talker's which sessions will want theirs next)
         self.on_finished: Callable[[list[int]], None] | None = None
         self._start()
 
@@ -188,15 +191,16 @@ class PrefillBatcher(Mailbox):
         return bool(self._expected)
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int,
-                prepared_since: float | None = None) -> tuple[Any, ...]:
+                prepared_since: float | None = None, then: int | None = None) -> tuple[Any, ...]:
         """Prefill ``inputs`` (token ids, or embeddings ``(n, H)``) into ``slot`` from ``start``;
-        ``prepared_since``: when the session began to prepare it (``time.perf_counter``)."""
+        ``prepared_since``: when the session began to prepare it (``time.perf_counter``);
+        ``then``: the slot whose prefill on the next stage comes next (see :attr:`on_finished`)."""
         if set(mm) - MERGEABLE:
             raise ValueError(f"cannot batch prefill inputs {sorted(set(mm) - MERGEABLE)}")
         n = int(positions.shape[-1])
         if start + n > self.pool.length:
             raise ValueError(f"the prefill needs {start + n} tokens of a {self.pool.length}-token slot")
-        request = PrefillRequest(inputs, positions, mm, slot, start)
+        request = PrefillRequest(inputs, positions, mm, slot, start, then=then)
         if prepared_since is not None:
             request.prepared_s = max(request.queued_at - prepared_since, 0.0)
         return self._submit(request)
@@ -269,7 +273,7 @@ class PrefillBatcher(Mailbox):
                         self._timed(req, ended)
             for req in finished:
                 req.done.set()
-            done = [req.slot for req in finished if req.error is None]
+            done = [req.then for req in finished if req.error is None and req.then is not None]
             if done and self.on_finished is not None:
                 self.on_finished(done)
 

@@ -23,6 +23,9 @@ class Rows:
     state: Any = None
     #: steps a session keeps queued ahead on this stage (see ``batcher.Lookahead``)
     lookahead: int = 1
+    #: the session's slot on the stage after this one (the thinker's rows: its talker slot, whose
+    #: prefill follows a spoken reply's thinker prefill)
+    then: int | None = None
 
 
 @dataclass(frozen=True)

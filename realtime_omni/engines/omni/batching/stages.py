@@ -229,7 +229,7 @@ class OmniBatching:
             raise
         return SessionRows(
             thinker=Rows(self.thinker, self.thinker_pool, thinker_slot, self.prefill, state=self.thinker_tokens,
-                         lookahead=self.lookahead),
+                         lookahead=self.lookahead, then=talker_slot),
             talker=Rows(self.talker, self.talker_pool, talker_slot, self.talker_prefill, state=self.talker_frames,
                         lookahead=self.lookahead),
         )
