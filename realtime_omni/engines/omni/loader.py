@@ -346,11 +346,12 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
 
 #: CUDA stream priority per stage (lower is more urgent; others, the prefills among them, 0).
 #: First the decode steps, which every live session waits for frame by frame, and the copies of
-#: each reply token's rows that a session thread waits for (``graphs.settled_copies``): a step of
-#: a few milliseconds alone took three to five times as long while a codec pass of hundreds of
-#: milliseconds shared the GPU at the same priority (Qwen2.5 on the H100), and every frame of a
-#: reply waits for a talker step. Then the codec, whose windows are due a chunk's length ahead;
-#: then the prefills, which would otherwise hold the live sessions' steps for hundreds of ms.
+#: each reply token's rows that a session thread waits for (``graphs.settled_copies``); then the
+#: codec, whose windows are due a chunk's length ahead; then the prefills, which would otherwise
+#: hold the live sessions' steps for hundreds of ms. A talker step of 4 ms alone takes 8-20 ms
+#: beside the codec's passes (Qwen2.5 on the H100); putting the decode steps above the codec
+#: (they shared its priority before 13b5cee) changed that no more than two runs of one build
+#: differ (docs/benchmarks/omni-qwen25-mixing.md): the GPU does not preempt a running kernel.
 STREAM_PRIORITY = {"thinker": -2, "talker": -2, "token rows": -2, "codec": -1}
 
 
