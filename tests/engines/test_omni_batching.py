@@ -632,69 +632,6 @@ def test_sampled_batched_replies_are_reproducible_per_seed(tmp_path):
         model.close()
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded-to-bucket"])
-def test_codec_windows_of_several_sessions_decode_together(pair, padded):
-    """Same-shape windows from several sessions go through the codec in one pass and each gets
-    what it would get alone (Qwen2.5: DiT + BigVGAN with each window's own speaker, two speakers
-    in one batch; Qwen3: code2wav). Padded: the group of three runs as a bucket of four (as it
-    replays a captured graph on CUDA)."""
-    codec = pair["batched"].codec
-    assert codec.batcher is not None
-    codec.batcher.pad_groups = padded
-    padded_before = codec.batcher.padded_rows
-    high = codec.max_code + 1
-    shape = (24,) if codec.arch == "qwen2_5_omni" else (6, codec.groups)
-    gen = torch.Generator().manual_seed(3)
-    windows = [torch.randint(0, high, shape, generator=gen) for _ in range(3)]
-    names = sorted(codec.loaded.speakers) if codec.arch == "qwen2_5_omni" else [None]
-    speakers = [names[i % len(names)] for i in range(3)]
-    assert codec.arch != "qwen2_5_omni" or len(set(speakers)) == 2
-    alone = [codec.render(w, 0, speakers[i], 5 + i) for i, w in enumerate(windows)]
-    if codec.arch == "qwen2_5_omni":  # the speaker is heard: the same window in the other voice differs
-        other = codec.render(windows[1], 0, speakers[0], 6)
-        assert np.abs(other - alone[1]).max() > 1e-3 * np.abs(alone[1]).max()
-    # the three meet for sure: they queue while the loop is busy with a window of another shape
-    busy, release = threading.Event(), threading.Event()
-
-    def hold(x):
-        busy.set()
-        release.wait(30)
-        return x
-
-    out: dict[int, np.ndarray] = {}
-
-    def go(i: int) -> None:
-        out[i] = codec.render(windows[i], 0, speakers[i], 5 + i)
-
-    blocker = threading.Thread(target=codec.batcher.run, args=("blocker", hold, (torch.zeros(1, 1),), False))
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
-    try:
-        blocker.start()
-        assert busy.wait(30)
-        before = codec.batcher.stats()
-        for th in threads:
-            th.start()
-        deadline = time.monotonic() + 30
-        while len(codec.batcher._queue) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    finally:
-        release.set()
-        for th in [blocker, *threads]:
-            th.join(60)
-        codec.batcher.pad_groups = False
-    after = codec.batcher.stats()
-    # the blocker (one window) and the three (one pass)
-    assert after["rows"] - before["rows"] == 4 and after["steps"] - before["steps"] == 2
-    assert codec.batcher.padded_rows - padded_before == (1 if padded else 0)
-    # no CUDA graph off the GPU: every window is counted as decoded eagerly
-    # (the blocker was tallied as it started, before ``before``)
-    assert after["eager_rows"] - before["eager_rows"] == 3 and after["graph_rows"] == before["graph_rows"]
-    for i in range(3):
-        assert out[i].shape == alone[i].shape
-        # relative to the window's level (the tiny Qwen2.5 vocoder's output is about 1e-9)
-        np.testing.assert_allclose(out[i], alone[i], rtol=0, atol=1e-6 * np.abs(alone[i]).max())
-
-
 def _meet_in_the_codec(codec, render: list) -> dict:
     """``render`` (callables) from threads that queue while the codec's loop is busy with a
     blocker; returns the batcher's stats before and after and each call's result."""
@@ -722,6 +659,46 @@ def _meet_in_the_codec(codec, render: list) -> dict:
         for th in [blocker, *threads]:
             th.join(60)
     return {"before": before, "after": codec.batcher.stats(), "out": out}
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["exact", "padded-to-bucket"])
+def test_codec_windows_of_several_sessions_decode_together(pair, padded):
+    """Same-shape windows from several sessions go through the codec in one pass and each gets
+    what it would get alone (Qwen2.5: DiT + BigVGAN with each window's own speaker, two speakers
+    in one batch; Qwen3: code2wav). Padded: the group of three runs as a bucket of four (as it
+    replays a captured graph on CUDA)."""
+    codec = pair["batched"].codec
+    assert codec.batcher is not None
+    codec.batcher.pad_groups = padded
+    padded_before = codec.batcher.padded_rows
+    high = codec.max_code + 1
+    shape = (24,) if codec.arch == "qwen2_5_omni" else (6, codec.groups)
+    gen = torch.Generator().manual_seed(3)
+    windows = [torch.randint(0, high, shape, generator=gen) for _ in range(3)]
+    names = sorted(codec.loaded.speakers) if codec.arch == "qwen2_5_omni" else [None]
+    speakers = [names[i % len(names)] for i in range(3)]
+    assert codec.arch != "qwen2_5_omni" or len(set(speakers)) == 2
+    alone = [codec.render(w, 0, speakers[i], 5 + i) for i, w in enumerate(windows)]
+    if codec.arch == "qwen2_5_omni":  # the speaker is heard: the same window in the other voice differs
+        other = codec.render(windows[1], 0, speakers[0], 6)
+        assert np.abs(other - alone[1]).max() > 1e-3 * np.abs(alone[1]).max()
+    # the three meet for sure: they queue while the loop is busy with a window of another shape
+    try:
+        met = _meet_in_the_codec(codec, [lambda i=i: codec.render(windows[i], 0, speakers[i], 5 + i) for i in range(3)])
+    finally:
+        codec.batcher.pad_groups = False
+    before, out = met["before"], met["out"]
+    after = met["after"]
+    # the blocker (one window) and the three (one pass)
+    assert after["rows"] - before["rows"] == 4 and after["steps"] - before["steps"] == 2
+    assert codec.batcher.padded_rows - padded_before == (1 if padded else 0)
+    # no CUDA graph off the GPU: every window is counted as decoded eagerly
+    # (the blocker was tallied as it started, before ``before``)
+    assert after["eager_rows"] - before["eager_rows"] == 3 and after["graph_rows"] == before["graph_rows"]
+    for i in range(3):
+        assert out[i].shape == alone[i].shape
+        # relative to the window's level (the tiny Qwen2.5 vocoder's output is about 1e-9)
+        np.testing.assert_allclose(out[i], alone[i], rtol=0, atol=1e-6 * np.abs(alone[i]).max())
 
 
 @pytest.mark.parametrize("mix", [True, False], ids=["one-pass", "a-pass-per-length"])
