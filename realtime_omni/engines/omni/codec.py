@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +40,9 @@ from .codec_mixing import MixedWindows
 from .graphs import ShapeGraphs, on_stream
 from .loader import LoadedOmni, samples_per_code
 from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
+
+if TYPE_CHECKING:
+    from .codec_stream import CodecStream
 
 log = logging.getLogger(__name__)
 
@@ -321,89 +323,9 @@ class OmniCodec:
     # streaming ---------------------------------------------------------------------------------
 
     def stream(self, turn: int, speaker: str | None, seed: int | None = None) -> CodecStream:
+        from .codec_stream import CodecStream
+
         return CodecStream(self, turn, speaker, self.settings.seed if seed is None else seed)
-
-
-class CodecStream:
-    """Incremental decoder for one reply: push code chunks in order, get the new samples."""
-
-    def __init__(self, codec: OmniCodec, turn: int, speaker: str | None, seed: int) -> None:
-        self.codec = codec
-        self.turn = turn
-        self.speaker = speaker
-        self.seed = seed
-        self.codes: list[Any] = []  # per-chunk tensors
-        self.n = 0  # codes received
-        self.emitted = 0  # samples emitted (global index of the next sample)
-        self.tail: np.ndarray | None = None  # previous render of the held-back samples
-        self.finished = False
-        self.started: float | None = None  # when the first audio came out (the listener starts)
-
-    def push(self, codes, start: int | None = None, final: bool = False) -> np.ndarray:
-        import torch
-
-        codes = torch.as_tensor(codes, dtype=torch.long).cpu()
-        if start is not None and start != self.n:
-            if start < self.n:  # a replay: forget what follows
-                self._truncate(start)
-            else:  # frames were lost upstream: continue without them (no left context there)
-                log.debug("omni codec: gap of %d frames", start - self.n)
-                self.codes.append(torch.zeros((start - self.n, *codes.shape[1:]), dtype=torch.long))
-                self.n = start
-                self.emitted = max(self.emitted, self.codec.rendered_length(start))
-                self.tail = None
-        if codes.shape[0]:
-            self.codes.append(codes)
-            self.n += int(codes.shape[0])
-        return self._emit(final)
-
-    def _truncate(self, n: int) -> None:
-        import torch
-
-        allc = torch.cat(self.codes, dim=0) if self.codes else None
-        self.codes = [allc[:n]] if allc is not None else []
-        self.n = n
-
-    def _emit(self, final: bool) -> np.ndarray:
-        import torch
-
-        codec = self.codec
-        U = codec.samples_per_code
-        hold = 0 if final else max(0, codec.settings.lookahead_frames)
-        target = codec.rendered_length(max(0, self.n - hold)) if self.n - hold > 0 else 0
-        if final:
-            target = codec.rendered_length(self.n)
-            self.finished = True
-        if target <= self.emitted or self.n == 0:
-            return np.zeros(0, np.float32)
-        first_code = self.emitted // U
-        c0 = max(0, first_code - max(0, codec.settings.left_context_frames))
-        c0 = (c0 // codec.block) * codec.block
-        if final:
-            c0 = codec.last_start(self.n, c0)
-        allc = torch.cat(self.codes, dim=0)
-        if len(self.codes) > 1:
-            self.codes = [allc]
-        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, deadline=self._deadline())
-        base = c0 * U
-        new = wav[self.emitted - base : target - base].copy()
-        if self.tail is not None and len(self.tail) and len(new):
-            xf = min(len(self.tail), len(new), int(codec.settings.crossfade_ms * OUTPUT_RATE / 1000))
-            if xf > 0:
-                w = (np.arange(1, xf + 1, dtype=np.float32) / (xf + 1))
-                new[:xf] = self.tail[:xf] * (1.0 - w) + new[:xf] * w
-        self.tail = wav[target - base :].copy() if not final else None
-        self.emitted = target
-        if self.started is None and len(new):
-            self.started = time.monotonic()
-        return new
-
-    def _deadline(self) -> float:
-        """When a listener who plays from the first audio reaches the next sample (the first
-        window: now)."""
-        if self.started is None:
-            return time.monotonic()
-        return self.started + self.emitted / OUTPUT_RATE
 
 
 def _probing() -> bool:
@@ -411,7 +333,3 @@ def _probing() -> bool:
     from . import graphs
 
     return bool(getattr(graphs._probing, "on", False))
-
-
-def to_int16(wav: np.ndarray) -> np.ndarray:
-    return (np.clip(wav, -1.0, 1.0) * 32767.0).round().astype(np.int16)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..base import ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream
 from .batching.stages import OmniBatching, SessionRows
-from .codec import CodecStream, OmniCodec, to_int16
+from .codec import OmniCodec
+from .codec_stream import CodecStream, to_int16
 from .context import TokenRows
 from .host_time import HostTime
 from .loader import LoadedOmni
