@@ -1524,8 +1524,9 @@ def test_a_small_group_of_windows_captured_only_alone_replays_them_one_by_one():
 @pytest.mark.parametrize("mix", [True, False], ids=["mixer-graphs", "eager"])
 def test_last_windows_of_replies_that_end_together_replay_the_mixers_graphs(mix):
     """A group of windows too large to replay one by one, of a shape with no group graph (the
-    last windows of replies that end together): with lengths mixing on the GPU it goes through
-    the mixer in one pass (padded to a captured length) instead of running eagerly."""
+    last windows of replies that end together), or a window of a length no graph holds: with
+    lengths mixing on the GPU it goes through the mixer in one pass (padded to a captured length)
+    instead of running eagerly."""
     from realtime_omni.engines.omni.batching.codec_windows import ALONE_REPLAYS, CodecBatcher, WindowRequest
 
     mixed: list[list[int]] = []
@@ -1560,5 +1561,14 @@ def test_last_windows_of_replies_that_end_together_replay_the_mixers_graphs(mix)
         # a shape the mixer does not take (Qwen3's) runs eagerly either way
         batcher._run_group([WindowRequest(("c2w", 8), fn, (torch.zeros(1, 3),), False) for _ in range(6)])
         assert calls[-1] == 6
+        # one window: its own graph where it has one, else the mixer's (an odd length, as after a
+        # replay from a barge-in), else eagerly
+        mixed.clear(), calls.clear(), store.replays.clear()
+        own, odd = (WindowRequest(("t2w", n), fn, (torch.ones(1, 3),), False) for n in (85, 37))
+        batcher._run_one(own)
+        batcher._run_one(odd)
+        assert store.replays == [(("t2w", 85), 1)]  # (the store's replay runs the function)
+        assert (mixed, calls) == (([[37]], [1]) if mix else ([], [1, 1]))
+        assert float(own.result[0, 0]) == float(odd.result[0, 0]) == 2.0
     finally:
         batcher.close()

@@ -12,8 +12,9 @@ window by window; other groups run eagerly in one pass. Eager codec passes are t
 small launches, each taking the interpreter lock the thinker's and the talker's loops also need.
 
 Where a ``mixer`` is set (Qwen2.5, :mod:`..codec_mixing`), windows of several lengths are one
-group, decoded in one pass where its cost model says so, and a larger group of a shape without
-group graphs replays the mixer's graphs (padded to a captured length) instead of running eagerly.
+group, decoded in one pass where its cost model says so, and a window or a larger group of a
+shape without graphs of its own replays the mixer's graphs (padded to a captured length) instead
+of running eagerly.
 """
 
 from __future__ import annotations
@@ -157,8 +158,7 @@ class CodecBatcher(Mailbox):
                 if len({req.key for req in group}) > 1:
                     self._run_mixed(group)
                 elif len(group) == 1:
-                    self._tally(self.windows.has(first.key), 1)
-                    first.result = self.windows.run(first.key, first.fn, first.inputs, capture=first.steady)
+                    self._run_one(first)
                 else:
                     self._run_group(group)
                 self.spans.end(span, self.stream)
@@ -195,8 +195,13 @@ class CodecBatcher(Mailbox):
                 and self.mixer.family(key) is not None)
 
     def _run_one(self, req: WindowRequest) -> None:
+        """One window: its own graph; else (a length no reply schedule renders: after a replay
+        from a barge-in, a gap upstream) the mixer's, padded; else eagerly."""
+        if not self.windows.has(req.key) and self._mixes(req.key):
+            self._mix([req])
+            return
         self._tally(self.windows.has(req.key), 1)
-        req.result = self.windows.run(req.key, req.fn, req.inputs, capture=False)
+        req.result = self.windows.run(req.key, req.fn, req.inputs, capture=req.steady)
 
     def _run_group(self, group: list[WindowRequest]) -> None:
         import torch
