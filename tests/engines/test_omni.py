@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from realtime_omni.engines.base import ThinkRequest, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.codec_stream import CodecStream  # noqa: E402
 from realtime_omni.engines.omni.audio_features import log_mel  # noqa: E402
 from realtime_omni.engines.omni.codec import CodecSettings, OmniCodec  # noqa: E402
 from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
@@ -364,7 +365,7 @@ def test_chunked_codec_matches_one_shot(omni):
         assert codec.lost == 555
         np.testing.assert_allclose(codec.decode_full(codes), ref.reshape(-1).float().numpy(), atol=1e-6)
     full = codec.decode_full(codes, loaded.default_speaker, seed=3)
-    stream = codec.stream(turn=1, speaker=loaded.default_speaker, seed=3)
+    stream = CodecStream.of(codec, turn=1, speaker=loaded.default_speaker, seed=3)
     parts, start = [], 0
     for i, size in enumerate(sizes):
         final = i == len(sizes) - 1
@@ -409,7 +410,7 @@ def test_a_reply_s_last_window_reaches_back_to_a_captured_length(omni):
 
         codec.render = recording
         try:
-            stream = codec.stream(turn=1, speaker=loaded.default_speaker, seed=3)
+            stream = CodecStream.of(codec, turn=1, speaker=loaded.default_speaker, seed=3)
             parts, start = [], 0
             for i, size in enumerate(sizes):
                 parts.append(stream.push(codes[start : start + size], start=start, final=i == len(sizes) - 1))

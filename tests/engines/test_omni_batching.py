@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 
 from realtime_omni.engines.base import TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.codec_stream import CodecStream  # noqa: E402
 from realtime_omni.engines.omni.loader import samples_per_code  # noqa: E402
 from realtime_omni.engines.omni.talker import CodeChunk  # noqa: E402
 from realtime_omni.engines.settings import EngineSettings, OmniSettings  # noqa: E402
@@ -1232,7 +1233,7 @@ def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback
 
     codec.render = recording  # the real render, its deadline noted
     try:
-        stream = codec.stream(turn=0, speaker=None, seed=0)
+        stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)
         groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
         before = time.monotonic()
         later = []  # (deadline asked, when playback from the first audio reaches the window)

@@ -17,6 +17,7 @@ from pydantic import ValidationError  # noqa: E402
 
 from realtime_omni.engines.base import ModelAtCapacity, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
+from realtime_omni.engines.omni.codec_stream import CodecStream  # noqa: E402
 from realtime_omni.engines.omni.batching import capacity  # noqa: E402
 from realtime_omni.engines.omni.batching.capacity import (  # noqa: E402
     StepTimes,
@@ -203,7 +204,7 @@ def test_the_timed_codec_window_is_the_one_a_running_reply_renders(arch, tmp_pat
             return render(codes, start, *args, **kwargs)
 
         monkeypatch.setattr(codec, "render", counted)
-        stream = codec.stream(turn=0, speaker=None, seed=0)
+        stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)
         groups = () if arch == "qwen2_5_omni" else (codec.groups,)
         start = 0
         for size in sizes:

@@ -32,7 +32,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -40,9 +40,6 @@ from .codec_mixing import MixedWindows
 from .graphs import ShapeGraphs, on_stream
 from .loader import LoadedOmni, samples_per_code
 from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
-
-if TYPE_CHECKING:
-    from .codec_stream import CodecStream
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +65,7 @@ class CodecSettings:
 
 
 class OmniCodec:
-    """Shared (per model) decoder; per-reply state lives in :class:`CodecStream`."""
+    """Shared (per model) decoder; per-reply state lives in :class:`~.codec_stream.CodecStream`."""
 
     def __init__(self, loaded: LoadedOmni, settings: CodecSettings, batch_windows: bool = False,
                  batch_rows: int = 64) -> None:
@@ -161,7 +158,7 @@ class OmniCodec:
         """Codes in the longest window a reply renders once its chunks are steady (its left
         context full): after chunks of ``sizes`` frames, then of ``chunk``, over as many
         chunks as a block of codes (where a chunk is no whole number of blocks, the windows
-        cycle through a few lengths); the arithmetic of :meth:`CodecStream._emit`."""
+        cycle through a few lengths); the arithmetic of :meth:`~.codec_stream.CodecStream._emit`."""
         n = emitted = 0
         hold = max(0, self.settings.lookahead_frames)
         running: list[int] = []
@@ -320,12 +317,6 @@ class OmniCodec:
             found = self._speaker_cache[key] = (cond, enc[None])
         return found
 
-    # streaming ---------------------------------------------------------------------------------
-
-    def stream(self, turn: int, speaker: str | None, seed: int | None = None) -> CodecStream:
-        from .codec_stream import CodecStream
-
-        return CodecStream(self, turn, speaker, self.settings.seed if seed is None else seed)
 
 
 def _probing() -> bool:

@@ -17,6 +17,11 @@ log = logging.getLogger(__name__)
 class CodecStream:
     """Incremental decoder for one reply: push code chunks in order, get the new samples."""
 
+    @classmethod
+    def of(cls, codec: OmniCodec, turn: int, speaker: str | None, seed: int | None = None) -> CodecStream:
+        """A stream of ``codec`` for one reply (``seed``: the codec's own by default)."""
+        return cls(codec, turn, speaker, codec.settings.seed if seed is None else seed)
+
     def __init__(self, codec: OmniCodec, turn: int, speaker: str | None, seed: int) -> None:
         self.codec = codec
         self.turn = turn

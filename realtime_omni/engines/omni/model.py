@@ -28,6 +28,7 @@ from ..settings import OmniSettings
 from . import graphs
 from .batching.stages import OmniBatching
 from .codec import CodecSettings, OmniCodec
+from .codec_stream import CodecStream
 from .host_time import HostTime
 from .loader import (
     Arch,
@@ -293,7 +294,7 @@ class OmniModel(VoiceModel):
                 # shape is captured on its second use (and only here, see graphs.ShapeGraphs)
                 sizes = [self.first_chunk_frames, *self.ramp_frames] + [self.chunk_frames] * 6
                 for _ in range(2):
-                    stream = codec.stream(turn=0, speaker=None, seed=0)
+                    stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)
                     start = 0
                     for size in sizes:
                         stream.push(torch.randint(0, high, (size, *groups)), start=start)

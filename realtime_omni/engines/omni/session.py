@@ -140,8 +140,8 @@ class OmniSession(ModelSession):
             if stream is None or stream.turn != chunk.turn:
                 if stream is not None and chunk.turn < stream.turn:
                     return np.zeros(0, np.int16)  # a chunk of an older reply
-                stream = self._codec_stream = self.model.codec.stream(chunk.turn, chunk.speaker,
-                                                                      seed=self.seed + chunk.turn)
+                stream = self._codec_stream = CodecStream.of(self.model.codec, chunk.turn, chunk.speaker,
+                                                             seed=self.seed + chunk.turn)
             wav = stream.push(chunk.codes, start=chunk.start, final=chunk.final or out.final)
             if chunk.final or out.final:
                 self._codec_stream = None
