@@ -49,7 +49,7 @@
 #   scripts/gpu-next.sh qwen25   Qwen2.5 at N = 8, 16, 32, DiT in bfloat16, 48-code chunk (about 300 s
 #                                held; an H100 will do)
 #   scripts/gpu-next.sh q25-mix  the same at N = 16, 32 with windows of several lengths in one codec pass,
-#                                then a pass per length (about 350 s held)
+#                                then a pass per length (about 250 s held)
 #   scripts/gpu-next.sh q25-expect
 #                                the same with and without the talker's prefill waiting for a thinker prefill
 #                                batch's sessions (about 250 s held)
@@ -225,7 +225,7 @@ case "$run" in
   q25-mix)
     # qwen25's run at N = 16 and 32 with Qwen2.5's codec windows of several lengths in one DiT
     # pass and the codec gathering the windows sent right after a pass (the defaults), then the
-    # same levels a pass per window length, starting at once (q25_mix.json; about 350 s held)
+    # same levels a pass per window length, starting at once (q25_mix.json; about 250 s held)
     timeout 430 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 \
       --sweep one-length:mix=0,codec_burst_ms=0 --out "$OUT/q25_mix.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-600 | tail -12 || true
