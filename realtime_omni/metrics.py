@@ -204,6 +204,11 @@ class _EngineCollector:
         prefill_time = CounterMetricFamily("realtime_omni_engine_prefill_seconds",
                                            "Time from a prefill's request to its result, waiting included",
                                            labels=["model", "stage"])
+        windows = CounterMetricFamily("realtime_omni_engine_codec_windows",
+                                      "Codec windows decoded, by path: a CUDA graph captured at load, or eagerly "
+                                      "(several times the device time)", labels=["model", "path"])
+        mixed = CounterMetricFamily("realtime_omni_engine_codec_mixed_passes",
+                                    "Codec passes that decoded windows of several lengths together", labels=["model"])
         for model, stages in self.stats.items():
             for stage, values in stages.items():
                 if stage == "slots":
@@ -230,8 +235,13 @@ class _EngineCollector:
                     prefills.add_metric([model, stage], values["requests"])
                     waited.add_metric([model, stage], values.get("wait_s", 0.0))
                     prefill_time.add_metric([model, stage], values.get("latency_s", 0.0))
+                if "graph_rows" in values:
+                    windows.add_metric([model, "graph"], values["graph_rows"])
+                    windows.add_metric([model, "eager"], values.get("eager_rows", 0))
+                if "mixed_passes" in values:
+                    mixed.add_metric([model], values["mixed_passes"])
         yield from (slots, used, capacity, speaking, paced, session_cpu, frames, steps, rows, busy, loop, prefills,
-                    waited, prefill_time)
+                    waited, prefill_time, windows, mixed)
 
 
 _LOOP_PHASES = ("idle", "host", "device_wait")

@@ -160,6 +160,17 @@ async def test_concurrent_clients_share_the_batched_stages(omni_server):
             before, "realtime_omni_engine_session_cpu_seconds_total", stage)
         assert 0 < cpu < 60, (stage, cpu)
 
+    # the codec's windows by path (no CUDA graph on the CPU: every one eager), and, for Qwen2.5,
+    # its passes of several window lengths (a count that only grows)
+    def value(text: str, line_prefix: str) -> float:
+        return sum(float(line[len(line_prefix):]) for line in text.splitlines() if line.startswith(line_prefix))
+
+    eager = f'realtime_omni_engine_codec_windows_total{{model="{model_id}",path="eager"}} '
+    graph = f'realtime_omni_engine_codec_windows_total{{model="{model_id}",path="graph"}} '
+    assert value(after, eager) - value(before, eager) >= len(results) and value(after, graph) == value(before, graph) == 0
+    mixed = f'realtime_omni_engine_codec_mixed_passes_total{{model="{model_id}"}} '
+    assert (mixed in after) == (model_id == "qwen2_5_omni") and value(after, mixed) >= value(before, mixed)
+
 
 async def test_a_session_beyond_the_models_slots_is_refused_with_a_code(tmp_path):
     """Admission control over /v1/realtime: with one slot, a second client gets

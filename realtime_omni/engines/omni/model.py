@@ -340,6 +340,8 @@ class OmniModel(VoiceModel):
             out[name].update({f"{phase}_s": seconds for phase, seconds in st.get("phase_s", {}).items()})
             # prefills: how long new turns waited for a batch, and until their prefill was done
             out[name].update({k: st[k] for k in ("requests", "wait_s", "latency_s") if k in st})
+            # the codec: windows by a captured graph or eagerly, and passes of several lengths
+            out[name].update({k: st[k] for k in ("graph_rows", "eager_rows", "mixed_passes") if k in st})
         return out
 
     def open_session(self) -> OmniSession:
