@@ -103,15 +103,15 @@ class MixedWindows:
         rows, longest = len(inputs), max(lengths)
         n = next((m for m in self.lengths if m >= longest), longest) if self.windows.enabled else longest
         size = self._bucket(self.dit_buckets, rows, lambda b: ("dit", *codec.key_prefix, n, b))
-        fill = [0] * (size - rows)  # rows of copies of the first window, discarded
+        order = [*range(rows), *[0] * (size - rows)]  # then copies of the first window, discarded
         pad = [n - m for m in lengths]
         self.passes += 1
         self.padded_codes += sum(pad)
-        codes = torch.cat([F.pad(inputs[i][0], (0, pad[i])) for i in [*range(rows), *fill]])
-        noise = torch.cat([F.pad(inputs[i][1], (0, 0, 0, pad[i] * codec.repeats)) for i in [*range(rows), *fill]])
-        speaker = torch.cat([inputs[i][2] for i in [*range(rows), *fill]])
-        encoding = torch.cat([inputs[i][3] for i in [*range(rows), *fill]])
-        own = torch.tensor([lengths[i] for i in [*range(rows), *fill]], dtype=torch.long, device=codes.device)
+        codes = torch.cat([F.pad(inputs[i][0], (0, pad[i])) for i in order])
+        noise = torch.cat([F.pad(inputs[i][1], (0, 0, 0, pad[i] * codec.repeats)) for i in order])
+        speaker = torch.cat([inputs[i][2] for i in order])
+        encoding = torch.cat([inputs[i][3] for i in order])
+        own = torch.tensor([lengths[i] for i in order], dtype=torch.long, device=codes.device)
         dit_key = ("dit", *codec.key_prefix, n, size)
         replayed = self.windows.has(dit_key)
         mel = self.windows.run(dit_key, codec.q25_dit, (codes, noise, speaker, encoding, own), capture=False)
@@ -138,8 +138,9 @@ class MixedWindows:
         graph keys), capture the DiT of each length for every group bucket and the vocoder for
         every vocoder bucket, with random windows; for ``longest`` (a reply's longest last
         window) the DiT only: the last windows of replies that end together decode in one pass,
-        padded to it, instead of eagerly (their vocoder runs eagerly, about as fast as replayed).
-        Returns the lengths (codes) now mixed."""
+        padded to it, instead of eagerly. Their vocoder runs eagerly: as fast as replayed for 32
+        windows, 2-5 times slower for 8 or one (H100: 58.7 against 32.0 ms, 40.9 against 7.9),
+        where an eager DiT costs hundreds of ms. Returns the lengths (codes) now mixed."""
         if not self.windows.enabled:
             return []
         import torch

@@ -119,7 +119,7 @@ class CodecBatcher(Mailbox):
         return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline))
 
     def _loop(self) -> None:
-        carried = False  # windows left queued by the last pass: take them at once
+        carried = False  # windows left queued by the last pass: taken at once (mixing: after a burst)
         while True:
             with self._cond:
                 burst = self.burst_s if self.mixer is not None and self.mix else 0.0
@@ -197,10 +197,11 @@ class CodecBatcher(Mailbox):
     def _run_one(self, req: WindowRequest) -> None:
         """One window: its own graph; else (a length no reply schedule renders: after a replay
         from a barge-in, a gap upstream) the mixer's, padded; else eagerly."""
-        if not self.windows.has(req.key) and self._mixes(req.key):
+        own = self.windows.has(req.key)
+        if not own and self._mixes(req.key):
             self._mix([req])
             return
-        self._tally(self.windows.has(req.key), 1)
+        self._tally(own, 1)
         req.result = self.windows.run(req.key, req.fn, req.inputs, capture=req.steady)
 
     def _run_group(self, group: list[WindowRequest]) -> None:
