@@ -55,8 +55,8 @@
 #                                batch's sessions (about 250 s held)
 #   scripts/gpu-next.sh q25-first24
 #                                the same with chunks of 24, 24, then 48 frames (about 220 s held)
-#   scripts/gpu-next.sh q25-ramp first chunks of 18 and 20 frames with ramps the talker keeps ahead of, at
-#                                N = 16 (about 450 s held; an H100 will do)
+#   scripts/gpu-next.sh q25-ramp first chunks of 18 frames with a ramp the talker keeps ahead of, at N = 16
+#                                (about 450 s held; an H100 will do)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -249,14 +249,12 @@ case "$run" in
   q25-ramp)
     # qwen25's run at N = 16 with first chunks long enough to cover one codec pass of all the
     # sessions' windows (about 290 ms at 16 sessions: 15 frames of audio) and a ramp the talker
-    # keeps ahead of: 18, 18, 24, 36, then 48 (also N = 32, and N = 16 without the talker's
-    # prefill waiting for each thinker batch's sessions), then 20, 20, 28, 40, 48
-    # (q25_ramp18.json, q25_ramp20.json; about 450 s held)
-    timeout 300 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 32 --first-frames 18 --ramp-frames 18 24 36 \
-      --sweep apart:expect_talkers=0 --sweep-sessions 16 --out "$OUT/q25_ramp18.json" 2>&1 | grep -v '^\[transformers\]' \
+    # keeps ahead of: 18, 18, 24, 36, then 48; then N = 16 without the talker's prefill waiting
+    # for each thinker batch's sessions (q25_ramp18.json; about 450 s held: the build alone took
+    # 160 s on one host, over 300 s on another)
+    timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --first-frames 18 --ramp-frames 18 24 36 \
+      --sweep apart:expect_talkers=0 --out "$OUT/q25_ramp18.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-600 | tail -8 || true
-    timeout 240 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --first-frames 20 --ramp-frames 20 28 40 \
-      --out "$OUT/q25_ramp20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-600 | tail -5 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),
