@@ -258,6 +258,8 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         "underrun_gap_ms_max": max((g for _, g in under), default=0.0),
         # where in the replies the late chunks were: audio chunk index (5: the 6th or later) → count, ms
         "late_by_chunk": _late_by_chunk(runs),
+        # which chunks make the chunk RTF's tail: its spread over sessions by audio chunk index
+        "rtf_by_chunk": _rtf_by_chunk(runs),
         "decode_ms": {"p50": _pct(decode, 50), "p95": _pct(decode, 95)},
         # codec windows the replies asked for, by length in codes (steady: a shape that recurs)
         "codec_window_codes": {f"{k[0]}{'' if k[1] else ' last'}": v for k, v in sorted(shapes.items())},
@@ -289,10 +291,30 @@ def _late_by_chunk(runs: list[dict]) -> dict[int, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
+def _rtf_by_chunk(runs: list[dict], last: int = 8) -> dict[int, dict[str, float]]:
+    """Chunk RTF (wall time since the previous audio chunk over this one's duration) by audio
+    chunk index (``last``: that one and every later one), p50 / p95 / max over the sessions'
+    chunks, with their mean length in frames."""
+    rtf: dict[int, list[float]] = {}
+    frames: dict[int, list[int]] = {}
+    for run in runs:
+        audible = [c for c in run["chunks"] if c["samples"] > 0]
+        for index in range(1, len(audible)):
+            gap = audible[index]["ready_s"] - audible[index - 1]["ready_s"]
+            if gap <= 0:  # made together with the one before (as the per-session RTF counts them)
+                continue
+            slot = min(index, last)
+            rtf.setdefault(slot, []).append(gap / (audible[index]["samples"] / 24_000))
+            frames.setdefault(slot, []).append(audible[index]["frames"])
+    return {i: {"p50": _pct(v, 50), "p95": _pct(v, 95), "max": max(v), "frames": sum(frames[i]) / len(frames[i])}
+            for i, v in sorted(rtf.items())}
+
+
 def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> dict:
     res = run_n(model, req, n, ahead_ms, arrive_ms)
     brief = {k: res[k] for k in ("sessions", "completed", "ttfa_ms", "chunk_rtf", "audio_s_per_wall_s",
-                                  "underrun_sessions", "underrun_gap_ms_max", "late_by_chunk", "gpu_mem_peak_gb")}
+                                  "underrun_sessions", "underrun_gap_ms_max", "late_by_chunk", "rtf_by_chunk",
+                                  "gpu_mem_peak_gb")}
     brief["variant"] = variant
     if ahead_ms:
         brief["prefill_ahead_ms"] = res["prefill_ahead_ms"]
