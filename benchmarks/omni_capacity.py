@@ -354,7 +354,8 @@ def profile_level(model, req, n: int) -> dict:
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "expect_talkers"}
+              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "expect_talkers",
+             "expect_windows"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -404,6 +405,10 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     # the talker's prefill waits for the sessions of each thinker prefill batch (0: it does not)
     model.batching.prefill.on_finished = model.batching.talker_prefill.expect if values["expect_talkers"] else None
+    # the codec's first windows wait for those of the replies prefilled with them (0: they do not)
+    batcher = model.codec.batcher
+    model.batching.talker_prefill.on_finished = (batcher.expect_first if values["expect_windows"] and batcher is not None
+                                                 else None)
     if model.codec.batcher is not None:  # Qwen2.5: windows of several lengths in one pass (0: one length)
         model.codec.batcher.mix = bool(values["mix"])
         model.codec.batcher.burst_s = values["codec_burst_ms"] / 1000.0
@@ -513,6 +518,7 @@ def run_config(path: Path, args) -> dict:
                 "first_frames": model.talker_settings.first_chunk_frames,
                 "ramp": tuple(model.talker_settings.ramp_frames),
                 "expect_talkers": float(model.batching.prefill.on_finished is not None),
+                "expect_windows": float(model.batching.talker_prefill.on_finished is not None),
                 "mix": float(model.codec.batcher is not None and model.codec.batcher.mix),
                 "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0}
     apply_variant(model, {}, defaults)

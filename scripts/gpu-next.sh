@@ -57,6 +57,8 @@
 #                                the same with chunks of 24, 24, then 48 frames (about 220 s held)
 #   scripts/gpu-next.sh q25-ramp first chunks of 18 frames with a ramp the talker keeps ahead of, at N = 16
 #                                (about 450 s held; an H100 will do)
+#   scripts/gpu-next.sh q25-first the same with the codec's first windows waiting for those of the replies
+#                                prefilled with them, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -255,6 +257,14 @@ case "$run" in
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --first-frames 18 --ramp-frames 18 24 36 \
       --sweep apart:expect_talkers=0 --out "$OUT/q25_ramp18.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-600 | tail -8 || true
+    ;;
+  q25-first)
+    # qwen25's run at N = 16 (twice) with the ramp of q25-ramp (18, 18, 24, 36, then 48) and the
+    # codec's first windows waiting for those of the replies prefilled with them (the default),
+    # then N = 16 without that wait (q25_first.json; about 400 s held)
+    timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 16 --first-frames 18 --ramp-frames 18 24 36 \
+      --sweep apart:expect_windows=0 --sweep-sessions 16 --out "$OUT/q25_first.json" 2>&1 | grep -v '^\[transformers\]' \
+      | cut -c1-400 | tail -8 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),

@@ -270,6 +270,33 @@ def test_the_talker_prefill_expects_the_sessions_of_each_thinker_prefill_batch(p
         talker.burst_s = burst
 
 
+def test_a_spoken_replys_talker_prefill_announces_its_first_codec_window(pair):
+    """The talker's prefill of a reply names the session (its talker slot) to the codec, whose
+    first window of that reply carries the same slot, and only that window (the codec waits for
+    the first windows announced together: tests/engines/test_omni_mailbox.py). Qwen3's codec
+    has no burst to wait in: it keeps no announcement."""
+    batched = pair["batched"]
+    codec, talker_prefill = batched.codec.batcher, batched.batching.talker_prefill
+    assert talker_prefill.on_finished == codec.expect_first
+    told: list[list[int]] = []
+    owners: list[int | None] = []
+    talker_prefill.on_finished = lambda slots: (told.append(list(slots)), codec.expect_first(slots))
+    run = codec.run
+    codec.run = lambda *args: (owners.append(args[5]), run(*args))[1]
+    session = batched.open_session()
+    try:
+        run_turn(session, request([TurnMessage(role="user", text="say something")], max_tokens=16))
+    finally:
+        session.close()
+        talker_prefill.on_finished = codec.expect_first
+        del codec.run
+    slot = session.rows.talker.slot
+    assert told == [[slot]]
+    assert owners[0] == slot and all(owner is None for owner in owners[1:])
+    assert len(owners) > 1 or batched.arch != "qwen2_5_omni"  # (Qwen3's tiny talker ends at once)
+    assert not codec._announced
+
+
 def test_a_session_beyond_the_slots_is_refused_and_a_freed_slot_is_reused(pair):
     batched = pair["batched"]
     sessions = [batched.open_session() for _ in range(4)]

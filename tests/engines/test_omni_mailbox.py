@@ -122,3 +122,99 @@ def test_a_batch_waits_the_whole_burst_for_requests_known_to_be_on_their_way_and
         assert loop.batches == batches
         if expected:  # it started about 40 ms after the first, far from the 2 s burst
             assert loop.gathered_s[0] < 1.0
+
+
+class _Mixer:
+    """Every window one family, decoded in one pass that records the windows' owners."""
+
+    def __init__(self, passes: list[list[int]]) -> None:
+        self.passes = passes
+
+    def family(self, key):
+        return "all"
+
+    def choose(self, group):
+        return list(group)
+
+    def run(self, inputs, lengths):
+        self.passes.append(sorted(lengths))
+        return [x for x, in inputs], False
+
+
+def _codec(burst_s: float = 0.3):
+    import torch
+
+    from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
+    from realtime_omni.engines.omni.graphs import ShapeGraphs
+
+    passes: list[list[int]] = []
+    batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.005, burst_s=burst_s)
+    batcher.mixer = _Mixer(passes)
+
+    def send(owner: int) -> threading.Thread:
+        def alone(x):  # a window that finds no other in its pass decodes alone
+            passes.append([owner])
+            return x
+
+        th = threading.Thread(target=batcher.run, args=(("w", owner), alone, (torch.zeros(1, 2),), False,
+                                                        time.monotonic(), owner))
+        th.start()
+        return th
+
+    return batcher, passes, send
+
+
+@pytest.mark.parametrize("announced", [True, False], ids=["announced", "unannounced"])
+def test_a_first_codec_window_waits_for_the_first_windows_announced_with_it(announced):
+    """Replies whose talker prefills finished together (``expect_first``) send their first
+    windows a talker step or two apart: the first one waits for the others (within the burst)
+    and all decode in one pass. Unannounced, the first goes alone after the short gather."""
+    batcher, passes, send = _codec()
+    try:
+        if announced:
+            batcher.expect_first([1, 2])
+        threads = [send(1)]
+        time.sleep(0.1)  # a few talker steps later
+        threads.append(send(2))
+        for th in threads:
+            th.join(5)
+    finally:
+        batcher.close()
+    assert passes == ([[1, 2]] if announced else [[1], [2]])
+    assert not batcher._announced
+
+
+def test_a_first_codec_window_waits_only_for_peers_and_never_past_its_burst():
+    """A reply announced a burst after the queued one is not its peer (its window comes that much
+    later), nor is one announced so long ago that it must have been cancelled; and however many
+    peers stay away, the wait ends with the burst."""
+    from realtime_omni.engines.omni.batching import codec_windows
+
+    batcher, passes, send = _codec(burst_s=0.2)
+    try:
+        batcher.expect_first([1])
+        with batcher._cond:
+            batcher._announced[7] = time.monotonic() - codec_windows.FIRST_WINDOW_S  # lapsed
+            batcher._announced[8] = time.monotonic() + 0.5  # a later reply's
+        began = time.monotonic()
+        send(1).join(5)
+        assert time.monotonic() - began < 0.15 and passes == [[1]]
+        assert 7 not in batcher._announced and 8 in batcher._announced
+        batcher.expect_first([2, 3])  # a peer that never comes: the wait is the burst's
+        began = time.monotonic()
+        send(2).join(5)
+        assert 0.15 < time.monotonic() - began < 1.0 and passes == [[1], [2]]
+    finally:
+        batcher.close()
+
+
+def test_without_a_burst_the_codec_expects_no_first_window():
+    batcher, passes, send = _codec(burst_s=0.0)
+    try:
+        batcher.expect_first([1, 2])
+        assert not batcher._announced
+        began = time.monotonic()
+        send(1).join(5)
+        assert time.monotonic() - began < 0.15 and passes == [[1]]
+    finally:
+        batcher.close()

@@ -117,7 +117,7 @@ class OmniCodec:
         return max(0, n_codes * self.samples_per_code - self.lost) if n_codes else 0
 
     def render(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
-               noise=None, steady: bool = False, deadline: float = math.inf) -> np.ndarray:
+               noise=None, steady: bool = False, deadline: float = math.inf, owner: int | None = None) -> np.ndarray:
         """Waveform (float32, 24 kHz) of ``codes`` rendered as one window whose first code has
         index ``start`` in the reply (Qwen2.5 uses it to pick the noise of those mel frames;
         ``noise`` overrides that noise, shape (mel frames, mel bins)).
@@ -126,27 +126,29 @@ class OmniCodec:
         graphs are captured only while the model loads, and a reply's last window reaches back
         to one of their lengths (:meth:`last_start`). ``deadline``: when
         its listener needs this window's audio (``time.monotonic``; the batched codec decodes the
-        windows needed soonest first)."""
+        windows needed soonest first). ``owner``: the talker slot of the reply whose first window
+        this is (the batched codec waits for the first windows of replies that started with it)."""
         import torch
 
         with torch.inference_mode():
             if self.arch == "qwen2_5_omni":
                 seed = self.settings.seed if seed is None else seed
-                return self._render_q25(codes, start, speaker, seed, noise, steady, deadline)
-            return self._render_q3(codes, steady, deadline)
+                return self._render_q25(codes, start, speaker, seed, noise, steady, deadline, owner)
+            return self._render_q3(codes, steady, deadline, owner)
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
         return self.render(codes, 0, speaker, seed)
 
-    def _render_q3(self, codes, steady: bool = False, deadline: float = math.inf) -> np.ndarray:
+    def _render_q3(self, codes, steady: bool = False, deadline: float = math.inf,
+                   owner: int | None = None) -> np.ndarray:
         import torch
 
         codes = torch.as_tensor(codes, dtype=torch.long)
         if codes.ndim == 1:
             codes = codes[:, None]
         codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window(*self._q3_call(codes), steady, deadline)
+        wav = self._window(*self._q3_call(codes), steady, deadline, owner)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def _q3_call(self, codes) -> tuple[tuple, Callable[..., Any], tuple]:
@@ -190,10 +192,10 @@ class OmniCodec:
             key, fn, inputs = self._q25_call(codes, self.noise(0, n * self.repeats, 0), None)
             return key, fn, tuple(t.expand(rows, *t.shape[1:]).contiguous() for t in inputs)
 
-    def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf):
+    def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf, owner: int | None = None):
         if self.batcher is not None:
             if not _probing():
-                return self.batcher.run(key, fn, inputs, steady, deadline)
+                return self.batcher.run(key, fn, inputs, steady, deadline, owner)
             if self._group_shapes:
                 self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
         with on_stream(self.loaded.stream("codec")):
@@ -260,7 +262,7 @@ class OmniCodec:
         return field[off : off + (last - first)]
 
     def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
-                    steady: bool = False, deadline: float = math.inf) -> np.ndarray:
+                    steady: bool = False, deadline: float = math.inf, owner: int | None = None) -> np.ndarray:
         import torch
 
         t2w = self.loaded.model.token2wav
@@ -274,7 +276,7 @@ class OmniCodec:
         frames = codes.shape[1] * self.repeats
         if noise is None:
             noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
-        wav = self._window(*self._q25_call(codes, noise, speaker), steady, deadline)
+        wav = self._window(*self._q25_call(codes, noise, speaker), steady, deadline, owner)
         return wav.detach().reshape(-1).float().cpu().numpy()
 
     def _q25_call(self, codes, noise, speaker: str | None) -> tuple[tuple, Callable[..., Any], tuple]:

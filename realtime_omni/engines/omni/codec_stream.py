@@ -18,12 +18,15 @@ class CodecStream:
     """Incremental decoder for one reply: push code chunks in order, get the new samples."""
 
     @classmethod
-    def of(cls, codec: OmniCodec, turn: int, speaker: str | None, seed: int | None = None) -> CodecStream:
-        """A stream of ``codec`` for one reply (``seed``: the codec's own by default)."""
-        return cls(codec, turn, speaker, codec.settings.seed if seed is None else seed)
+    def of(cls, codec: OmniCodec, turn: int, speaker: str | None, seed: int | None = None,
+           slot: int | None = None) -> CodecStream:
+        """A stream of ``codec`` for one reply (``seed``: the codec's own by default; ``slot``: the
+        session's talker slot, which names the reply's first window to the batched codec)."""
+        return cls(codec, turn, speaker, codec.settings.seed if seed is None else seed, slot)
 
-    def __init__(self, codec: OmniCodec, turn: int, speaker: str | None, seed: int) -> None:
+    def __init__(self, codec: OmniCodec, turn: int, speaker: str | None, seed: int, slot: int | None = None) -> None:
         self.codec = codec
+        self.slot = slot
         self.turn = turn
         self.speaker = speaker
         self.seed = seed
@@ -79,7 +82,8 @@ class CodecStream:
         allc = torch.cat(self.codes, dim=0)
         if len(self.codes) > 1:
             self.codes = [allc]
-        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, deadline=self._deadline())
+        wav = codec.render(allc[c0 : self.n], c0, self.speaker, self.seed, steady=not final, deadline=self._deadline(),
+                           owner=self.slot if self.started is None else None)
         base = c0 * U
         new = wav[self.emitted - base : target - base].copy()
         if self.tail is not None and len(self.tail) and len(new):

@@ -196,6 +196,9 @@ class OmniModel(VoiceModel):
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
             dit_steps=self.dit_steps, dit_dtype=self.dit_dtype,
         ), batch_windows=self.batching is not None, batch_rows=self.max_sessions)
+        if self.batching is not None and self.codec.batcher is not None:
+            # the replies of one talker prefill batch reach the codec together (expect_first)
+            self.batching.talker_prefill.on_finished = self.codec.batcher.expect_first
 
     def load(self, progress: Callable[[str], None] = lambda _msg: None) -> None:
         if self.loaded is None and self.random_weights:

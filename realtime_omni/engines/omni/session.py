@@ -140,8 +140,9 @@ class OmniSession(ModelSession):
             if stream is None or stream.turn != chunk.turn:
                 if stream is not None and chunk.turn < stream.turn:
                     return np.zeros(0, np.int16)  # a chunk of an older reply
+                slot = self.rows.talker.slot if self.rows is not None else None
                 stream = self._codec_stream = CodecStream.of(self.model.codec, chunk.turn, chunk.speaker,
-                                                             seed=self.seed + chunk.turn)
+                                                             seed=self.seed + chunk.turn, slot=slot)
             wav = stream.push(chunk.codes, start=chunk.start, final=chunk.final or out.final)
             if chunk.final or out.final:
                 self._codec_stream = None

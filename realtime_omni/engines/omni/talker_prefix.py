@@ -12,13 +12,15 @@ from .loader import LoadedOmni
 
 def prefill_rows(loaded: LoadedOmni, forward: Callable[..., Any], decoder: StaticDecoder, rows: Any, inputs: Any,
                  positions: Any, context_rows: int, prefix: TalkerPrefix,
-                 prepared_since: float | None = None) -> tuple[Any, int]:
+                 prepared_since: float | None = None, speaks: bool = False) -> tuple[Any, int]:
     """Run ``inputs`` (n, D) at ``positions`` (3, n) into a session's talker cache (its own, or
     its slot in the batched talker when ``rows`` is given), skipping the leading context rows
     the cache already holds (under the session's step lock); ``forward``: the architecture's
     :meth:`TalkerStream.forward`; ``prepared_since``: when the prompt's preparation began (the
-    batched prefill times it). Returns the last row's outputs (Qwen2.5: logits; Qwen3: hidden
-    state and logits) and the rows run."""
+    batched prefill times it); ``speaks``: a reply's own prompt, whose first audio follows (the
+    batched prefill names the slot to what comes next, see ``PrefillBatcher.on_finished``).
+    Returns the last row's outputs (Qwen2.5: logits; Qwen3: hidden state and logits) and the rows
+    run."""
     context = inputs[:context_rows]
     keep = prefix.reusable(context, positions[:, :context_rows], decoder.write_position()) if context_rows else 0
     n = inputs.shape[0] - keep
@@ -29,7 +31,7 @@ def prefill_rows(loaded: LoadedOmni, forward: Callable[..., Any], decoder: Stati
         else:
             # with the other sessions' talker prefills starting now, in one forward pass
             hidden, logits = rows.prefill.prefill(inputs[keep:], positions[:, keep:], {}, rows.slot, keep,
-                                                  prepared_since)
+                                                  prepared_since, then=rows.slot if speaks else None)
             decoder.advance(n)
             out = logits if loaded.arch == "qwen2_5_omni" else (hidden, logits)
     if context_rows:

@@ -319,7 +319,7 @@ class TalkerStream:
         self.frame_limit = max(1, min(self.settings.max_new_tokens, decoder.max_len - n - 1))
         with self._own_caches():
             out, self.rows_run = prefill_rows(self.loaded, self.forward, decoder, self.rows, inputs[0], positions,
-                                              context_rows, self.prefix, self.preparing_since)
+                                              context_rows, self.prefix, self.preparing_since, speaks=True)
         return out
 
     def _step_with(self, fill: Callable[..., None]) -> Any:

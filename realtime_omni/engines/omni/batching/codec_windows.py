@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,10 @@ class WindowRequest:
     #: when its listener needs this window's audio (``time.monotonic``): a reply's first window
     #: now, a later one when playback from the first audio reaches it; inf: no listener waits
     deadline: float = math.inf
+    #: the talker slot of the reply whose first window this is (None: a later window)
+    owner: int | None = None
+    #: when that reply's first window was announced (:meth:`CodecBatcher.expect_first`)
+    announced: float | None = None
     done: Done = field(default_factory=Done)
     result: Any = None
     error: BaseException | None = None
@@ -55,6 +59,9 @@ GROUP_BUCKETS = (2, 4, 8, 16, 32)
 #: interpreter lock for its thousands of launches. A reply's last window is such a shape: its
 #: lengths are captured for one window, not for groups.
 ALONE_REPLAYS = 4
+#: how long an announced first window is waited for at most (a reply cancelled before its first
+#: window never sends it)
+FIRST_WINDOW_S = 1.0
 
 
 class CodecBatcher(Mailbox):
@@ -87,6 +94,8 @@ class CodecBatcher(Mailbox):
         #: turns it off and on (windows of one shape per pass when off)
         self.mixer: Any = None
         self.mix = True
+        #: talker slots of replies whose first window is on its way -> when it was announced
+        self._announced: dict[int, float] = {}
         self._start()
 
     def remember(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...]) -> None:
@@ -112,18 +121,56 @@ class CodecBatcher(Mailbox):
         return keys
 
     def run(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
-            deadline: float = math.inf) -> Any:
+            deadline: float = math.inf, owner: int | None = None) -> Any:
         """``fn(*inputs)`` for this window, decoded with the other sessions' windows of the same
         key; returns this window's output (batch axis of 1). The group needed soonest (its
-        earliest ``deadline``) goes first."""
-        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline))
+        earliest ``deadline``) goes first. ``owner``: the talker slot of the reply whose first
+        window this is."""
+        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline, owner))
+
+    def expect_first(self, owners: Sequence[int]) -> None:
+        """The replies of these talker slots have just been prefilled by the talker: their first
+        windows follow a first chunk's frames later. Replies that start together reach the codec
+        a talker step or two apart (the first decode steps take the sessions whose threads came
+        round first); a pass that took only the first comers would keep the others waiting for
+        it, their first audio a whole pass later, and the two cohorts taking turns from then on.
+        So a pass with a first window waits (up to ``burst_s``) for the first windows announced
+        at most ``burst_s`` after its own: those are about as far along."""
+        if self.burst_s <= 0:
+            return
+        now = time.monotonic()
+        with self._cond:
+            for owner in owners:
+                self._announced[int(owner)] = now
+            self._cond.notify_all()
+
+    def _enqueue(self, req: WindowRequest) -> WindowRequest:
+        if req.owner is not None:
+            with self._cond:
+                req.announced = self._announced.pop(req.owner, None)
+        return super()._enqueue(req)
+
+    def _expecting(self) -> bool:
+        """Under ``_cond``: whether a queued first window's peers (announced at most ``burst_s``
+        after it, within :data:`FIRST_WINDOW_S`) are still to come."""
+        if not self._announced:
+            return False
+        latest = max((r.announced for r in self._queue if r.announced is not None), default=None)
+        if latest is None:
+            return False
+        now = time.monotonic()
+        self._announced = {o: t for o, t in self._announced.items() if now - t < FIRST_WINDOW_S}
+        return any(t <= latest + self.burst_s for t in self._announced.values())
 
     def _loop(self) -> None:
         carried = False  # windows left queued by the last pass: taken at once (mixing: after a burst)
         while True:
             with self._cond:
+                while not self._queue and not self._closed:  # (the settings read once work is here)
+                    self._cond.wait(self.idle_wait_s)
                 burst = self.burst_s if self.mixer is not None and self.mix else 0.0
-                if not self._gathered(self.gather_s, lambda _n, now=carried and not burst: now, burst):
+                if not self._gathered(self.gather_s, lambda _n, now=carried and not burst: now, burst,
+                                      self._expecting):
                     return
                 groups: dict[Hashable, list[WindowRequest]] = {}
                 for req in self._queue:
