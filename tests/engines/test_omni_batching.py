@@ -400,6 +400,94 @@ def test_batcher_refuses_bad_slots_and_survives_a_failed_step():
         batcher.step((torch.zeros(2),), slot=0)
 
 
+@pytest.mark.parametrize("expected", [True, False], ids=["expected", "unexpected"])
+def test_a_step_waits_for_the_first_steps_of_the_sessions_a_prefill_batch_just_ended(expected):
+    """After a prefill batch the stage expects those sessions' first steps (``expect``, called
+    by the prefill's ``stepper`` hook): the first step waits for them, up to ``expect_s``, and
+    all go in one batch. Unexpected, each goes as it comes."""
+    batcher = _adder(8)
+    batcher.expect_s = 2.0
+    try:
+        if expected:
+            batcher.expect([0, 1, 2])
+        threads = []
+        for slot in (0, 1, 2):
+            threads.append(threading.Thread(target=batcher.step, args=((torch.zeros(2),), slot)))
+            threads[-1].start()
+            time.sleep(0.1)  # the sessions' threads come round one after another
+        for th in threads:
+            th.join(10)
+    finally:
+        batcher.close()
+    assert [rows for _, _, rows in batcher.timeline] == ([3] if expected else [1, 1, 1])
+
+
+def test_an_expected_step_that_never_comes_holds_a_batch_no_longer_than_expect_s():
+    batcher = _adder(8)
+    batcher.expect_s = 0.3
+    try:
+        batcher.expect([5], within_s=0.6)
+        began = time.monotonic()
+        batcher.step((torch.zeros(2),), slot=0)
+        assert 0.25 < time.monotonic() - began < 0.6
+        time.sleep(0.4)  # slot 5's expectation lapses
+        batcher.expect([6], within_s=0.01)  # lapsed before the next step: not waited for
+        time.sleep(0.05)
+        began = time.monotonic()
+        batcher.step((torch.zeros(2),), slot=0)
+        assert time.monotonic() - began < 0.2
+        batcher.expect_s = 0.0  # a stage that expects nothing
+        batcher.expect([7], within_s=10.0)
+        assert not batcher._expected
+    finally:
+        batcher.close()
+
+
+def test_a_spoken_replys_prefills_tell_each_stage_whose_first_step_follows(pair):
+    """The thinker's and the talker's prefills name the slots of a spoken reply to their stage's
+    decode steps (``stepper``); a prefill run ahead of its turn names none."""
+    batching = pair["batched"].batching
+    assert batching.prefill.stepper is batching.thinker and batching.talker_prefill.stepper is batching.talker
+    told: dict[str, list[list[int]]] = {"thinker": [], "talker": []}
+    expects = {name: getattr(batching, name).expect for name in told}
+    for name in told:
+        getattr(batching, name).expect = lambda slots, _name=name, **kw: (told[_name].append(list(slots)),
+                                                                           expects[_name](slots, **kw))
+    session = pair["batched"].open_session()
+    try:
+        first = TurnMessage(role="user", text="tell me")
+        run_turn(session, dataclasses.replace(request([first], max_tokens=4), want_audio=True))
+        assert told == {"thinker": [[session.rows.thinker.slot]], "talker": [[session.rows.talker.slot]]}
+        told["thinker"].clear(), told["talker"].clear()
+        # the next turn prefilled ahead of its reply: nothing follows at once
+        ahead = request([first, TurnMessage(role="user", text="and more")], max_tokens=4)
+        assert session.prefill(dataclasses.replace(ahead, want_audio=True)) > 0
+        assert told == {"thinker": [], "talker": []}
+    finally:
+        session.close()
+        for name in told:
+            del getattr(batching, name).expect
+
+
+def test_a_failing_hint_to_the_next_stage_does_not_stop_the_prefills(pair):
+    batching = pair["batched"].batching
+    hook = batching.prefill.on_finished
+
+    def broken(slots):
+        raise RuntimeError("the next stage is gone")
+
+    batching.prefill.on_finished = broken
+    session = pair["batched"].open_session()
+    try:
+        for text in ("first", "second"):  # the second prefill still runs
+            req = dataclasses.replace(request([TurnMessage(role="user", text=text)], max_tokens=3), want_audio=True)
+            outputs, _, audio, _ = run_turn(session, req)
+            assert outputs and sum(len(a) for a in audio) > 0
+    finally:
+        session.close()
+        batching.prefill.on_finished = hook
+
+
 def test_steps_queued_ahead_run_in_order_one_per_batch_and_withdrawn_ones_never_run():
     ran: list[list[float]] = []
 

@@ -172,6 +172,9 @@ class StepBatcher(Mailbox):
         #: that step while the woken sessions take the interpreter (the model's setting
         #: ``pipelined_steps``; measured on the H200 in docs/benchmarks/omni-capacity.md)
         self.pipelined = False
+        #: after a prefill batch, how long a step waits for those sessions' first steps
+        #: (:meth:`~.mailbox.Mailbox.expect`): a step or two of their threads coming round
+        self.expect_s = 0.03
         self._held: list[_Request] = []  # run and complete, handed over after the next launch
         super().__init__()
         self.spans = DeviceSpans(graphs_available(device))
@@ -265,14 +268,21 @@ class StepBatcher(Mailbox):
             with self._cond:
                 if self._held and not self._queue:  # no next step to launch first: hand them over now
                     self._hand_over()
-                # the sessions mid-reply will submit soon: give them a moment to join this step
-                if not self._gathered(self.gather_s, lambda _n: self._queued_slots() >= self.activity.count):
+                # the sessions mid-reply will submit soon: give them a moment to join this step;
+                # the sessions of a prefill batch that just ended (``expect``), up to ``expect_s``
+                self._await_work()
+                expect_s = self.expect_s if self._expected else 0.0
+                if not self._gathered(self.gather_s, self._all_queued, expect_s, self._expecting):
                     self._hand_over()  # closing: what already ran is still theirs
                     return
                 take, self._queue = self._take(self._queue)
             self.phase_s["idle"] += time.perf_counter() - waited
             if take:
                 self._run(take)
+
+    def _all_queued(self, _queued: int) -> bool:
+        """Every session mid-reply, and every one expected, has a step queued."""
+        return self._queued_slots() >= self.activity.count and not self._expecting()
 
     def _queued_slots(self) -> int:
         """Sessions with a step queued (a session may queue several ahead: it counts once)."""

@@ -166,8 +166,7 @@ class CodecBatcher(Mailbox):
         carried = False  # windows left queued by the last pass: taken at once (mixing: after a burst)
         while True:
             with self._cond:
-                while not self._queue and not self._closed:  # (the settings read once work is here)
-                    self._cond.wait(self.idle_wait_s)
+                self._await_work()
                 burst = self.burst_s if self.mixer is not None and self.mix else 0.0
                 if not self._gathered(self.gather_s, lambda _n, now=carried and not burst: now, burst,
                                       self._expecting):

@@ -72,6 +72,8 @@ class Mailbox:
     idle_wait_s = 0.5
     #: the latest steps kept in :attr:`timeline`
     timeline_steps = 4096
+    #: how long a batch may wait for the requests announced by :meth:`expect` (0: it expects none)
+    expect_s = 0.0
 
     def __init__(self) -> None:
         self._queue: list[Any] = []
@@ -84,6 +86,8 @@ class Mailbox:
         #: took turns in a burst, which the totals do not show
         self.timeline: deque[tuple[float, float, int]] = deque(maxlen=self.timeline_steps)
         self.spans = DeviceSpans(False)  # a loop on CUDA turns it on
+        #: slots whose request is on its way (see :meth:`expect`) -> until when to wait for them
+        self._expected: dict[int, float] = {}
         self._thread = threading.Thread(target=self._loop, name=f"batch-{self.name}", daemon=True)
 
     def _start(self) -> None:
@@ -125,6 +129,35 @@ class Mailbox:
             if not req.done.wait(max(0.0, end - time.monotonic())):
                 raise TimeoutError(f"{self.name}: a running step did not finish within {self.step_timeout_s:.0f} s")
 
+    def expect(self, slots: Sequence[int], within_s: float = 0.25) -> None:
+        """Requests of ``slots`` will come within ``within_s``: a batch that starts meanwhile waits
+        for them (up to ``expect_s`` after its first request). The sessions of a burst of turns,
+        whose prefills ran in one batch, reach the next step a step or two apart (the first
+        batch takes those whose threads came round first); batched apart, their replies stay a
+        step apart from then on and take turns at the codec."""
+        if self.expect_s <= 0:
+            return
+        until = time.monotonic() + within_s
+        with self._cond:
+            for slot in slots:
+                self._expected[int(slot)] = until
+            self._cond.notify_all()
+
+    def _expecting(self) -> bool:
+        """Under ``_cond``: whether an expected request has neither come nor expired."""
+        if not self._expected:
+            return False
+        now, queued = time.monotonic(), {req.slot for req in self._queue}
+        self._expected = {s: t for s, t in self._expected.items() if t > now and s not in queued}
+        return bool(self._expected)
+
+    def _await_work(self) -> None:
+        """Under ``_cond``: until a request is queued (or the mailbox closes). A loop that reads its
+        settings for :meth:`_gathered` reads them after this: an :meth:`expect` made while it
+        was idle counts."""
+        while not self._queue and not self._closed:
+            self._cond.wait(self.idle_wait_s)
+
     def _gathered(self, gather_s: float, enough: Callable[[int], bool] = lambda _n: False,
                   burst_s: float = 0.0, expecting: Callable[[], bool] = lambda: False) -> bool:
         """Under ``_cond``: wait for work, then up to ``gather_s`` more for others to join (or
@@ -133,8 +166,7 @@ class Mailbox:
         ending together, prepared one after another on their threads) meets in one batch instead
         of leaving its stragglers for the next; while ``expecting()`` (requests known to be on
         their way), the wait lasts the whole burst. False once closed."""
-        while not self._queue and not self._closed:
-            self._cond.wait(self.idle_wait_s)
+        self._await_work()
         first = time.monotonic()
         deadline, seen = first + gather_s, len(self._queue)
         while not self._closed and not enough(len(self._queue)):

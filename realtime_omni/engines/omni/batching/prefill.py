@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,34 +161,17 @@ class PrefillBatcher(Mailbox):
         self.wait_s = 0.0
         self.latency_s = 0.0
         self.recent: deque[tuple[float | None, float, float]] = deque(maxlen=1024)
-        #: slots whose prefill is on its way (see :meth:`expect`) -> until when to wait for them
-        self._expected: dict[int, float] = {}
         #: called with the ``then`` slots of each batch's finished requests (the thinker's prefill
         #: tells the talker's which sessions will want theirs next)
         self.on_finished: Callable[[list[int]], None] | None = None
+        #: the stage's decode steps, told which slots' first steps follow each batch (those of
+        #: requests with a ``then``: a reply's own prefill, not one run ahead of its turn)
+        self.stepper: Mailbox | None = None
         self._start()
 
-    def expect(self, slots: Sequence[int], within_s: float = 0.25) -> None:
-        """Prefills of ``slots`` will come within ``within_s``: a batch that starts meanwhile
-        waits for them (up to ``burst_s`` after its first request). The sessions of a burst of
-        turns, prefilled by the thinker in one batch, reach the talker's prefill a decode step or
-        two apart (the first thinker step takes those whose threads came round first); batched
-        apart, their replies stay a step apart from then on and take turns at the codec."""
-        if self.burst_s <= 0:
-            return
-        until = time.monotonic() + within_s
-        with self._cond:
-            for slot in slots:
-                self._expected[int(slot)] = until
-            self._cond.notify_all()
-
-    def _expecting(self) -> bool:
-        """Under ``_cond``: whether an expected prefill has neither come nor expired."""
-        if not self._expected:
-            return False
-        now, queued = time.monotonic(), {req.slot for req in self._queue}
-        self._expected = {s: t for s, t in self._expected.items() if t > now and s not in queued}
-        return bool(self._expected)
+    @property
+    def expect_s(self) -> float:  # (the burst is how long an expected prefill is waited for)
+        return self.burst_s
 
     def prefill(self, inputs: Any, positions: Any, mm: dict[str, Any], slot: int, start: int,
                 prepared_since: float | None = None, then: int | None = None) -> tuple[Any, ...]:
@@ -273,9 +256,15 @@ class PrefillBatcher(Mailbox):
                         self._timed(req, ended)
             for req in finished:
                 req.done.set()
-            done = [req.then for req in finished if req.error is None and req.then is not None]
-            if done and self.on_finished is not None:
-                self.on_finished(done)
+            done = [req for req in finished if req.error is None and req.then is not None]
+            try:
+                if done and self.stepper is not None:
+                    # (briefly: a reply cut right after its prefill must not hold the others' steps)
+                    self.stepper.expect([req.slot for req in done], within_s=0.1)
+                if done and self.on_finished is not None:
+                    self.on_finished([req.then for req in done])
+            except Exception:  # noqa: BLE001 - a hint for the next stage must not stop this loop
+                log.exception("omni: %s could not tell the next stage what follows", self.name)
 
     def _timed(self, req: PrefillRequest, ended: float) -> None:
         wait = (req.started_at if req.started_at is not None else ended) - req.queued_at

@@ -205,6 +205,8 @@ class OmniBatching:
         self.talker_frames = FusedTalker(loaded, self.talker_pool, kind.code_sampling(loaded, talker_settings),
                                          graphs=graphs, gather_s=gather_s)
         self.talker = self.talker_frames.batcher
+        # and each stage's first decode steps after a prefill batch go together
+        self.prefill.stepper, self.talker_prefill.stepper = self.thinker, self.talker
         for batcher in self.batchers:
             batcher.pipelined = bool(pipelined)
         log.info("omni batching: %s", self.describe())
