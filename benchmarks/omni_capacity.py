@@ -355,7 +355,7 @@ def profile_level(model, req, n: int) -> dict:
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
               "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "expect_talkers",
-             "expect_windows"}
+             "expect_windows", "expect_steps"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 
@@ -405,6 +405,10 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     model.batching.lookahead = int(values["lookahead"])  # sessions opened from now on
     # the talker's prefill waits for the sessions of each thinker prefill batch (0: it does not)
     model.batching.prefill.on_finished = model.batching.talker_prefill.expect if values["expect_talkers"] else None
+    # each stage's first decode steps after a prefill batch wait for its sessions (0: they do not)
+    steps = bool(values["expect_steps"])
+    model.batching.prefill.stepper = model.batching.thinker if steps else None
+    model.batching.talker_prefill.stepper = model.batching.talker if steps else None
     # the codec's first windows wait for those of the replies prefilled with them (0: they do not)
     batcher = model.codec.batcher
     model.batching.talker_prefill.on_finished = (batcher.expect_first if values["expect_windows"] and batcher is not None
@@ -519,6 +523,7 @@ def run_config(path: Path, args) -> dict:
                 "ramp": tuple(model.talker_settings.ramp_frames),
                 "expect_talkers": float(model.batching.prefill.on_finished is not None),
                 "expect_windows": float(model.batching.talker_prefill.on_finished is not None),
+                "expect_steps": float(model.batching.prefill.stepper is not None),
                 "mix": float(model.codec.batcher is not None and model.codec.batcher.mix),
                 "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0}
     apply_variant(model, {}, defaults)

@@ -59,6 +59,10 @@
 #                                (about 450 s held; an H100 will do)
 #   scripts/gpu-next.sh q25-first the same with the codec's first windows waiting for those of the replies
 #                                prefilled with them, and without (about 400 s held)
+#   scripts/gpu-next.sh q25-align the same with each stage's first decode steps after a prefill batch waiting
+#                                for its sessions, and without (about 400 s held)
+#   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32 with those steps waiting, then 32 without (about
+#                                150 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -265,6 +269,21 @@ case "$run" in
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 16 --first-frames 18 --ramp-frames 18 24 36 \
       --sweep apart:expect_windows=0 --sweep-sessions 16 --out "$OUT/q25_first.json" 2>&1 | grep -v '^\[transformers\]' \
       | cut -c1-400 | tail -8 || true
+    ;;
+  q25-align)
+    # qwen25's run at N = 16 (twice) with the ramp of q25-ramp and each stage's first decode steps
+    # after a prefill batch waiting for that batch's sessions (the default since this mode was
+    # written), then N = 16 without (q25_align.json; about 400 s held)
+    timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 16 --first-frames 18 --ramp-frames 18 24 36 \
+      --sweep apart:expect_steps=0 --sweep-sessions 16 --out "$OUT/q25_align.json" 2>&1 | grep -v '^\[transformers\]' \
+      | cut -c1-400 | tail -8 || true
+    ;;
+  qwen3-align)
+    # Qwen3 at N = 1, 32, 32, then 32 without the first decode steps waiting for each prefill
+    # batch's sessions (q3_align.json; about 150 s held on the H200)
+    timeout 220 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 32 32 --sweep apart:expect_steps=0 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),
