@@ -443,28 +443,53 @@ def test_an_expected_step_that_never_comes_holds_a_batch_no_longer_than_expect_s
         batcher.close()
 
 
-def test_a_spoken_replys_prefills_tell_each_stage_whose_first_step_follows(pair):
-    """The thinker's and the talker's prefills name the slots of a spoken reply to their stage's
-    decode steps (``stepper``); a prefill run ahead of its turn names none."""
-    batching = pair["batched"].batching
+def test_spoken_replies_prefilled_together_tell_each_stage_whose_first_steps_follow(pair):
+    """The thinker's and the talker's prefills name the slots of the spoken replies of one batch
+    to their stage's decode steps (``stepper``); a lone reply (no peers to keep pace with) and a
+    prefill run ahead of its turn name none."""
+    batched = pair["batched"]
+    batching = batched.batching
     assert batching.prefill.stepper is batching.thinker and batching.talker_prefill.stepper is batching.talker
     told: dict[str, list[list[int]]] = {"thinker": [], "talker": []}
     expects = {name: getattr(batching, name).expect for name in told}
     for name in told:
-        getattr(batching, name).expect = lambda slots, _name=name, **kw: (told[_name].append(list(slots)),
+        getattr(batching, name).expect = lambda slots, _name=name, **kw: (told[_name].append(sorted(slots)),
                                                                            expects[_name](slots, **kw))
-    session = pair["batched"].open_session()
+    prefills = (batching.prefill, batching.talker_prefill)
+    bursts = [prefill.burst_s for prefill in prefills]
+    sessions = [batched.open_session() for _ in range(2)]
+    first = TurnMessage(role="user", text="tell me")
+    spoken = dataclasses.replace(request([first], max_tokens=4), want_audio=True)
     try:
-        first = TurnMessage(role="user", text="tell me")
-        run_turn(session, dataclasses.replace(request([first], max_tokens=4), want_audio=True))
-        assert told == {"thinker": [[session.rows.thinker.slot]], "talker": [[session.rows.talker.slot]]}
+        run_turn(sessions[0], spoken)  # alone
+        assert told == {"thinker": [], "talker": []}
+        # two turns that end together: their prefills meet (each batch waits for the other)
+        for prefill in prefills:
+            prefill.burst_s = 5.0
+        batching.prefill.expect([s.rows.thinker.slot for s in sessions], within_s=5.0)
+        threads = [threading.Thread(target=run_turn, args=(s, spoken)) for s in sessions]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert told == {"thinker": [sorted(s.rows.thinker.slot for s in sessions)],
+                        "talker": [sorted(s.rows.talker.slot for s in sessions)]}
         told["thinker"].clear(), told["talker"].clear()
-        # the next turn prefilled ahead of its reply: nothing follows at once
+        # the next turns prefilled ahead of their replies: nothing follows at once
         ahead = request([first, TurnMessage(role="user", text="and more")], max_tokens=4)
-        assert session.prefill(dataclasses.replace(ahead, want_audio=True)) > 0
+        batching.prefill.expect([s.rows.thinker.slot for s in sessions], within_s=5.0)
+        threads = [threading.Thread(target=s.prefill, args=(dataclasses.replace(ahead, want_audio=True),))
+                   for s in sessions]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
         assert told == {"thinker": [], "talker": []}
     finally:
-        session.close()
+        for prefill, burst in zip(prefills, bursts, strict=True):
+            prefill.burst_s = burst
+        for session in sessions:
+            session.close()
         for name in told:
             del getattr(batching, name).expect
 

@@ -164,8 +164,8 @@ class PrefillBatcher(Mailbox):
         #: called with the ``then`` slots of each batch's finished requests (the thinker's prefill
         #: tells the talker's which sessions will want theirs next)
         self.on_finished: Callable[[list[int]], None] | None = None
-        #: the stage's decode steps, told which slots' first steps follow each batch (those of
-        #: requests with a ``then``: a reply's own prefill, not one run ahead of its turn)
+        #: the stage's decode steps, told which slots' first steps follow a batch of several
+        #: replies (requests with a ``then``: a reply's own prefill, not one run ahead of its turn)
         self.stepper: Mailbox | None = None
         self._start()
 
@@ -258,8 +258,10 @@ class PrefillBatcher(Mailbox):
                 req.done.set()
             done = [req for req in finished if req.error is None and req.then is not None]
             try:
-                if done and self.stepper is not None:
-                    # (briefly: a reply cut right after its prefill must not hold the others' steps)
+                if len(done) > 1 and self.stepper is not None:
+                    # replies that start together (a lone one has no peers to keep pace with, and
+                    # the others' steps would wait for it); briefly: a reply cut right after its
+                    # prefill must not hold the others' steps
                     self.stepper.expect([req.slot for req in done], within_s=0.1)
                 if done and self.on_finished is not None:
                     self.on_finished([req.then for req in done])
