@@ -436,6 +436,12 @@ def test_an_expected_step_that_never_comes_holds_a_batch_no_longer_than_expect_s
         began = time.monotonic()
         batcher.step((torch.zeros(2),), slot=0)
         assert time.monotonic() - began < 0.2
+        batcher.expect_s = 2.0
+        batcher.expect([8], within_s=10.0)  # a reply cut before its first step: no longer waited for
+        threading.Timer(0.1, batcher.unexpect, args=(8,)).start()
+        began = time.monotonic()
+        batcher.step((torch.zeros(2),), slot=0)
+        assert time.monotonic() - began < 1.0 and not batcher._expected
         batcher.expect_s = 0.0  # a stage that expects nothing
         batcher.expect([7], within_s=10.0)
         assert not batcher._expected
@@ -649,12 +655,18 @@ def test_a_live_talker_waiting_for_its_next_token_is_neither_streaming_nor_paced
 def test_closing_a_reply_while_its_first_frame_queues_steps_withdraws_them():
     """A barge-in that closes a reply's talker stream while its first frame is still queueing
     steps ahead (holding the session's step lock, its lookahead just made) waits for that frame
-    and withdraws what it queued: nothing of the closed reply runs after the close."""
+    and withdraws what it queued: nothing of the closed reply runs after the close, and the stage
+    no longer expects a first step of it."""
+    from types import SimpleNamespace
+
     from realtime_omni.engines.omni.talker_stream import TalkerStream
 
     batcher, gate, started, ran = _stuck_on_minus_one()
     stream = TalkerStream.__new__(TalkerStream)  # only what close() touches
     stream.step_lock, stream.ahead, stream.done, stream.logits = threading.Lock(), None, False, None
+    stream.rows = SimpleNamespace(batcher=batcher, slot=1)
+    batcher.expect_s = 0.5
+    batcher.expect([1, 2], within_s=30.0)  # its reply was prefilled with another's
     first_frame_queued = threading.Event()
 
     def first_frame() -> None:  # what _fused_frame does under the lock, for a reply's first frame
@@ -674,6 +686,7 @@ def test_closing_a_reply_while_its_first_frame_queues_steps_withdraws_them():
         assert first_frame_queued.wait(5)
         stream.close()
         assert stream.ahead is not None and len(stream.ahead) == 0
+        assert set(batcher._expected) == {2}
     finally:
         gate.set()
         frame.join(5)

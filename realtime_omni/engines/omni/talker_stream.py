@@ -386,6 +386,8 @@ class TalkerStream:
         with self.step_lock:
             if self.ahead is not None:
                 self.ahead.drain()
+            if self.rows is not None:  # a first frame its stage may still expect
+                self.rows.batcher.unexpect(self.rows.slot)
 
     # architecture hooks -------------------------------------------------------------------------
 

@@ -121,6 +121,9 @@ class ThinkerSteps:
         return picked, src
 
     def _drain_ahead(self) -> None:
-        """Withdraw steps still queued for a reply that ended (under ``self.lock``)."""
+        """Withdraw steps still queued for a reply that ended (under ``self.lock``), and the first
+        step its stage may still expect of it."""
         if self._ahead is not None:
             self._ahead.drain()
+        if self.rows is not None:
+            self.rows.batcher.unexpect(self.rows.slot)

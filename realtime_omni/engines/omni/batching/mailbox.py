@@ -143,6 +143,13 @@ class Mailbox:
                 self._expected[int(slot)] = until
             self._cond.notify_all()
 
+    def unexpect(self, slot: int) -> None:
+        """The request expected of ``slot`` will not come (its reply ended or was cut)."""
+        if self._expected:
+            with self._cond:
+                if self._expected.pop(int(slot), None) is not None:
+                    self._cond.notify_all()
+
     def _expecting(self) -> bool:
         """Under ``_cond``: whether an expected request has neither come nor expired."""
         if not self._expected:

@@ -254,8 +254,8 @@ class PrefillBatcher(Mailbox):
                 for req in finished:
                     if req.error is None:
                         self._timed(req, ended)
-            for req in finished:
-                req.done.set()
+            # what follows is announced before the sessions wake: a first step taken before its
+            # expectation was set would leave the expectation holding the others' steps
             done = [req for req in finished if req.error is None and req.then is not None]
             try:
                 if len(done) > 1 and self.stepper is not None:
@@ -267,6 +267,9 @@ class PrefillBatcher(Mailbox):
                     self.on_finished([req.then for req in done])
             except Exception:  # noqa: BLE001 - a hint for the next stage must not stop this loop
                 log.exception("omni: %s could not tell the next stage what follows", self.name)
+            finally:
+                for req in finished:
+                    req.done.set()
 
     def _timed(self, req: PrefillRequest, ended: float) -> None:
         wait = (req.started_at if req.started_at is not None else ended) - req.queued_at
