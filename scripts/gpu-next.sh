@@ -273,10 +273,11 @@ case "$run" in
   q25-align)
     # qwen25's run at N = 16 (twice) with the ramp of q25-ramp and each stage's first decode steps
     # after a prefill batch waiting for that batch's sessions (the default since this mode was
-    # written), then N = 16 without (q25_align.json; about 400 s held)
+    # written), then N = 16 without, then without the codec's first windows waiting for each
+    # other (q25_align.json; about 400 s held)
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 16 --first-frames 18 --ramp-frames 18 24 36 \
-      --sweep apart:expect_steps=0 --sweep-sessions 16 --out "$OUT/q25_align.json" 2>&1 | grep -v '^\[transformers\]' \
-      | cut -c1-400 | tail -8 || true
+      --sweep apart:expect_steps=0 windows-apart:expect_windows=0 --sweep-sessions 16 --out "$OUT/q25_align.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   qwen3-align)
     # Qwen3 at N = 1, 32, 32, then 32 without the first decode steps waiting for each prefill
