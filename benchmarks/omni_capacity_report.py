@@ -148,6 +148,35 @@ def _late_cell(late: dict | None, places: list[str]) -> str:
     return f"{sum(h['count'] for h in hits)} ({_f(max(h['ms_max'] for h in hits))} ms)"
 
 
+#: what the chunk-by-chunk table's indices mean
+CHUNKS_NOTE = ("Chunk #0 is the first audio (no RTF); #8+ pools the ninth and later. An underrun's index "
+               "counts only chunks with audio, as here (late ones from #5 on are pooled under #5).")
+
+
+def chunk_table(variants: list[tuple[str, dict]]) -> list[str]:
+    """Per level, each audio chunk's RTF p95 over the sessions (its length in frames) and the
+    sessions for which it came late (by at most how many ms): where the tail comes from."""
+    lines = ["| variant | sessions | audio chunk: RTF p95 over sessions (frames) · late in sessions (at most ms) |",
+             "|---|---|---|"]
+    for label, m in variants:
+        for r in m["runs"]:
+            by_chunk = r.get("rtf_by_chunk") or {}
+            late = r.get("late_by_chunk") or {}
+            if not by_chunk and not late:
+                continue
+            cells = []
+            for index in sorted({int(i) for i in by_chunk} | {int(i) for i in late}):
+                rtf = by_chunk.get(str(index), by_chunk.get(index))
+                miss = late.get(str(index), late.get(index))
+                cell = f"#{index}{'+' if index == 8 else ''}: "
+                cell += f"{_f(rtf['p95'], 2)} ({_f(rtf['frames'], 0)})" if rtf else "—"
+                if miss:
+                    cell += f" · {miss['count']} ({_f(miss['ms_max'])})"
+                cells.append(cell)
+            lines.append(f"| {label} | {r['sessions']} | {'; '.join(cells)} |")
+    return lines
+
+
 def phase_table(models: list[dict]) -> list[str]:
     """Where each decode loop's wall time went, per step: waiting for sessions' rows (idle),
     staging and launching the step on the host, waiting for the device to finish it."""
@@ -314,6 +343,9 @@ def main(argv=None) -> int:
                f"stage: {m.get('lookahead', 4)}. Ms per step: the loop's wall time; device ms: the span of its "
                "CUDA events (both include waiting for the other stages' kernels on the shared GPU).", ""]
         md += table(m) + [""]
+        chunks = chunk_table([(m["name"], m)])
+        if len(chunks) > 2:  # runs since the fourteenth session record each chunk's RTF
+            md += ["Chunk by chunk. " + CHUNKS_NOTE, ""] + chunks + [""]
         estimate = m.get("capacity_estimate")
         if estimate:  # what the engine's admission would allow, from the steps timed at load
             md += [f"The engine's own estimate at load (its admission, `batching/capacity.py`): {estimate['line']}.", ""]

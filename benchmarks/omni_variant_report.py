@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from omni_capacity_report import _f, first_audio_table, table
+from omni_capacity_report import CHUNKS_NOTE, _f, chunk_table, first_audio_table, table
 
 
 def compare_table(variants: list[tuple[str, dict]]) -> list[str]:
@@ -57,30 +57,6 @@ def host_table(variants: list[tuple[str, dict]]) -> list[str]:
     for label, m in variants:
         est = m.get("capacity_estimate") or {}
         lines.append(f"| {label} | {est.get('sessions', '—')} | {_f(est.get('host_ms_per_frame'), 3)} |")
-    return lines
-
-
-def chunk_table(variants: list[tuple[str, dict]]) -> list[str]:
-    """Per level, each audio chunk's RTF p95 over the sessions (its length in frames) and the
-    sessions for which it came late (by at most how many ms): where the tail comes from."""
-    lines = ["| variant | sessions | audio chunk: RTF p95 over sessions (frames) · late in sessions (at most ms) |",
-             "|---|---|---|"]
-    for label, m in variants:
-        for r in m["runs"]:
-            by_chunk = r.get("rtf_by_chunk") or {}
-            late = r.get("late_by_chunk") or {}
-            if not by_chunk and not late:
-                continue
-            cells = []
-            for index in sorted({int(i) for i in by_chunk} | {int(i) for i in late}):
-                rtf = by_chunk.get(str(index), by_chunk.get(index))
-                miss = late.get(str(index), late.get(index))
-                cell = f"#{index}{'+' if index == 8 else ''}: "
-                cell += f"{_f(rtf['p95'], 2)} ({_f(rtf['frames'], 0)})" if rtf else "—"
-                if miss:
-                    cell += f" · {miss['count']} ({_f(miss['ms_max'])})"
-                cells.append(cell)
-            lines.append(f"| {label} | {r['sessions']} | {'; '.join(cells)} |")
     return lines
 
 
@@ -129,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     md += ["## Side by side", ""] + compare_table(variants) + [""]
     chunks = chunk_table(variants)
     if len(chunks) > 2:
-        md += ["## Chunk by chunk", "", "Chunk #0 is the first audio (no RTF); #8+ pools the ninth and later. "
-               "An underrun's index counts only chunks with audio, as here (late ones from #5 on are "
-               "pooled under #5).", ""] + chunks + [""]
+        md += ["## Chunk by chunk", "", CHUNKS_NOTE, ""] + chunks + [""]
     md += ["## The sessions' own threads", ""] + host_table(variants) + [""]
     for label, m in variants:
         md += [f"## {label}", ""] + table(m) + [""]
