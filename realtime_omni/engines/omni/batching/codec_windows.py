@@ -14,7 +14,8 @@ small launches, each taking the interpreter lock the thinker's and the talker's 
 Where a ``mixer`` is set (Qwen2.5, :mod:`..codec_mixing`), windows of several lengths are one
 group, decoded in one pass where its cost model says so, and a window or a larger group of a
 shape without graphs of its own replays the mixer's graphs (padded to a captured length) instead
-of running eagerly.
+of running eagerly; and a reply's first window waits, within the burst, for the first windows of
+the replies the talker prefilled with it (:meth:`CodecBatcher.expect_first`).
 """
 
 from __future__ import annotations

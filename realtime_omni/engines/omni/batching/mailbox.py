@@ -1,8 +1,9 @@
 """Requests from session threads to one loop thread (a stage's batcher, its prefills, the codec).
 
 A session submits a request and waits for it with a deadline; the loop waits for work, lets the
-requests that arrive together meet, runs them and marks each one done (or failed). Closing fails
-every request still waiting.
+requests that arrive together meet, runs them and marks each one done (or failed). Requests
+announced ahead (:meth:`Mailbox.expect`: the sessions of a prefill batch that just ended) are
+waited for a little longer. Closing fails every request still waiting.
 """
 
 from __future__ import annotations
