@@ -51,14 +51,18 @@ class MixedWindows:
         self.fixed_ms = math.inf
         self.per_code_ms = 0.0
 
+    def _length(self, key: Hashable) -> int | None:
+        """The length in codes of a Qwen2.5 window of graph key ``key`` (None: no such window)."""
+        if isinstance(key, tuple) and key[:-1] == self.codec.key_prefix and isinstance(key[-1], int):
+            return key[-1]
+        return None
+
     def family(self, key: Hashable) -> Hashable | None:
         """The group a window of graph key ``key`` decodes in (None: only with its own shape)."""
-        prefix = self.codec.key_prefix
-        if not (isinstance(key, tuple) and key[:-1] == prefix and isinstance(key[-1], int)):
+        n = self._length(key)
+        if n is None or (self.windows.enabled and not (self.lengths and n <= self.lengths[-1])):
             return None
-        if self.windows.enabled and not (self.lengths and key[-1] <= self.lengths[-1]):
-            return None
-        return ("mixed", *prefix)
+        return ("mixed", *self.codec.key_prefix)
 
     def learn(self, group_ms: dict[int, float], codes: int) -> None:
         """Fit the cost model to the times of groups of ``codes``-code windows by group size (the
@@ -103,6 +107,7 @@ class MixedWindows:
         rows, longest = len(inputs), max(lengths)
         n = next((m for m in self.lengths if m >= longest), longest) if self.windows.enabled else longest
         size = self._bucket(self.dit_buckets, rows, lambda b: ("dit", *codec.key_prefix, n, b))
+        dit_key = ("dit", *codec.key_prefix, n, size)
         order = [*range(rows), *[0] * (size - rows)]  # then copies of the first window, discarded
         pad = [n - m for m in lengths]
         self.passes += 1
@@ -112,7 +117,6 @@ class MixedWindows:
         speaker = torch.cat([inputs[i][2] for i in order])
         encoding = torch.cat([inputs[i][3] for i in order])
         own = torch.tensor([lengths[i] for i in order], dtype=torch.long, device=codes.device)
-        dit_key = ("dit", *codec.key_prefix, n, size)
         replayed = self.windows.has(dit_key)
         mel = self.windows.run(dit_key, codec.q25_dit, (codes, noise, speaker, encoding, own), capture=False)
         out: list[Any] = [None] * rows
@@ -146,8 +150,7 @@ class MixedWindows:
         import torch
 
         codec = self.codec
-        prefix = codec.key_prefix
-        lengths = [k[-1] for k in keys if isinstance(k, tuple) and k[:-1] == prefix and isinstance(k[-1], int)]
+        lengths = [n for n in map(self._length, keys) if n is not None]
         vocoded = set(lengths)
         lengths += [longest] if longest > max(lengths, default=0) else []
         with torch.inference_mode(), on_stream(codec.loaded.stream("codec")):

@@ -49,13 +49,11 @@ class DiTWindow:
         for layer in dit.transformer_blocks:
             reach = (int(layer.look_backward_block), int(layer.look_ahead_block))
             if reach not in masks:
-                blocked = ~((diff >= -reach[0]) & (diff <= reach[1]))
-                if padding is None:
-                    mask = torch.zeros((frames, frames), device=device, dtype=dtype).masked_fill_(blocked, float("-inf"))
-                    masks[reach] = mask[None, None]
-                else:
-                    mask = torch.zeros((padding.shape[0], frames, frames), device=device, dtype=dtype)
-                    masks[reach] = mask.masked_fill_(blocked[None] | padding, float("-inf"))[:, None]
+                blocked = ~((diff >= -reach[0]) & (diff <= reach[1]))[None]  # (1 or rows, query, key)
+                if padding is not None:
+                    blocked = blocked | padding
+                mask = torch.zeros(blocked.shape, device=device, dtype=dtype).masked_fill_(blocked, float("-inf"))
+                masks[reach] = mask[:, None]
             self.masks.append(masks[reach])
 
 
