@@ -323,7 +323,7 @@ def main(argv=None) -> int:
           "N sessions are opened, then N replies start together: the shared prompt of the GPU report "
           "(about 120 tokens with 2 s of speech), replies forced to 64 thinker tokens, random bf16 weights "
           "at real size, the talker unpaced (`--pace-ms 0`: what the GPU can make; the server paces, see "
-          "\"Replies that start while others play\"). Chunk RTF: wall time between two audio chunks over the first one's duration "
+          "\"Replies that start while others play\"). Chunk RTF: wall time between two audio chunks over the later one's duration (the time a chunk took to make over the audio it holds) "
           "(per session its median, p95 and worst, then over sessions). An underrun: a chunk ready after "
           "the listener, who started at the first audio, would have needed it.", ""]
     if args.summary.exists():
