@@ -61,7 +61,7 @@
 #                                prefilled with them, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-align the same with each stage's first decode steps after a prefill batch waiting
 #                                for its sessions, and without (about 400 s held)
-#   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 16, 16, 20, 24 (about 400 s held)
+#   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32 with those steps waiting, then 32 without (about
 #                                150 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
@@ -283,9 +283,9 @@ case "$run" in
   q25-first20)
     # q25-align's run with first chunks of 20 frames (18 heard: the codec holds 2 back), which
     # outlast the second codec pass of 16 sessions (q25-align: 16 heard frames, 320 ms, against a
-    # pass of about 322 ms), ramp 20, 24, 36, then 48; N = 16 twice, 20 and 24 (q25_first20.json;
+    # pass of about 322 ms), ramp 20, 24, 36, then 48; N = 1, 16 twice, 20 and 24 (q25_first20.json;
     # about 400 s held)
-    timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
+    timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   qwen3-align)
