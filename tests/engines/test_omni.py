@@ -399,16 +399,16 @@ def test_a_reply_s_last_window_reaches_back_to_a_captured_length(omni):
         default_last, captured, stretched = 34, [12, 35, 40], 35
     codec = OmniCodec(loaded, settings)
     full = codec.decode_full(codes, loaded.default_speaker, seed=3)
-    render = codec.render
+    begin = codec.begin
     for lengths, expected in (([], default_last), (captured, stretched)):
         codec.last_window_lengths = lengths
         windows: list[int] = []
 
         def recording(window, *args, **kwargs):
             windows.append(len(window))
-            return render(window, *args, **kwargs)
+            return begin(window, *args, **kwargs)
 
-        codec.render = recording
+        codec.begin = recording
         try:
             stream = CodecStream.of(codec, turn=1, speaker=loaded.default_speaker, seed=3)
             parts, start = [], 0
@@ -416,7 +416,7 @@ def test_a_reply_s_last_window_reaches_back_to_a_captured_length(omni):
                 parts.append(stream.push(codes[start : start + size], start=start, final=i == len(sizes) - 1))
                 start += size
         finally:
-            del codec.render
+            del codec.begin
         assert windows[-1] == expected, windows
         chunked = np.concatenate(parts)
         assert chunked.size == full.size

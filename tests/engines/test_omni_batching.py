@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from realtime_omni.engines.base import TurnMessage  # noqa: E402
+from realtime_omni.engines.base import TalkerOutput, TurnMessage  # noqa: E402
 from realtime_omni.engines.omni import OmniModel  # noqa: E402
 from realtime_omni.engines.omni.codec_stream import CodecStream  # noqa: E402
 from realtime_omni.engines.omni.loader import samples_per_code  # noqa: E402
@@ -281,15 +281,15 @@ def test_a_spoken_replys_talker_prefill_announces_its_first_codec_window(pair):
     told: list[list[int]] = []
     owners: list[int | None] = []
     talker_prefill.on_finished = lambda slots: (told.append(list(slots)), codec.expect_first(slots))
-    run = codec.run
-    codec.run = lambda *args: (owners.append(args[5]), run(*args))[1]
+    send = codec.send
+    codec.send = lambda *args: (owners.append(args[5]), send(*args))[1]
     session = batched.open_session()
     try:
         run_turn(session, request([TurnMessage(role="user", text="say something")], max_tokens=16))
     finally:
         session.close()
         talker_prefill.on_finished = codec.expect_first
-        del codec.run
+        del codec.send
     slot = session.rows.talker.slot
     assert told == [[slot]]
     assert owners[0] == slot and all(owner is None for owner in owners[1:])
@@ -1378,13 +1378,13 @@ def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback
 
     codec = pair["batched"].codec
     asked: list[float] = []
-    render = codec.render
+    begin = codec.begin
 
     def recording(*args, **kwargs):
         asked.append(kwargs["deadline"])
-        return render(*args, **kwargs)
+        return begin(*args, **kwargs)
 
-    codec.render = recording  # the real render, its deadline noted
+    codec.begin = recording  # the real window, its deadline noted
     try:
         stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)
         groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
@@ -1397,7 +1397,7 @@ def test_a_codec_stream_asks_for_its_first_window_now_and_later_ones_by_playback
             if len(asked) > count and due is not None:
                 later.append((asked[-1], due))
     finally:
-        del codec.render
+        del codec.begin
     assert stream.started is not None and before <= asked[0] <= stream.started
     assert len(later) >= 2 and all(a == pytest.approx(d) for a, d in later)
 
@@ -1726,3 +1726,75 @@ def test_last_windows_of_replies_that_end_together_replay_the_mixers_graphs(mix)
         assert float(own.result[0, 0]) == float(odd.result[0, 0]) == 2.0
     finally:
         batcher.close()
+
+
+def test_a_codec_stream_sent_ahead_reads_what_it_reads_chunk_by_chunk(pair):
+    """A reply's chunks sent as the talker makes them, read later, give the samples of the same
+    chunks pushed one at a time; no more than IN_FLIGHT windows are at the codec at once (the
+    rest go as windows come back), and a cut reply's windows leave nothing behind."""
+    from realtime_omni.engines.omni import codec_stream
+
+    codec = pair["batched"].codec
+    groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
+    gen = torch.Generator().manual_seed(5)
+    sizes = [2, 3, 4, 5, 5, 5]
+    chunks = [torch.randint(0, codec.max_code + 1, (n, *groups), generator=gen) for n in sizes]
+    starts = np.cumsum([0, *sizes[:-1]]).tolist()
+
+    one_by_one = CodecStream.of(codec, turn=0, speaker=None, seed=4)
+    expected = [one_by_one.push(c, start=s, final=i == len(chunks) - 1)
+                for i, (c, s) in enumerate(zip(chunks, starts, strict=True))]
+
+    ahead = CodecStream.of(codec, turn=0, speaker=None, seed=4)
+    refs = [object() for _ in chunks]
+    for i, (c, s, ref) in enumerate(zip(chunks, starts, refs, strict=True)):
+        ahead.send(c, start=s, final=i == len(chunks) - 1, ref=ref)
+        assert len(ahead._sent) <= codec_stream.IN_FLIGHT
+    assert len(ahead._later) == len(chunks) - codec_stream.IN_FLIGHT
+    got = [ahead.receive(ref) for ref in refs]
+    assert sum(len(g) for g in got) > 0
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-5)
+
+    cut = CodecStream.of(codec, turn=1, speaker=None, seed=4)
+    for c, s in zip(chunks[:4], starts[:4], strict=True):
+        cut.send(c, start=s)
+    cut.cancel()
+    assert not cut._sent and not cut._later and cut.receive().size == 0
+    with codec.batcher._cond:
+        assert not codec.batcher._queue
+
+
+def test_a_reply_sent_to_its_end_is_read_after_the_next_begins_and_a_cut_one_is_dropped(pair):
+    """The talker's chunks go to the codec as they are made (``OmniSession._sending``), so a
+    session may send the next reply's first chunk before its codec stage has read the last
+    one's: the reply whose last chunk was sent is still read whole. A reply cut before its last
+    chunk is dropped when the next one begins: its windows leave the codec's queue and its
+    chunks read as silence."""
+    batched = pair["batched"]
+    codec = batched.codec
+    groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
+    gen = torch.Generator().manual_seed(9)
+
+    def out(turn: int, start: int, n: int, final: bool) -> TalkerOutput:
+        codes = torch.randint(0, codec.max_code + 1, (n, *groups), generator=gen)
+        return TalkerOutput(codes=CodeChunk(turn=turn, start=start, codes=codes, speaker=None, final=final),
+                            final=final)
+
+    session = batched.open_session()
+    try:
+        ended = [out(1, 0, 4, False), out(1, 4, 6, True)]
+        cut = [out(2, 0, 4, False), out(2, 4, 6, False)]
+        for _ in session._sending(iter(ended + cut)):
+            pass
+        assert all(session.decode(o).size > 0 for o in ended)
+        cut_stream = session._codec_stream
+        assert cut_stream is not None and cut_stream.turn == 2
+        for _ in session._sending(iter([out(3, 0, 4, False)])):
+            pass
+        assert not cut_stream._sent and not cut_stream._later
+        assert all(session.decode(o).size == 0 for o in cut)
+    finally:
+        session.close()
+    with codec.batcher._cond:
+        assert not codec.batcher._queue

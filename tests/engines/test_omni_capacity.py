@@ -196,14 +196,14 @@ def test_the_timed_codec_window_is_the_one_a_running_reply_renders(arch, tmp_pat
         assert not model.ramp_frames
         sizes = [model.first_chunk_frames] + [model.chunk_frames] * 16
         rendered: list[int] = []  # the windows' lengths once their start has moved (context full)
-        render = codec.render
+        begin = codec.begin
 
         def counted(codes, start=0, *args, **kwargs):
             if start > 0:
                 rendered.append(len(codes))
-            return render(codes, start, *args, **kwargs)
+            return begin(codes, start, *args, **kwargs)
 
-        monkeypatch.setattr(codec, "render", counted)
+        monkeypatch.setattr(codec, "begin", counted)
         stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)
         groups = () if arch == "qwen2_5_omni" else (codec.groups,)
         start = 0

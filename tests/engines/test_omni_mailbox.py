@@ -218,3 +218,43 @@ def test_without_a_burst_the_codec_expects_no_first_window():
         assert time.monotonic() - began < 0.15 and passes == [[1]]
     finally:
         batcher.close()
+
+
+def test_a_dropped_codec_window_never_runs_and_the_loop_goes_on():
+    """A window dropped while the codec gathers (its reply was cut) never decodes, its reader
+    hears so at once, and the loop, left with nothing gathered, serves the next window."""
+    import torch
+
+    from realtime_omni.engines.omni.batching.mailbox import StepWithdrawn
+
+    batcher, passes, send = _codec(burst_s=0.3)
+    try:
+        batcher.expect_first([1, 2])  # the loop waits for reply 2's first window meanwhile
+        req = batcher.send(("w", 1), lambda x: (passes.append(["dropped"]), x)[1], (torch.zeros(1, 2),), False,
+                           time.monotonic(), 1)
+        time.sleep(0.05)
+        batcher.drop(req)
+        began = time.monotonic()
+        with pytest.raises(StepWithdrawn):
+            batcher.receive(req)
+        assert time.monotonic() - began < 1.0
+        time.sleep(0.4)  # past the burst: the loop ends its gathering with nothing queued
+        send(3).join(5)
+        assert batcher._thread.is_alive()
+    finally:
+        batcher.close()
+    assert passes == [[3]]
+
+
+def test_a_codec_pass_takes_one_window_of_each_reply():
+    """A reply's next window, queued while the one before is decoded or read, waits for the next
+    pass: in this one it would only lengthen the pass for the others. Windows of no named reply
+    all go."""
+    from realtime_omni.engines.omni.batching.codec_windows import WindowRequest, _one_per_reply
+
+    def window(deadline: float, reply: str | None) -> WindowRequest:
+        return WindowRequest(("w", 8), lambda x: x, (), False, deadline, reply=reply)
+
+    a1, a2, b1, b2 = window(1.0, "a"), window(2.0, "a"), window(1.5, "b"), window(0.5, "b")
+    loose = [window(3.0, None), window(3.0, None)]
+    assert _one_per_reply([a2, b1, a1, *loose, b2]) == [b2, a1, *loose]

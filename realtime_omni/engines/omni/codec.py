@@ -128,28 +128,50 @@ class OmniCodec:
         its listener needs this window's audio (``time.monotonic``; the batched codec decodes the
         windows needed soonest first). ``owner``: the talker slot of the reply whose first window
         this is (the batched codec waits for the first windows of replies that started with it)."""
+        return self.begin(codes, start, speaker, seed, noise, steady, deadline, owner).wait()
+
+    def begin(self, codes, start: int = 0, speaker: str | None = None, seed: int | None = None,
+              noise=None, steady: bool = False, deadline: float = math.inf,
+              owner: int | None = None, reply: Any = None) -> PendingWindow:
+        """:meth:`render` in two halves: the window goes to the batched codec now, and
+        :meth:`PendingWindow.wait` returns its waveform. A stream sends its next window while
+        the one before is still decoding, so the codec's next pass finds it queued instead of
+        waiting for every session's thread to come round (``reply``: what names the stream, so
+        that a pass takes one window of it). Without the batched codec the window is rendered by
+        whoever waits for it."""
+        import torch
+
+        if self.batcher is None or _probing():
+            return PendingWindow(lambda: self._render(codes, start, speaker, seed, noise, steady, deadline, owner))
+        with torch.inference_mode():
+            key, fn, inputs = self._q25_inputs(codes, start, speaker, seed, noise) if self.arch == "qwen2_5_omni" \
+                else self._q3_call(self._q3_codes(codes))
+        request = self.batcher.send(key, fn, inputs, steady, deadline, owner, reply)
+        return PendingWindow(batcher=self.batcher, request=request)
+
+    def _render(self, codes, start: int, speaker: str | None, seed: int | None, noise, steady: bool,
+                deadline: float, owner: int | None) -> np.ndarray:
         import torch
 
         with torch.inference_mode():
             if self.arch == "qwen2_5_omni":
-                seed = self.settings.seed if seed is None else seed
-                return self._render_q25(codes, start, speaker, seed, noise, steady, deadline, owner)
-            return self._render_q3(codes, steady, deadline, owner)
+                key, fn, inputs = self._q25_inputs(codes, start, speaker, seed, noise)
+            else:
+                key, fn, inputs = self._q3_call(self._q3_codes(codes))
+            return _waveform(self._window(key, fn, inputs, steady, deadline, owner))
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""
         return self.render(codes, 0, speaker, seed)
 
-    def _render_q3(self, codes, steady: bool = False, deadline: float = math.inf,
-                   owner: int | None = None) -> np.ndarray:
+    def _q3_codes(self, codes):
+        """Qwen3's codes (n, G) or (n,) as the window's input (1, G, n) on the device."""
         import torch
 
         codes = torch.as_tensor(codes, dtype=torch.long)
         if codes.ndim == 1:
             codes = codes[:, None]
-        codes = codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)  # (1, G, n)
-        wav = self._window(*self._q3_call(codes), steady, deadline, owner)
-        return wav.detach().reshape(-1).float().cpu().numpy()
+        return codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)
 
     def _q3_call(self, codes) -> tuple[tuple, Callable[..., Any], tuple]:
         """A window of ``codes`` (B, G, n): its graph key, its function and its inputs."""
@@ -261,10 +283,11 @@ class OmniCodec:
         off = first - b0 * _NOISE_BLOCK
         return field[off : off + (last - first)]
 
-    def _render_q25(self, codes, start: int, speaker: str | None, seed: int, noise=None,
-                    steady: bool = False, deadline: float = math.inf, owner: int | None = None) -> np.ndarray:
+    def _q25_inputs(self, codes, start: int, speaker: str | None, seed: int | None, noise=None):
+        """A Qwen2.5 window of ``codes`` starting at code ``start``: key, function and inputs."""
         import torch
 
+        seed = self.settings.seed if seed is None else seed
         t2w = self.loaded.model.token2wav
         device = next(t2w.parameters()).device
         codes = torch.as_tensor(codes, dtype=torch.long).reshape(1, -1)
@@ -276,8 +299,7 @@ class OmniCodec:
         frames = codes.shape[1] * self.repeats
         if noise is None:
             noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
-        wav = self._window(*self._q25_call(codes, noise, speaker), steady, deadline, owner)
-        return wav.detach().reshape(-1).float().cpu().numpy()
+        return self._q25_call(codes, noise, speaker)
 
     def _q25_call(self, codes, noise, speaker: str | None) -> tuple[tuple, Callable[..., Any], tuple]:
         """A window of ``codes`` (1, n) on the device: its graph key, its function and its inputs."""
@@ -319,6 +341,33 @@ class OmniCodec:
             found = self._speaker_cache[key] = (cond, enc[None])
         return found
 
+
+
+def _waveform(out) -> np.ndarray:
+    return out.detach().reshape(-1).float().cpu().numpy()
+
+
+class PendingWindow:
+    """A window on its way through the codec (:meth:`OmniCodec.begin`): a request queued at the
+    batched codec, or a render left to whoever waits."""
+
+    def __init__(self, render: Callable[[], np.ndarray] | None = None, *, batcher: Any = None,
+                 request: Any = None) -> None:
+        self._render = render
+        self._batcher = batcher
+        self._request = request
+
+    def wait(self) -> np.ndarray:
+        if self._request is not None:
+            return _waveform(self._batcher.receive(self._request))
+        assert self._render is not None
+        return self._render()
+
+    def cancel(self) -> None:
+        """Nobody will read it: a window still queued is dropped (one decoding finishes)."""
+        if self._request is not None:
+            self._batcher.drop(self._request)
+        self._render = None
 
 
 def _probing() -> bool:

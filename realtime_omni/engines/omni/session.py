@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..base import ModelSession, TalkerOutput, ThinkerOutput, ThinkRequest, VADStream
+from .batching.mailbox import StepWithdrawn
 from .batching.stages import OmniBatching, SessionRows
 from .codec import OmniCodec
 from .codec_stream import CodecStream, to_int16
@@ -85,6 +86,7 @@ class OmniSession(ModelSession):
         self.talker = OmniTalker(loaded, model.talker_settings, _generator(loaded.device, seed + 1), rows=self.rows,
                                  token_rows=token_rows)
         self._codec_stream: CodecStream | None = None
+        self._ended_stream: CodecStream | None = None  # the reply before, its last chunk sent
         self._codec_lock = threading.Lock()
         self.closed = False
         if model.cuda_graphs and loaded.device_type == "cuda":
@@ -113,7 +115,8 @@ class OmniSession(ModelSession):
         if self.closed:
             return iter(())
         # (the codec has one rate: speed is not applied)
-        return self.model.host_time.generator("talker", self.talker.talk(segment, voice, cancelled, final), _frames)
+        return self.model.host_time.generator("talker", self._sending(self.talker.talk(segment, voice, cancelled, final)),
+                                              _frames)
 
     def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
         if not self.closed:
@@ -122,7 +125,7 @@ class OmniSession(ModelSession):
     def talk_live(self, cancelled: threading.Event) -> Iterator[TalkerOutput]:
         if self.closed:
             return iter(())
-        return self.model.host_time.generator("talker", self.talker.talk_live(cancelled), _frames)
+        return self.model.host_time.generator("talker", self._sending(self.talker.talk_live(cancelled)), _frames)
 
     def decode(self, out: TalkerOutput) -> np.ndarray:
         began = time.thread_time()
@@ -131,22 +134,62 @@ class OmniSession(ModelSession):
         finally:
             self.model.host_time.add("codec", time.thread_time() - began)
 
+    def _sending(self, outputs: Iterator[TalkerOutput]) -> Iterator[TalkerOutput]:
+        """The talker's outputs, each chunk's codec window sent as the chunk is made: the codec
+        decodes it while the one before plays out (:meth:`CodecStream.send`), and :meth:`decode`
+        only collects it."""
+        for out in outputs:
+            chunk = out.codes
+            if isinstance(chunk, CodeChunk) and not self.closed and self.model.codec is not None:
+                with self._codec_lock:
+                    stream = self._stream_for(chunk)
+                    if stream is not None:
+                        stream.send(chunk.codes, start=chunk.start, final=chunk.final or out.final, ref=chunk)
+            yield out
+
     def _decode(self, out: TalkerOutput) -> np.ndarray:
         chunk = out.codes
         if not isinstance(chunk, CodeChunk) or self.closed or self.model.codec is None:
             return np.zeros(0, np.int16) if out.audio is None else out.audio
+        final = chunk.final or out.final
         with self._codec_lock:
-            stream = self._codec_stream
-            if stream is None or stream.turn != chunk.turn:
-                if stream is not None and chunk.turn < stream.turn:
+            stream = next((s for s in (self._codec_stream, self._ended_stream)
+                           if s is not None and s.turn == chunk.turn and s.sent(chunk)), None)
+            if stream is None:  # not sent as it was made (a talker that bypassed _sending)
+                stream = self._stream_for(chunk)
+                if stream is None:
                     return np.zeros(0, np.int16)  # a chunk of an older reply
-                slot = self.rows.talker.slot if self.rows is not None else None
-                stream = self._codec_stream = CodecStream.of(self.model.codec, chunk.turn, chunk.speaker,
-                                                             seed=self.seed + chunk.turn, slot=slot)
-            wav = stream.push(chunk.codes, start=chunk.start, final=chunk.final or out.final)
-            if chunk.final or out.final:
-                self._codec_stream = None
+                stream.send(chunk.codes, start=chunk.start, final=final, ref=chunk)
+        try:
+            wav = stream.receive(chunk)
+        except StepWithdrawn:  # the reply was cut meanwhile (a newer one began, or the session closed)
+            return np.zeros(0, np.int16)
+        if final:
+            with self._codec_lock:
+                if self._codec_stream is stream:
+                    self._codec_stream = None
+                if self._ended_stream is stream:
+                    self._ended_stream = None
         return to_int16(wav)
+
+    def _stream_for(self, chunk: CodeChunk) -> CodecStream | None:
+        """Under ``_codec_lock``: the codec stream of ``chunk``'s reply, begun at its first chunk
+        (None: a chunk of an older reply). A reply whose last chunk was sent stays readable
+        until a later one replaces it; one cut before its end drops its queued windows."""
+        stream = self._codec_stream
+        if stream is not None and stream.turn == chunk.turn:
+            return stream
+        if stream is not None and chunk.turn < stream.turn:
+            return None
+        if stream is not None:
+            if stream.complete:
+                self._ended_stream = stream
+            else:
+                stream.cancel()
+        slot = self.rows.talker.slot if self.rows is not None else None
+        stream = self._codec_stream = CodecStream.of(self.model.codec, chunk.turn, chunk.speaker,
+                                                     seed=self.seed + chunk.turn, slot=slot)
+        return stream
 
     def confirm(self, spoken_text: str) -> None:
         self.thinker.confirm(spoken_text)
@@ -163,7 +206,10 @@ class OmniSession(ModelSession):
                 self.talker.close()
         finally:  # a stage that could not finish a step in time must not cost the model a slot
             with self._codec_lock:
-                self._codec_stream = None
+                for stream in (self._codec_stream, self._ended_stream):
+                    if stream is not None:
+                        stream.cancel()
+                self._codec_stream = self._ended_stream = None
             if self.rows is not None and self.model.batching is not None:
                 self.model.batching.release(self.rows)  # after the stages let go of their slots
             self.model.session_closed(self)

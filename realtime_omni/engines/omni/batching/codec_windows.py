@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import DeviceSpans, ShapeGraphs, on_stream
-from .mailbox import Done, Mailbox
+from .mailbox import Done, Mailbox, StepWithdrawn
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ class WindowRequest:
     owner: int | None = None
     #: when that reply's first window was announced (:meth:`CodecBatcher.expect_first`)
     announced: float | None = None
+    #: the reply (its codec stream) this window is of: a pass takes one window of each reply
+    reply: Hashable | None = None
     done: Done = field(default_factory=Done)
     result: Any = None
     error: BaseException | None = None
@@ -63,6 +65,20 @@ ALONE_REPLAYS = 4
 #: how long an announced first window is waited for at most (a reply cancelled before its first
 #: window never sends it)
 FIRST_WINDOW_S = 1.0
+
+
+def _one_per_reply(group: list[WindowRequest]) -> list[WindowRequest]:
+    """The windows of ``group`` a pass takes: each reply's earliest. A reply whose next window is
+    queued before the one it follows has been read decodes it in the next pass: in this one it
+    would only lengthen the pass for everyone else."""
+    seen: set[Hashable] = set()
+    taken = []
+    for req in sorted(group, key=lambda r: r.deadline):
+        if req.reply is None or req.reply not in seen:
+            taken.append(req)
+            if req.reply is not None:
+                seen.add(req.reply)
+    return taken
 
 
 class CodecBatcher(Mailbox):
@@ -127,7 +143,28 @@ class CodecBatcher(Mailbox):
         key; returns this window's output (batch axis of 1). The group needed soonest (its
         earliest ``deadline``) goes first. ``owner``: the talker slot of the reply whose first
         window this is."""
-        return self._submit(WindowRequest(key, fn, tuple(inputs), steady, deadline, owner))
+        return self.receive(self.send(key, fn, inputs, steady, deadline, owner))
+
+    def send(self, key: Hashable, fn: Callable[..., Any], inputs: tuple[Any, ...], steady: bool,
+             deadline: float = math.inf, owner: int | None = None, reply: Hashable | None = None) -> WindowRequest:
+        """:meth:`run`'s first half: queue the window; :meth:`receive` waits for its output.
+        ``reply``: what names the reply the window is of (a reply's next window may be queued
+        while the one before waits: it goes in a later pass, not the same one)."""
+        return self._enqueue(WindowRequest(key, fn, tuple(inputs), steady, deadline, owner, reply=reply))
+
+    def receive(self, req: WindowRequest) -> Any:
+        return self._await(req)
+
+    def drop(self, req: WindowRequest) -> None:
+        """A queued window nobody will read (its reply was cut): it never runs. One already in a
+        pass finishes there; this does not wait for it. A reader still waiting for a dropped
+        window gets :class:`~.mailbox.StepWithdrawn`."""
+        with self._cond:
+            queued = any(r is req for r in self._queue)
+            self._queue = [r for r in self._queue if r is not req]
+        if queued:
+            req.error = StepWithdrawn(f"{self.name}: window dropped")
+            req.done.set()
 
     def expect_first(self, owners: Sequence[int]) -> None:
         """The replies of these talker slots have just been prefilled by the talker: their first
@@ -172,6 +209,9 @@ class CodecBatcher(Mailbox):
                 if not self._gathered(self.gather_s, lambda _n, now=carried and not burst: now, burst,
                                       self._expecting):
                     return
+                if not self._queue:  # every window gathered was dropped meanwhile (replies cut)
+                    carried = False
+                    continue
                 groups: dict[Hashable, list[WindowRequest]] = {}
                 for req in self._queue:
                     groups.setdefault(self._family(req.key), []).append(req)
@@ -181,7 +221,7 @@ class CodecBatcher(Mailbox):
                 # ahead. One group per pass: the others stay queued, so a window that arrives
                 # while this group runs (a new reply's first) is weighed against them, not
                 # behind them, and windows of their shape that arrive meanwhile join them.
-                group = min(groups.values(), key=lambda g: min(r.deadline for r in g))
+                group = _one_per_reply(min(groups.values(), key=lambda g: min(r.deadline for r in g)))
                 if len({r.key for r in group}) > 1:  # several lengths: those worth one pass
                     group = self.mixer.choose(sorted(group, key=lambda r: r.deadline))
                 chosen = {id(r) for r in group}
