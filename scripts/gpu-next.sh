@@ -62,6 +62,7 @@
 #   scripts/gpu-next.sh q25-align the same with each stage's first decode steps after a prefill batch waiting
 #                                for its sessions, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
+#   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32 with those steps waiting, then 32 without (about
 #                                150 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
@@ -287,6 +288,14 @@ case "$run" in
     # about 400 s held)
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    ;;
+  q25-conn)
+    # q25-first20's settings at N = 16, 20, 20 with 32 hardware work queues instead of the driver's
+    # 8 (CUDA_DEVICE_MAX_CONNECTIONS): the first talker step after a codec pass begins took 55-120
+    # ms against 9.5, as if queued behind the pass's kernels (q25_conn32.json; about 330 s held)
+    CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 20 \
+      --first-frames 20 --ramp-frames 20 24 36 --out "$OUT/q25_conn32.json" 2>&1 | grep -v '^\[transformers\]' \
+      | cut -c1-400 | tail -6 || true
     ;;
   qwen3-align)
     # Qwen3 at N = 1, 32, 32, then 32 without the first decode steps waiting for each prefill
