@@ -1798,3 +1798,27 @@ def test_a_reply_sent_to_its_end_is_read_after_the_next_begins_and_a_cut_one_is_
         session.close()
     with codec.batcher._cond:
         assert not codec.batcher._queue
+
+
+def test_a_cut_reply_read_after_its_cancel_gives_silence_batched_or_not(pair):
+    """A stream cancelled while its reader is about to read (the session began a newer reply, or
+    closed): the batched codec's window reads as withdrawn, a window left to its reader as silence;
+    neither raises anything else."""
+    from realtime_omni.engines.omni.batching.mailbox import StepWithdrawn
+
+    for name in ("batched", "alone"):
+        codec = pair[name].codec
+        groups = () if codec.arch == "qwen2_5_omni" else (codec.groups,)
+        stream = CodecStream.of(codec, turn=0, speaker=None, seed=1)
+        refs = [object(), object()]
+        for i, ref in enumerate(refs):
+            stream.send(torch.zeros((6, *groups), dtype=torch.long), start=6 * i, ref=ref)
+        windows = [s.window for s in stream._sent]
+        stream.cancel()
+        for window in windows:
+            try:
+                wav = window.wait()
+            except StepWithdrawn:
+                assert name == "batched"
+            else:  # a batched window a pass had already taken: its audio; a lazy one: silence
+                assert name == "batched" or wav.size == 0
