@@ -144,8 +144,7 @@ class OmniCodec:
         if self.batcher is None or _probing():
             return PendingWindow(lambda: self._render(codes, start, speaker, seed, noise, steady, deadline, owner))
         with torch.inference_mode():
-            key, fn, inputs = self._q25_inputs(codes, start, speaker, seed, noise) if self.arch == "qwen2_5_omni" \
-                else self._q3_call(self._q3_codes(codes))
+            key, fn, inputs = self._inputs(codes, start, speaker, seed, noise)
         request = self.batcher.send(key, fn, inputs, steady, deadline, owner, reply)
         return PendingWindow(batcher=self.batcher, request=request)
 
@@ -154,11 +153,14 @@ class OmniCodec:
         import torch
 
         with torch.inference_mode():
-            if self.arch == "qwen2_5_omni":
-                key, fn, inputs = self._q25_inputs(codes, start, speaker, seed, noise)
-            else:
-                key, fn, inputs = self._q3_call(self._q3_codes(codes))
-            return _waveform(self._window(key, fn, inputs, steady, deadline, owner))
+            return _waveform(self._window(*self._inputs(codes, start, speaker, seed, noise), steady, deadline, owner))
+
+    def _inputs(self, codes, start: int, speaker: str | None, seed: int | None,
+                noise) -> tuple[tuple, Callable[..., Any], tuple]:
+        """A window of ``codes`` starting at code ``start``: its graph key, function and inputs."""
+        if self.arch == "qwen2_5_omni":
+            return self._q25_inputs(codes, start, speaker, seed, noise)
+        return self._q3_call(self._q3_codes(codes))
 
     def decode_full(self, codes, speaker: str | None = None, seed: int | None = None) -> np.ndarray:
         """One-shot decode of a whole reply (the reference the chunked stream is compared with)."""

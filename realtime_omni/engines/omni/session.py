@@ -115,8 +115,8 @@ class OmniSession(ModelSession):
         if self.closed:
             return iter(())
         # (the codec has one rate: speed is not applied)
-        return self.model.host_time.generator("talker", self._sending(self.talker.talk(segment, voice, cancelled, final)),
-                                              _frames)
+        talking = self._sending(self.talker.talk(segment, voice, cancelled, final))
+        return self.model.host_time.generator("talker", talking, _frames)
 
     def talk_more(self, segment: list[ThinkerOutput], voice: str, final: bool, first: bool = False) -> None:
         if not self.closed:
