@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..graphs import DeviceSpans, ShapeGraphs, on_stream
-from .mailbox import Done, Mailbox, StepWithdrawn
+from .mailbox import Done, Mailbox
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,7 @@ class CodecBatcher(Mailbox):
         """A queued window nobody will read (its reply was cut): it never runs. One already in a
         pass finishes there; this does not wait for it. A reader still waiting for a dropped
         window gets :class:`~.mailbox.StepWithdrawn`."""
-        with self._cond:
-            queued = any(r is req for r in self._queue)
-            self._queue = [r for r in self._queue if r is not req]
-        if queued:
-            req.error = StepWithdrawn(f"{self.name}: window dropped")
-            req.done.set()
+        self.withdraw([req], wait=False)
 
     def expect_first(self, owners: Sequence[int]) -> None:
         """The replies of these talker slots have just been prefilled by the talker: their first

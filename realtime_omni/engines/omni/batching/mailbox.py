@@ -115,9 +115,10 @@ class Mailbox:
         assert req.result is not None
         return req.result
 
-    def withdraw(self, reqs: Sequence[Any]) -> None:
-        """Drop requests a session no longer wants: those still queued never run, and this
-        returns once those already in a running batch have finished (their writes are done)."""
+    def withdraw(self, reqs: Sequence[Any], wait: bool = True) -> None:
+        """Drop requests a session no longer wants: those still queued never run (their waiters
+        get :class:`StepWithdrawn`), and this returns once those already in a running batch have
+        finished (their writes are done; ``wait=False``: at once)."""
         with self._cond:
             dropped = {id(r) for r in reqs}
             queued = [r for r in self._queue if id(r) in dropped]
@@ -125,6 +126,8 @@ class Mailbox:
         for req in queued:
             req.error = StepWithdrawn(f"{self.name}: step withdrawn")
             req.done.set()
+        if not wait:
+            return
         end = time.monotonic() + self.step_timeout_s  # one deadline for all of them
         for req in reqs:
             if not req.done.wait(max(0.0, end - time.monotonic())):
@@ -173,7 +176,9 @@ class Mailbox:
         again, up to ``burst_s`` after the first, so a burst whose requests keep coming (turns
         ending together, prepared one after another on their threads) meets in one batch instead
         of leaving its stragglers for the next; while ``expecting()`` (requests known to be on
-        their way), the wait lasts the whole burst. False once closed."""
+        their way), the wait lasts the whole burst. False once closed. What was gathered may be
+        withdrawn meanwhile: a loop finds its queue empty then (and may hand over held results
+        before it waits again)."""
         self._await_work()
         first = time.monotonic()
         deadline, seen = first + gather_s, len(self._queue)
