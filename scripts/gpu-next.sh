@@ -63,8 +63,8 @@
 #                                for its sessions, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
-#   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32 with those steps waiting, then 32 without (about
-#                                150 s held on the H200)
+#   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64 with those steps waiting, then 32 without
+#                                (about 200 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -298,10 +298,10 @@ case "$run" in
       | cut -c1-400 | tail -6 || true
     ;;
   qwen3-align)
-    # Qwen3 at N = 1, 32, 32, then 32 without the first decode steps waiting for each prefill
-    # batch's sessions (q3_align.json; about 150 s held on the H200)
-    timeout 220 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 32 32 --sweep apart:expect_steps=0 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
+    # Qwen3 at N = 1, 32, 32, 64, then 32 without the first decode steps waiting for each prefill
+    # batch's sessions (q3_align.json; about 200 s held on the H200)
+    timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 32 32 64 --sweep apart:expect_steps=0 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;
   q25-ab)
