@@ -63,6 +63,7 @@
 #                                for its sessions, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
+#   scripts/gpu-next.sh q25-trace   q25-first20's N = 16, then a kernel timeline of 16 more (about 300 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64 with those steps waiting, then 32 without
 #                                (about 200 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
@@ -288,6 +289,13 @@ case "$run" in
     # about 400 s held)
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    ;;
+  q25-trace)
+    # q25-first20's settings at N = 16, then 16 more as a kernel timeline (q25_trace.0.trace.json.xz):
+    # what holds the thinker's and talker's steps for 60-140 ms as each codec pass begins (about
+    # 300 s held; an H100 will do)
+    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --trace 16 --first-frames 20 \
+      --ramp-frames 20 24 36 --out "$OUT/q25_trace.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-conn)
     # q25-first20's settings at N = 16, 20, 20 with 32 hardware work queues instead of the driver's
