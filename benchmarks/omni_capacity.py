@@ -400,7 +400,7 @@ def trace_level(model, req, n: int, path: Path, keep_s: float = 3.0) -> dict:
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "expect_talkers",
+              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "codec_graphs", "expect_talkers",
               "expect_windows", "expect_steps"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
@@ -462,6 +462,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
     if model.codec.batcher is not None:  # Qwen2.5: windows of several lengths in one pass (0: one length)
         model.codec.batcher.mix = bool(values["mix"])
         model.codec.batcher.burst_s = values["codec_burst_ms"] / 1000.0
+    if model.codec is not None:  # 0: the codec's windows run eagerly (its graphs kept for later levels)
+        model.codec.windows.enabled = bool(values["codec_graphs"])
     return values
 
 
@@ -571,7 +573,8 @@ def run_config(path: Path, args) -> dict:
                 "expect_windows": float(model.batching.talker_prefill.on_finished is not None),
                 "expect_steps": float(model.batching.prefill.stepper is not None),
                 "mix": float(model.codec.batcher is not None and model.codec.batcher.mix),
-                "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0}
+                "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0,
+                "codec_graphs": float(model.codec is not None and model.codec.windows.enabled)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:

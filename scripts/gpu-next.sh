@@ -291,10 +291,11 @@ case "$run" in
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-trace)
-    # q25-first20's settings at N = 16, then 16 more as a kernel timeline (q25_trace.0.trace.json.xz):
-    # what holds the thinker's and talker's steps for 60-140 ms as each codec pass begins (about
-    # 300 s held; an H100 will do)
-    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --trace 16 --first-frames 20 \
+    # q25-first20's settings at N = 16, the same with the codec's windows run eagerly, then 16 more
+    # as a kernel timeline (q25_trace.0.trace.json.xz): what holds the thinker's and talker's steps
+    # for 60-180 ms as each codec pass begins (about 330 s held; an H100 will do)
+    timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --sweep eager:codec_graphs=0 \
+      --sweep-sessions 16 --trace 16 --first-frames 20 \
       --ramp-frames 20 24 36 --out "$OUT/q25_trace.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-conn)
