@@ -82,10 +82,14 @@ TIMELINE_S = 3.0
 
 def loop_timeline(model, since: float) -> dict[str, list[list[float]]]:
     """Each loop's steps in the first :data:`TIMELINE_S` after ``since``: [start ms, duration
-    ms, rows] — which loop held the others up while a burst of replies started."""
+    ms, rows, launch ms] — which loop held the others up while a burst of replies started, and
+    whether a step waited on its host thread (its launch: queuing its work) or on the device
+    (launch ms null: a step that launched nothing, a prefill)."""
     out = {}
     for name, loop in batch_loops(model).items():
-        out[name] = [[round(1000 * (a - since), 1), round(1000 * (b - a), 1), rows]
+        launched = dict(loop.launches)
+        out[name] = [[round(1000 * (a - since), 1), round(1000 * (b - a), 1), rows,
+                      round(1000 * (launched[a] - a), 1) if a in launched else None]
                      for a, b, rows in loop.steps_since(since) if a - since < TIMELINE_S]
     return out
 
@@ -351,56 +355,11 @@ def profile_level(model, req, n: int) -> dict:
     return out
 
 
-def trace_level(model, req, n: int, path: Path, keep_s: float = 3.0) -> dict:
-    """One more level of ``n`` sessions under the torch profiler, its first ``keep_s`` seconds
-    kept as a kernel timeline (``path``, xz-compressed JSON): every kernel and copy with its
-    stream, and the CUDA runtime calls of each host thread that took 50 us or more (a graph
-    launch, a wait, a copy from the host). A Chrome trace of a whole level passes 100 MB; this
-    keeps what tells where a stage's step waited: behind another stream's kernels on the device,
-    or on its host thread."""
-    import lzma
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        res = run_n(model, req, n)
-    named = {t.native_id: t.name for t in threading.enumerate()}  # the stage loops' threads live on
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        events = json.loads(raw.read_text()).get("traceEvents", [])
-    threads = {e["tid"]: e["args"].get("name", "") for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name" and "tid" in e}
-    threads.update({str(tid): name for tid, name in named.items()})
-    timed = [e for e in events if e.get("ph") == "X" and "ts" in e]
-    device = [e for e in timed if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    t0 = min((float(e["ts"]) for e in device), default=0.0)
-    names: dict[str, int] = {}
-
-    def name(e: dict) -> int:
-        return names.setdefault(str(e.get("name", ""))[:60], len(names))
-
-    def kept(e: dict) -> bool:
-        return 0.0 <= (float(e["ts"]) - t0) / 1000 <= keep_s
-
-    kernels = [[e.get("args", {}).get("stream", -1), round((float(e["ts"]) - t0) / 1000, 3),
-                round(float(e.get("dur", 0)) / 1000, 3), name(e)] for e in device if kept(e)]
-    calls = [[e.get("tid"), round((float(e["ts"]) - t0) / 1000, 3), round(float(e.get("dur", 0)) / 1000, 3), name(e)]
-             for e in timed if e.get("cat") in ("cuda_runtime", "cuda_driver")
-             and float(e.get("dur", 0)) >= 50 and kept(e)]
-    trace = {"sessions": n, "keep_s": keep_s, "names": list(names), "threads": threads,
-             "kernels": kernels, "calls": calls, "timeline": res.get("timeline"),
-             "ttfa_ms": res.get("ttfa_ms"), "late_by_chunk": res.get("late_by_chunk")}
-    path.write_bytes(lzma.compress(json.dumps(trace).encode()))
-    print(f"trace of {n} sessions: {len(kernels)} device events, {len(calls)} host calls -> {path}", flush=True)
-    return {"path": path.name, "device_events": len(kernels), "host_calls": len(calls)}
-
-
 #: what a ``--sweep`` variant may change between levels, without rebuilding the model
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
-              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "codec_graphs", "expect_talkers",
+              "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "codec_graphs", "codec_queued",
+              "expect_talkers",
               "expect_windows", "expect_steps"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
@@ -464,6 +423,8 @@ def apply_variant(model, settings: dict[str, float], defaults: dict[str, Any]) -
         model.codec.batcher.burst_s = values["codec_burst_ms"] / 1000.0
     if model.codec is not None:  # 0: the codec's windows run eagerly (its graphs kept for later levels)
         model.codec.windows.enabled = bool(values["codec_graphs"])
+        # the codec's graph pieces on the device at once (0: a pass queued whole)
+        model.codec.windows.queued = int(values["codec_queued"])
     return values
 
 
@@ -516,7 +477,7 @@ def run_config(path: Path, args) -> dict:
     frames = args.frames or (3 * args.reply_tokens if arch == "qwen2_5_omni" else args.reply_tokens)
     variants = [parse_variant(v) for v in args.sweep]
     most_frames = max([frames] + [int(v.get("frames", frames)) for _, v in variants])
-    slots = max(max(args.sessions), args.profile, args.trace, *(args.sweep_sessions or [0]))
+    slots = max(max(args.sessions), args.profile, *(args.sweep_sessions or [0]))
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames, "first_frames": args.first_frames,
                     "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
@@ -574,7 +535,8 @@ def run_config(path: Path, args) -> dict:
                 "expect_steps": float(model.batching.prefill.stepper is not None),
                 "mix": float(model.codec.batcher is not None and model.codec.batcher.mix),
                 "codec_burst_ms": 1000.0 * model.codec.batcher.burst_s if model.codec.batcher is not None else 0.0,
-                "codec_graphs": float(model.codec is not None and model.codec.windows.enabled)}
+                "codec_graphs": float(model.codec is not None and model.codec.windows.enabled),
+                "codec_queued": float(model.codec.windows.queued if model.codec is not None else 0)}
     apply_variant(model, {}, defaults)
     result["runs"] = []
     for n in args.sessions:
@@ -593,8 +555,6 @@ def run_config(path: Path, args) -> dict:
     apply_variant(model, {}, defaults)
     if args.profile:
         result["profile"] = profile_level(model, req, args.profile)
-    if args.trace:
-        result["trace"] = trace_level(model, req, args.trace, args.out.with_suffix(".trace.json.xz"))
     if args.check_alone:
         try:
             result["check_alone"] = check_alone(model, req)
@@ -635,8 +595,6 @@ def main(argv=None) -> int:
     ap.add_argument("--modules-code-predictor", action="store_true",
                     help="Qwen3's code predictor through transformers' modules, not the lean layout (a build setting)")
     ap.add_argument("--profile", type=int, default=0, help="profile one more level of this many sessions")
-    ap.add_argument("--trace", type=int, default=0,
-                    help="one more level of this many sessions as a kernel timeline (OUT.trace.json.xz)")
     ap.add_argument("--sweep", nargs="*", default=[],
                     help="variants run after the default levels, e.g. switch:switch_ms=0.5 "
                          "(settings: " + ", ".join(sorted(SWEEP_KEYS)) + ")")
@@ -660,8 +618,7 @@ def main(argv=None) -> int:
                "--device", args.device, "--dtype", args.dtype, "--prompt-tokens", str(args.prompt_tokens),
                "--audio-seconds", str(args.audio_seconds), "--reply-tokens", str(args.reply_tokens),
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
-               "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--trace", str(args.trace),
-               "--pace-ms", str(args.pace_ms),
+               "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
                "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype,
                "--sessions", *map(str, args.sessions)]
         if args.sweep:

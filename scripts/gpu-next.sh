@@ -63,9 +63,10 @@
 #                                for its sessions, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
-#   scripts/gpu-next.sh q25-trace   q25-first20's N = 16, then a kernel timeline of 16 more (about 300 s held)
-#   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64 with those steps waiting, then 32 without
-#                                (about 200 s held on the H200)
+#   scripts/gpu-next.sh q25-pieces  q25-first20's N = 16, 20 with the codec's graphs in pieces, then queued whole
+#                                (about 330 s held)
+#   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces
+#                                queued at once (about 200 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -290,13 +291,14 @@ case "$run" in
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
-  q25-trace)
-    # q25-first20's settings at N = 16, the same with the codec's windows run eagerly, then 16 more
-    # as a kernel timeline (q25_trace.0.trace.json.xz): what holds the thinker's and talker's steps
-    # for 60-180 ms as each codec pass begins (about 330 s held; an H100 will do)
-    timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 --sweep eager:codec_graphs=0 \
-      --sweep-sessions 16 --trace 16 --first-frames 20 \
-      --ramp-frames 20 24 36 --out "$OUT/q25_trace.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+  q25-pieces)
+    # q25-first20's settings at N = 16 and 20 with the codec's graphs in pieces, two queued at a time
+    # (the default since this run's commit), then the same with every piece queued at once as a
+    # pass was before (codec_queued=0); each loop's step timeline records its launches
+    # (q25_pieces.json; about 330 s held; an H100 will do)
+    timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 --sweep whole:codec_queued=0 \
+      --sweep-sessions 16 20 --first-frames 20 --ramp-frames 20 24 36 --out "$OUT/q25_pieces.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-conn)
     # q25-first20's settings at N = 16, 20, 20 with 32 hardware work queues instead of the driver's
@@ -307,10 +309,10 @@ case "$run" in
       | cut -c1-400 | tail -6 || true
     ;;
   qwen3-align)
-    # Qwen3 at N = 1, 32, 32, 64, then 32 without the first decode steps waiting for each prefill
-    # batch's sessions (q3_align.json; about 200 s held on the H200)
+    # Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces queued at once (q3_align.json;
+    # about 200 s held on the H200)
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 32 32 64 --sweep apart:expect_steps=0 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
+      --sessions 1 32 32 64 --sweep whole:codec_queued=0 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;
   q25-ab)

@@ -62,6 +62,9 @@ class CodecSettings:
     dit_dtype: str = "float32"
     #: replay each window shape as a CUDA graph (CUDA only)
     cuda_graphs: bool = True
+    #: a window's graph comes in pieces (a DiT evaluation, a vocoder stage: ``piece_boundary``),
+    #: at most this many queued on the device at once (0: a pass queued whole, as one graph)
+    queued_pieces: int = 2
 
 
 class OmniCodec:
@@ -79,7 +82,8 @@ class OmniCodec:
         #: captured window lengths a reply's last window may be stretched to (see last_start)
         self.last_window_lengths: list[int] = []
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
-                                   name=f"{loaded.arch} codec window", limit=192, **loaded.graph_streams("codec"))
+                                   name=f"{loaded.arch} codec window", limit=192, **loaded.graph_streams("codec"),
+                                   pieces=settings.queued_pieces > 0, queued=settings.queued_pieces)
         #: windows of all sessions decoded together (``batching``), or each on its own
         self.batcher: Any = None
         if batch_windows:

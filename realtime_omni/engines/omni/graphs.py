@@ -51,6 +51,21 @@ def verdicts() -> dict[str, bool]:
     return dict(_verdicts)
 
 
+_pieces = threading.local()
+
+
+def piece_boundary() -> None:
+    """Where a step captured in pieces (``StepGraph(pieces=True)``) ends one graph and begins the
+    next; elsewhere (eager runs, steps captured whole) nothing happens. A codec pass captured
+    whole is one launch of thousands of kernels: while the driver waits for room to queue them,
+    the thinker's and talker's launches wait too (Qwen2.5 on the H100: their steps took 60-180 ms
+    against 10 at every codec pass, of 2 windows as of 16). In pieces, with a few queued at a
+    time, the launches of the other stages go through between them."""
+    split = getattr(_pieces, "split", None)
+    if split is not None:
+        split()
+
+
 def _host_sync_in(step: Callable[[], Any]) -> str | None:
     """Run ``step`` with host syncs turned into errors; the offending frames, or None."""
     import torch
@@ -186,7 +201,8 @@ class StepGraph:
     def __init__(self, step: Callable[[], Any], *, device: Any, enabled: bool = True, name: str = "step",
                  kind: str | None = None, save: Callable[[], Any] | None = None,
                  restore: Callable[[Any], None] | None = None, warmup: int = 2,
-                 run_stream: Any = None, capture_stream: Any = None, pool: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None, pool: Any = None, pieces: bool = False,
+                 queued: Callable[[], int] = lambda: 0) -> None:
         self.step = step
         self.device = device
         self.enabled = enabled and graphs_available(device)
@@ -204,7 +220,13 @@ class StepGraph:
         self.warmup = warmup
         # graphs that never replay at the same time (one stage's buckets) may share their memory
         self.pool = pool
+        #: capture as several graphs, split where the step calls :func:`piece_boundary`, and
+        #: replay them with at most ``queued()`` on the device at once (0: all at once)
+        self.pieces = pieces
+        self.queued = queued
         self.graph: Any = None
+        self.graphs: list[Any] = []
+        self._events: list[Any] = []
         self.outputs: Any = None
         self.failed = False
 
@@ -214,10 +236,28 @@ class StepGraph:
 
     def __call__(self) -> Any:
         self.ensure_captured()
+        if len(self.graphs) > 1:
+            self._replay_pieces()
+            return self.outputs
         if self.graph is not None:
             self.graph.replay()
             return self.outputs
         return self.step()
+
+    def _replay_pieces(self) -> None:
+        """Each piece in turn; past ``queued()`` pieces on the device, wait for the oldest (the
+        wait lets go of the interpreter, as a replay does)."""
+        import torch
+
+        depth = self.queued()
+        if depth > 0 and len(self._events) < len(self.graphs):
+            self._events = [torch.cuda.Event() for _ in self.graphs]
+        for i, graph in enumerate(self.graphs):
+            if depth > 0 and i >= depth:
+                self._events[i - depth].synchronize()
+            graph.replay()
+            if depth > 0:
+                self._events[i].record()
 
     def ensure_captured(self) -> None:
         if self.enabled and self.graph is None and not self.failed:
@@ -255,17 +295,14 @@ class StepGraph:
                     if self.restore is not None:
                         self.restore(state)
             torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the other stage threads keep launching their own work meanwhile
-            with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream,
-                                  capture_error_mode="thread_local"):
-                outputs = self.step()
-            self.graph, self.outputs = graph, outputs
+            graphs, outputs = self._capture_graphs()
+            self.graph, self.graphs, self.outputs = graphs[0], graphs, outputs
             return True
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to eager
             self.failed = True
             _verdicts[self.kind] = False
             self.graph = self.outputs = None
+            self.graphs = []
             log.warning("omni: CUDA graph for %s not captured, running it eagerly (%s: %s)",
                         self.name, type(exc).__name__, exc)
             return False
@@ -273,8 +310,44 @@ class StepGraph:
             if self.restore is not None:
                 self.restore(state)
 
+    def _capture_graphs(self) -> tuple[list[Any], Any]:
+        """The step as one graph, or (``pieces``) as one per stretch between boundaries, all in
+        one memory pool: a piece's outputs are the next one's inputs, and the pieces replay in
+        the order they were captured."""
+        import torch
+
+        pool = self.pool
+        if self.pieces and pool is None:
+            pool = torch.cuda.graph_pool_handle()
+        graphs: list[Any] = []
+        capture: list[Any] = []
+
+        def begin() -> None:
+            graphs.append(torch.cuda.CUDAGraph())
+            # thread_local: the other stage threads keep launching their own work meanwhile
+            capture.append(torch.cuda.graph(graphs[-1], pool=pool, stream=self.capture_stream,
+                                            capture_error_mode="thread_local"))
+            capture[-1].__enter__()
+
+        def split() -> None:
+            capture[-1].__exit__(None, None, None)
+            begin()
+
+        begin()
+        _pieces.split = split if self.pieces else None
+        try:
+            outputs = self.step()
+        except BaseException as exc:
+            _pieces.split = None
+            capture[-1].__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        _pieces.split = None
+        capture[-1].__exit__(None, None, None)
+        return graphs, outputs
+
     def release(self) -> None:
         self.graph = self.outputs = None
+        self.graphs = []
 
 
 class ShapeGraphs:
@@ -288,8 +361,13 @@ class ShapeGraphs:
     """
 
     def __init__(self, *, device: Any, enabled: bool = True, name: str = "window", limit: int = 16,
-                 run_stream: Any = None, capture_stream: Any = None) -> None:
+                 run_stream: Any = None, capture_stream: Any = None, pieces: bool = False,
+                 queued: int = 0) -> None:
         self.device = device
+        #: capture each shape in pieces (see :func:`piece_boundary`), at most ``queued`` of them
+        #: on the device at once when replayed (0: all at once; read at each replay)
+        self.pieces = pieces
+        self.queued = queued
         self.run_stream = run_stream
         self.capture_stream = capture_stream
         self.enabled = enabled and graphs_available(device)
@@ -314,7 +392,8 @@ class ShapeGraphs:
                 static = tuple(t.clone() for t in inputs)
                 entry = (static, StepGraph(lambda: fn(*static), device=self.device, name=f"{self.name} {key}",
                                            kind=self.name, run_stream=self.run_stream,
-                                           capture_stream=self.capture_stream))
+                                           capture_stream=self.capture_stream, pieces=self.pieces,
+                                           queued=lambda: self.queued))
                 self._graphs[key] = entry
                 while len(self._graphs) > self.limit:
                     self._graphs.popitem(last=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .dit_blocks import DiTWindow, run_blocks
+from .graphs import piece_boundary
 from .vocoder_kernels import activation, amp_block
 
 
@@ -58,6 +59,7 @@ def dit_sample(dit, conditioning, reference_mel, codes, noise, num_steps=10, gui
     static = (spk_seq, code_embed, speaker, window)
 
     def ode_function(time_step, hidden_states):
+        piece_boundary()  # one graph per evaluation when captured in pieces (graphs.py)
         out = _dit_forward(dit, hidden_states, time_step, static, cfg)
         if not cfg:
             return out
@@ -97,10 +99,12 @@ def code2wav(c2w, codes):
     hidden = c2w.pre_transformer(inputs_embeds=hidden, attention_mask={"sliding_attention": mask}).last_hidden_state
     hidden = hidden.permute(0, 2, 1)
     for blocks in c2w.upsample:
+        piece_boundary()  # one graph per stage when captured in pieces (graphs.py)
         for block in blocks:
             hidden = block(hidden)
     wav = hidden
     for block in c2w.decoder:
+        piece_boundary()
         wav = block(wav)
     return wav.clamp(min=-1, max=1)
 
@@ -118,6 +122,7 @@ def vocode(vocoder, mel, fused: bool = True):
     x = vocoder.conv_pre(x)
     blocks = vocoder.num_residual_blocks
     for i in range(vocoder.num_upsample_layers):
+        piece_boundary()
         x = vocoder.ups[i][0](x)
         x = sum(amp_block(vocoder.resblocks[i * blocks + b], x, fused) for b in range(blocks)) / blocks
     x = activation(vocoder.activation_post, x) if fused else vocoder.activation_post(x)

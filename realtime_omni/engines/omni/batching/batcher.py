@@ -347,6 +347,7 @@ class StepBatcher(Mailbox):
                                     for i, o in enumerate(bucket.graph()))
                 self.spans.end(span, self.stream)
                 launched = time.perf_counter()
+                self.launches.append((started, launched))
                 self._hand_over()  # the last step's sessions, while the device runs this one
             # complete (leaving the stream waited for it): host outputs become Python values once,
             # for every row, instead of one device read per session

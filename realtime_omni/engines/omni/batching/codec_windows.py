@@ -244,6 +244,7 @@ class CodecBatcher(Mailbox):
                 else:
                     self._run_group(group)
                 self.spans.end(span, self.stream)
+                self.launches.append((started, time.perf_counter()))
         except BaseException as exc:  # noqa: BLE001 - every waiting session gets the error
             log.exception("omni: batched codec windows failed")
             for req in group:

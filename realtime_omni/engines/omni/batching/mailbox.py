@@ -86,6 +86,9 @@ class Mailbox:
         #: (start, end, rows) of the latest steps on ``time.perf_counter``'s clock: how the loops
         #: took turns in a burst, which the totals do not show
         self.timeline: deque[tuple[float, float, int]] = deque(maxlen=self.timeline_steps)
+        #: (start, launched) of the latest steps: when the host had queued a step's work (a launch
+        #: that blocks, the driver waiting for room, shows here and not on the device)
+        self.launches: deque[tuple[float, float]] = deque(maxlen=self.timeline_steps)
         self.spans = DeviceSpans(False)  # a loop on CUDA turns it on
         #: slots whose request is on its way (see :meth:`expect`) -> until when to wait for them
         self._expected: dict[int, float] = {}
