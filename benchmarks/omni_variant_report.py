@@ -60,6 +60,38 @@ def host_table(variants: list[tuple[str, dict]]) -> list[str]:
     return lines
 
 
+def during_codec_passes(run: dict, stage: str) -> tuple[list[list], list[list]]:
+    """The ``stage`` loop's steps (timeline rows) that began while a codec pass ran, and the rest."""
+    timeline = run.get("timeline") or {}
+    passes = [(start, start + ms) for start, ms, *_ in timeline.get("codec", [])]
+    inside, outside = [], []
+    for row in timeline.get(stage, []):
+        (inside if any(a <= row[0] < b for a, b in passes) else outside).append(row)
+    return inside, outside
+
+
+def stall_table(variants: list[tuple[str, dict]]) -> list[str]:
+    """Per level (its first 3 s, the runs' ``timeline``): how long the thinker's and talker's
+    steps took when they began during a codec pass, against the others; and how long their
+    launch took (the host queuing their work; recorded since 12c7a8c)."""
+    lines = ["| variant | sessions | stage | steps during a pass: n, ms p50 / max | launch ms p50 / max "
+             "| other steps: n, ms p50 |", "|---|---|---|---|---|---|"]
+    for label, m in variants:
+        for r in m["runs"]:
+            for stage in ("thinker", "talker"):
+                inside, outside = during_codec_passes(r, stage)
+                if not inside:
+                    continue
+                ms = sorted(row[1] for row in inside)
+                launch = sorted(row[3] for row in inside if len(row) > 3 and row[3] is not None)
+                rest = sorted(row[1] for row in outside)
+                lines.append(f"| {label} | {r['sessions']} | {stage} | {len(ms)}, {_f(ms[len(ms) // 2], 1)} / "
+                             f"{_f(ms[-1], 1)} | " + (f"{_f(launch[len(launch) // 2], 1)} / {_f(launch[-1], 1)}"
+                                                      if launch else "—")
+                             + f" | {len(rest)}, " + (_f(rest[len(rest) // 2], 1) if rest else "—") + " |")
+    return lines
+
+
 def plot(variants: list[tuple[str, dict]], path: Path) -> None:
     import matplotlib
 
@@ -106,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     chunks = chunk_table(variants)
     if len(chunks) > 2:
         md += ["## Chunk by chunk", "", CHUNKS_NOTE, ""] + chunks + [""]
+    stalls = stall_table(variants)
+    if len(stalls) > 2:
+        md += ["## Decode steps during codec passes", "", stall_table.__doc__.split("\n\n")[0].replace("\n    ", " "),
+               ""] + stalls + [""]
     md += ["## The sessions' own threads", ""] + host_table(variants) + [""]
     for label, m in variants:
         md += [f"## {label}", ""] + table(m) + [""]
