@@ -294,10 +294,10 @@ case "$run" in
   q25-pieces)
     # q25-first20's settings at N = 16 and 20 with the codec's graphs in pieces, two queued at a time
     # (the default since 12c7a8c), then the same with every piece queued at once as a pass was
-    # before (codec_queued=0), and with four; each loop's step timeline records its launches
-    # (q25_pieces.json; about 360 s held; an H100 will do)
+    # before (codec_queued=0), and with four, at N = 16; each loop's step timeline records its
+    # launches (q25_pieces.json; about 300 s held; an H100 will do)
     timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 --sweep whole:codec_queued=0 q4:codec_queued=4 \
-      --sweep-sessions 16 20 --first-frames 20 --ramp-frames 20 24 36 --out "$OUT/q25_pieces.json" 2>&1 \
+      --sweep-sessions 16 --first-frames 20 --ramp-frames 20 24 36 --out "$OUT/q25_pieces.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-conn)
