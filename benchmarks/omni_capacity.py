@@ -481,6 +481,7 @@ def run_config(path: Path, args) -> dict:
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames, "first_frames": args.first_frames,
                     "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
+                    "codec_queued_pieces": args.codec_queued_pieces,
                     "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
@@ -490,7 +491,7 @@ def run_config(path: Path, args) -> dict:
                             lookahead_steps=args.lookahead, chunk_frames=args.chunk_frames,
                             first_chunk_frames=args.first_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
-                            dit_dtype=args.dit_dtype,
+                            dit_dtype=args.dit_dtype, codec_queued_pieces=args.codec_queued_pieces,
                             lean_code_predictor=not args.modules_code_predictor,
                             # every level runs, past the capacity too; the estimate is recorded below
                             realtime_admission="off")
@@ -590,6 +591,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--dit-steps", type=int, default=10,
                     help="Qwen2.5's codec: flow-matching steps per window (a build setting: one run per value)")
+    ap.add_argument("--codec-queued-pieces", type=int, default=0,
+                    help="the codec's window graphs in pieces, at most this many queued on the GPU at once "
+                         "(0: each window one graph; a build setting, then swept with codec_queued)")
     ap.add_argument("--dit-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="Qwen2.5's codec: the DiT transformer's precision (a build setting: one run per value)")
     ap.add_argument("--modules-code-predictor", action="store_true",
@@ -620,6 +624,7 @@ def main(argv=None) -> int:
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
                "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype,
+               "--codec-queued-pieces", str(args.codec_queued_pieces),
                "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]

@@ -293,12 +293,12 @@ case "$run" in
     ;;
   q25-pieces)
     # q25-first20's settings at N = 16 and 20 with the codec's graphs in pieces, two queued at a time
-    # (the default since 12c7a8c), then the same with every piece queued at once as a pass was
-    # before (codec_queued=0), and with four, at N = 16; each loop's step timeline records its
-    # launches (q25_pieces.json; about 300 s held; an H100 will do)
-    timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 --sweep whole:codec_queued=0 q4:codec_queued=4 \
-      --sweep-sessions 16 --first-frames 20 --ramp-frames 20 24 36 --out "$OUT/q25_pieces.json" 2>&1 \
-      | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    # (--codec-queued-pieces 2; the engine's default, 0, keeps one graph per window), then at N = 16
+    # with every piece queued at once, as a whole pass was (codec_queued=0), and with four; each
+    # loop's step timeline records its launches (q25_pieces.json; about 300 s held; an H100 will do)
+    timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 --codec-queued-pieces 2 \
+      --sweep whole:codec_queued=0 q4:codec_queued=4 --sweep-sessions 16 --first-frames 20 --ramp-frames 20 24 36 \
+      --out "$OUT/q25_pieces.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   q25-conn)
     # q25-first20's settings at N = 16, 20, 20 with 32 hardware work queues instead of the driver's
@@ -309,10 +309,11 @@ case "$run" in
       | cut -c1-400 | tail -6 || true
     ;;
   qwen3-align)
-    # Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces queued at once, and four at a
-    # time (q3_align.json; about 220 s held on the H200)
+    # Qwen3 at N = 1, 32, 32, 64 with the codec's graphs in pieces, two queued at a time, then 32 with
+    # them queued at once, and four at a time (q3_align.json; about 220 s held on the H200)
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 32 32 64 --sweep whole:codec_queued=0 q4:codec_queued=4 --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
+      --sessions 1 32 32 64 --codec-queued-pieces 2 --sweep whole:codec_queued=0 q4:codec_queued=4 \
+      --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;
   q25-ab)

@@ -57,10 +57,10 @@ _pieces = threading.local()
 def piece_boundary() -> None:
     """Where a step captured in pieces (``StepGraph(pieces=True)``) ends one graph and begins the
     next; elsewhere (eager runs, steps captured whole) nothing happens. A codec pass captured
-    whole is one launch of thousands of kernels: while the driver waits for room to queue them,
-    the thinker's and talker's launches wait too (Qwen2.5 on the H100: their steps took 60-180 ms
-    against 10 at every codec pass, of 2 windows as of 16). In pieces, with a few queued at a
-    time, the launches of the other stages go through between them."""
+    whole queues thousands of kernels at once, and at every pass the thinker's and talker's steps
+    take 60-180 ms against 10 (Qwen2.5 on the H100), for passes of 2 windows as for 16: the size
+    of the launch rather than of the work. In pieces, a few queued at a time, the other stages'
+    launches have room between them (to be measured: ``codec_queued_pieces``)."""
     split = getattr(_pieces, "split", None)
     if split is not None:
         split()
