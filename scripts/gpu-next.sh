@@ -63,6 +63,7 @@
 #                                for its sessions, and without (about 400 s held)
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
+#   scripts/gpu-next.sh probe       a long graph beside short steps, whole and in pieces (about 60 s, no model)
 #   scripts/gpu-next.sh q25-pieces  q25-first20's N = 16, 20 with the codec's graphs in pieces, then queued whole
 #                                (about 330 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces
@@ -290,6 +291,11 @@ case "$run" in
     # about 400 s held)
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    ;;
+  probe)
+    # one thread replaying a long graph (3000 products, like a codec pass) beside another's short
+    # steps, whole and in pieces: what the short step waits (probe.json; about 60 s held, no model)
+    timeout 200 python3 benchmarks/graph_pieces_probe.py --out "$OUT/probe.json" 2>&1 | tail -12 || true
     ;;
   q25-pieces)
     # q25-first20's settings at N = 16 and 20 with the codec's graphs in pieces, two queued at a time
