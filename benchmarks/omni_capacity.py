@@ -33,7 +33,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 from omni_gpu import _pct, _sync, build_request, run_isolated, stream_once  # noqa: E402
 
-from realtime_omni.engines.omni.graphs import sleeping_waits  # noqa: E402
+from realtime_omni.engines.omni.streams import sleeping_waits  # noqa: E402
 
 
 def late_chunks(run: dict) -> list[tuple[int, float]]:

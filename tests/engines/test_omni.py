@@ -744,7 +744,7 @@ def test_chunks_ramp_up_from_the_first_to_the_steady_size(omni):
 def test_generators_match_their_device_with_or_without_an_index():
     """A session generator made for ``cuda`` reports ``cuda:0``; treating that as another device
     sent sampling to the default CUDA generator, which a capture in another thread can hold."""
-    from realtime_omni.engines.omni.graphs import same_device
+    from realtime_omni.engines.omni.streams import same_device
 
     assert same_device("cuda", "cuda:0") and same_device("cpu", torch.device("cpu"))
     assert not same_device("cuda:1", "cuda") and not same_device("cpu", "cuda")

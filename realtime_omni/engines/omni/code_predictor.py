@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .code_predictor_lean import LeanFrames, supports
-from .graphs import StepGraph, on_stream, same_device
+from .graphs import StepGraph
+from .streams import on_stream, same_device
 from .loader import LoadedOmni
 from .sampling import sample_top_k_top_p
 

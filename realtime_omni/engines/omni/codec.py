@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from .codec_mixing import MixedWindows
-from .graphs import ShapeGraphs, on_stream
+from .graphs import ShapeGraphs
+from .streams import on_stream
 from .loader import LoadedOmni, samples_per_code
 from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from .graphs import on_stream
+from .streams import on_stream
 
 #: rows of the vocoder's passes (one length of a mixed pass each; a single row included)
 VOCODER_BUCKETS = (1, 2, 4, 8, 16, 32)

@@ -346,7 +346,7 @@ def _finish(arch, root, model, tokenizer, fe, ip, device, torch_dtype, speakers,
 
 #: CUDA stream priority per stage (lower is more urgent; others, the prefills among them, 0).
 #: First the decode steps, which every live session waits for frame by frame, and the copies of
-#: each reply token's rows that a session thread waits for (``graphs.settled_copies``); then the
+#: each reply token's rows that a session thread waits for (``streams.settled_copies``); then the
 #: codec, whose windows are due a chunk's length ahead; then the prefills, which would otherwise
 #: hold the live sessions' steps for hundreds of ms. A talker step of 4 ms alone takes 8-20 ms
 #: beside the codec's passes (Qwen2.5 on the H100); putting the decode steps above the codec

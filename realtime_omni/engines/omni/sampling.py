@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .graphs import same_device
+from .streams import same_device
 
 
 class TokenSampler:

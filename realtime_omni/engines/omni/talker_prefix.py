@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .graphs import StaticDecoder, on_stream
+from .graphs import StaticDecoder
+from .streams import on_stream
 from .loader import LoadedOmni
 
 

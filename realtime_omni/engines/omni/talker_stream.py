@@ -13,7 +13,8 @@ from typing import Any
 from ..base import TalkerOutput, ThinkerOutput
 from .code_predictor import CodeFrames
 from .context import TalkerPrompt, TokenHidden, TokenRows
-from .graphs import StaticDecoder, on_stream
+from .graphs import StaticDecoder
+from .streams import on_stream
 from .loader import LoadedOmni, samples_per_code
 from .talker_prefix import TalkerPrefix, prefill_rows
 

@@ -38,7 +38,7 @@ from .context import (
     talker_prompt,
 )
 from .detokenize import TextDeltas
-from .graphs import settled_copies
+from .streams import settled_copies
 from .loader import LoadedOmni
 from .prompt import PromptRenderer, norm_text
 from .sampling import TokenSampler

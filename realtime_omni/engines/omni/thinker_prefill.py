@@ -15,7 +15,7 @@ from typing import Any
 
 from ..base import ThinkRequest
 from .context import MessageRecord, MultimodalItem, ReplyState, TalkerPrompt, talker_prompt
-from .graphs import on_stream
+from .streams import on_stream
 from .prompt import Rendered, fingerprint
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ from typing import Any
 
 from .audio_tower import merge_audio
 from .device_copy import to_device
-from .graphs import StaticDecoder, on_stream
+from .graphs import StaticDecoder
+from .streams import on_stream
 
 
 class ThinkerSteps:

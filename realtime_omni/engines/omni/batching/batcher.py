@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import DeviceSpans, StepGraph, graphs_available, on_stream
+from ..graphs import StepGraph, graphs_available
+from ..streams import DeviceSpans, on_stream
 from .mailbox import Done, Mailbox
 
 log = logging.getLogger(__name__)

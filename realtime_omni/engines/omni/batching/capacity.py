@@ -145,7 +145,7 @@ def measure(batching: Any, codec: Any, window_codes: int, repeats: int = 5) -> S
     the slots' state, and an idle session's context, are untouched)."""
     import torch
 
-    from ..graphs import on_stream
+    from ..streams import on_stream
 
     loaded = batching.loaded
     cuda = loaded.device_type == "cuda"

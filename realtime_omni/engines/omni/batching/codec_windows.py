@@ -27,7 +27,8 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import DeviceSpans, ShapeGraphs, on_stream
+from ..graphs import ShapeGraphs
+from ..streams import DeviceSpans, on_stream
 from .mailbox import Done, Mailbox
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..graphs import DeviceSpans
+from ..streams import DeviceSpans
 
 
 class Done:

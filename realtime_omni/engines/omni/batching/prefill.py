@@ -19,7 +19,8 @@ from typing import Any
 
 from ..audio_tower import merge_audio
 from ..device_copy import to_device
-from ..graphs import DeviceSpans, graphs_available, on_stream
+from ..graphs import graphs_available
+from ..streams import DeviceSpans, on_stream
 from .mailbox import Done, Mailbox
 from .prefill_graphs import Body, BucketKey, PrefillGraphs, PrefillInputs
 from .slots import SlotPool

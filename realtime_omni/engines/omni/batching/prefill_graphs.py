@@ -109,7 +109,7 @@ class PrefillGraphs:
             return 0
         import torch
 
-        from ..graphs import on_stream
+        from ..streams import on_stream
 
         if self._memory is None:
             self._memory = torch.cuda.graph_pool_handle()

@@ -81,7 +81,7 @@ class ThinkerTokens:
         and the ids the reply may not pick."""
         import torch
 
-        from ..graphs import on_stream
+        from ..streams import on_stream
 
         with self.lock, on_stream(self.loaded.stream("thinker")):
             self.seen[slot].zero_()
@@ -103,7 +103,7 @@ class ThinkerTokens:
         import numpy as np
         import torch
 
-        from ..graphs import on_stream
+        from ..streams import on_stream
 
         suppress = np.logical_not(np.asarray(allowed, dtype=bool))
         staged = self._staged.get(slot)

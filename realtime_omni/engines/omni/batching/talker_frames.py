@@ -130,7 +130,7 @@ class FusedTalker:
         the repetition penalty starts from."""
         import torch
 
-        from ..graphs import on_stream
+        from ..streams import on_stream
 
         with self.batcher.state_lock, on_stream(self.loaded.stream("talker")):
             self.logits[slot].copy_(logits.reshape(-1))
