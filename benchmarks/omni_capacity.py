@@ -359,8 +359,7 @@ def profile_level(model, req, n: int) -> dict:
 SWEEP_KEYS = {"switch_ms", "prefill_tokens", "frames", "lookahead", "ahead_ms", "all_columns",
               "eager_prefill", "pipelined", "arrive_ms", "pace_ms", "first_frames", "ramp", "burst_ms",
               "gc_freeze", "sleeping_waits", "mix", "codec_burst_ms", "codec_graphs", "codec_queued",
-              "expect_talkers",
-              "expect_windows", "expect_steps"}
+              "expect_talkers", "expect_windows", "expect_steps"}
 #: each stage's column buckets as built (``all_columns=1`` makes every step attend over the whole slot)
 _COLUMN_BUCKETS: dict[str, list[int]] = {}
 

@@ -349,7 +349,6 @@ class OmniCodec:
         return found
 
 
-
 def _waveform(out) -> np.ndarray:
     return out.detach().reshape(-1).float().cpu().numpy()
 

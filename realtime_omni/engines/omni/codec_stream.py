@@ -92,15 +92,14 @@ class CodecStream:
     def sent(self, ref: Any) -> bool:
         """Whether a chunk named ``ref`` was sent and not yet received."""
         with self._lock:
-            return any(s.ref is ref for s in self._sent) or any(item[0] is ref for item in self._later)
+            return self._holds(ref)
 
     def receive(self, ref: Any = None) -> np.ndarray:
         """The new samples of the chunk named ``ref`` (None, or a name never sent: the oldest sent).
         Chunks sent before it and not received are skipped: their windows are dropped and their
         samples lost."""
         with self._lock:
-            known = ref is not None and (any(s.ref is ref for s in self._sent)
-                                         or any(item[0] is ref for item in self._later))
+            known = ref is not None and self._holds(ref)
             while known and not (self._sent and self._sent[0].ref is ref):
                 if self._sent:
                     self._drop_oldest()
@@ -130,6 +129,10 @@ class CodecStream:
 
     # sending ------------------------------------------------------------------------------------
 
+    def _holds(self, ref: Any) -> bool:
+        """Under ``_lock``: a chunk named ``ref`` is out at the codec or kept for later."""
+        return any(s.ref is ref for s in self._sent) or any(item[0] is ref for item in self._later)
+
     def _pump(self) -> None:
         """Under ``_lock``: send kept chunks while fewer than :data:`IN_FLIGHT` are out."""
         while self._later and len(self._sent) < IN_FLIGHT:
@@ -144,13 +147,15 @@ class CodecStream:
         self.tail = None
 
     def _window(self, ref: Any, codes, start: int | None, final: bool) -> _Sent:
+        import torch
+
         fresh = False
         if start is not None and start != self.n:
             if start < self.n:  # a replay: forget what follows
                 self._truncate(start)
             else:  # frames were lost upstream: continue without them (no left context there)
                 log.debug("omni codec: gap of %d frames", start - self.n)
-                self.codes.append(torch_zeros(start - self.n, codes))
+                self.codes.append(torch.zeros((start - self.n, *codes.shape[1:]), dtype=torch.long))
                 self.n = start
                 self.emitted = max(self.emitted, self.codec.rendered_length(start))
                 fresh = True
@@ -218,13 +223,6 @@ class CodecStream:
         if self.started is None and len(new):
             self.started = time.monotonic()
         return new
-
-
-def torch_zeros(n: int, like) -> Any:
-    """``n`` zero codes shaped like the chunk ``like`` (frames lost upstream)."""
-    import torch
-
-    return torch.zeros((n, *like.shape[1:]), dtype=torch.long)
 
 
 def to_int16(wav: np.ndarray) -> np.ndarray:
