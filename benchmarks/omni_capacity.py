@@ -34,6 +34,7 @@ for p in (ROOT, ROOT / "benchmarks"):
 from omni_gpu import _pct, _sync, build_request, run_isolated, stream_once  # noqa: E402
 
 from realtime_omni.engines.omni.streams import sleeping_waits  # noqa: E402
+from realtime_omni.engines.settings import OmniSettings  # noqa: E402
 
 
 def late_chunks(run: dict) -> list[tuple[int, float]]:
@@ -469,7 +470,6 @@ def run_config(path: Path, args) -> dict:
     from realtime_omni.engines.omni import OmniModel
     from realtime_omni.engines.omni.graphs import verdicts
     from realtime_omni.engines.omni.loader import detect_architecture
-    from realtime_omni.engines.settings import OmniSettings
 
     raw = json.loads(path.read_text())
     arch = detect_architecture(raw, where=str(path))
@@ -590,7 +590,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lookahead", type=int, default=12, help="steps a session queues ahead per stage")
     ap.add_argument("--dit-steps", type=int, default=10,
                     help="Qwen2.5's codec: flow-matching steps per window (a build setting: one run per value)")
-    ap.add_argument("--codec-queued-pieces", type=int, default=0,
+    ap.add_argument("--codec-queued-pieces", type=int, default=OmniSettings().codec_queued_pieces,
                     help="the codec's window graphs in pieces, at most this many queued on the GPU at once "
                          "(0: each window one graph; a build setting, then swept with codec_queued)")
     ap.add_argument("--dit-dtype", default="float32", choices=["float32", "bfloat16"],

@@ -315,10 +315,10 @@ case "$run" in
       | cut -c1-400 | tail -6 || true
     ;;
   qwen3-align)
-    # Qwen3 at N = 1, 32, 32, 64 with the codec's graphs in pieces, two queued at a time, then 32 with
-    # them queued at once, and four at a time (q3_align.json; about 220 s held on the H200)
+    # Qwen3 at N = 1, 32, 32, 64 with the codec's graphs in pieces, four queued at a time, then 32 with
+    # them queued at once, and two at a time (q3_align.json; about 220 s held on the H200)
     timeout 330 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 32 32 64 --codec-queued-pieces 2 --sweep whole:codec_queued=0 q4:codec_queued=4 \
+      --sessions 1 32 32 64 --codec-queued-pieces 4 --sweep whole:codec_queued=0 q2:codec_queued=2 \
       --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     ;;

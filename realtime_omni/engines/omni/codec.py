@@ -65,7 +65,7 @@ class CodecSettings:
     cuda_graphs: bool = True
     #: a window's graph comes in pieces (a DiT evaluation, a vocoder stage: ``piece_boundary``),
     #: at most this many queued on the device at once (0: a pass queued whole, as one graph)
-    queued_pieces: int = 0
+    queued_pieces: int = 4
 
 
 class OmniCodec:

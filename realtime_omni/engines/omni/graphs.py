@@ -56,10 +56,10 @@ _pieces = threading.local()
 def piece_boundary() -> None:
     """Where a step captured in pieces (``StepGraph(pieces=True)``) ends one graph and begins the
     next; elsewhere (eager runs, steps captured whole) nothing happens. A codec pass captured
-    whole queues thousands of kernels at once, and at every pass the thinker's and talker's steps
-    take 60-180 ms against 10 (Qwen2.5 on the H100), for passes of 2 windows as for 16: the size
-    of the launch rather than of the work. In pieces, a few queued at a time, the other stages'
-    launches have room between them (to be measured: ``codec_queued_pieces``)."""
+    whole queues thousands of kernels at once, and while it is submitted the thinker's and
+    talker's launches wait (up to 62 ms, Qwen2.5 on the H100), for passes of 2 windows as for 16:
+    the size of the launch rather than of the work. In pieces, a few queued at a time, their
+    launches return within 15 ms (docs/benchmarks/omni-codec-pieces.md)."""
     split = getattr(_pieces, "split", None)
     if split is not None:
         split()
