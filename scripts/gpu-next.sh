@@ -68,6 +68,8 @@
 #                                (about 330 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces
 #                                queued at once (about 200 s held on the H200)
+#   scripts/gpu-next.sh q25-default the same at the defaults (pieces, 4 queued) at N = 1, 16, 16, then 16 queued
+#                                whole (about 300 s held)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -291,6 +293,14 @@ case "$run" in
     # about 400 s held)
     timeout 480 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 20 24 --first-frames 20 --ramp-frames 20 24 36 \
       --out "$OUT/q25_first20.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
+    ;;
+  q25-default)
+    # q25-first20's settings at the engine's defaults since the seventeenth session (codec graphs in
+    # pieces, 4 queued): N = 1, 16, 16, then 16 with a pass queued whole (codec_queued=0), all warm
+    # (q25_default.json; about 300 s held; an H100 will do)
+    timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 --first-frames 20 --ramp-frames 20 24 36 \
+      --sweep whole:codec_queued=0 --sweep-sessions 16 --out "$OUT/q25_default.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-400 | tail -8 || true
     ;;
   probe)
     # one thread replaying a long graph (3000 products, like a codec pass) beside another's short

@@ -61,10 +61,10 @@ class OmniSettings(_Section):
     #: evaluations reads and writes, at a cost in quality to check by ear on a real checkpoint.
     dit_dtype: Literal["float32", "bfloat16"] = "float32"
     #: the codec's CUDA graphs in pieces (a DiT evaluation, a vocoder stage), at most this many
-    #: queued on the GPU at once (0: each window shape one graph). A whole pass launched as one
-    #: graph holds the thinker's and talker's launches up to 62 ms (Qwen2.5, H100); in pieces
-    #: they return within 15 ms and the chunk RTF p95 at N = 16 falls from 0.82 to 0.65-0.68
-    #: (docs/benchmarks/omni-codec-pieces.md)
+    #: queued on the GPU at once (0: each window shape one graph). A whole pass queued at once
+    #: holds the thinker's and talker's launches up to 62 ms (Qwen2.5, H100); 4 at a time, they
+    #: return within 15 ms and no session of 16 had a late chunk, for a pass about 50 ms longer
+    #: (docs/benchmarks/omni-codec-pieces.md, omni-qwen25-pieces.md)
     codec_queued_pieces: int = Field(default=4, ge=0, le=64)
     #: longest reply in thinker tokens
     max_new_tokens: int = Field(default=1024, ge=1)

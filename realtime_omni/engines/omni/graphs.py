@@ -56,10 +56,10 @@ _pieces = threading.local()
 def piece_boundary() -> None:
     """Where a step captured in pieces (``StepGraph(pieces=True)``) ends one graph and begins the
     next; elsewhere (eager runs, steps captured whole) nothing happens. A codec pass captured
-    whole queues thousands of kernels at once, and while it is submitted the thinker's and
-    talker's launches wait (up to 62 ms, Qwen2.5 on the H100), for passes of 2 windows as for 16:
-    the size of the launch rather than of the work. In pieces, a few queued at a time, their
-    launches return within 15 ms (docs/benchmarks/omni-codec-pieces.md)."""
+    whole queues thousands of kernels at once, and while they fill the device's queue the
+    thinker's and talker's launches wait (up to 62 ms, Qwen2.5 on the H100), for passes of 2
+    windows as for 16; the same pieces all queued at once hold them as long. A few queued at a
+    time, their launches return within 15 ms (docs/benchmarks/omni-codec-pieces.md)."""
     split = getattr(_pieces, "split", None)
     if split is not None:
         split()
