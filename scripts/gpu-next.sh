@@ -70,6 +70,8 @@
 #                                queued at once (about 200 s held on the H200)
 #   scripts/gpu-next.sh q25-default the same at the defaults (pieces, 4 queued) at N = 1, 16, 16, then 16 queued
 #                                whole (about 300 s held)
+#   scripts/gpu-next.sh qwen3-pieces Qwen3 at N = 1, 32 at the defaults, then 32 with all pieces queued at once
+#                                (about 150 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -331,6 +333,13 @@ case "$run" in
       --sessions 1 32 32 64 --codec-queued-pieces 4 --sweep whole:codec_queued=0 q2:codec_queued=2 \
       --sweep-sessions 32 --out "$OUT/q3_align.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
+    ;;
+  qwen3-pieces)
+    # qwen3-align cut to what a short lease holds: N = 1 (the warm-up), 32 at the defaults (pieces, 4
+    # queued), then 32 with all pieces queued at once (q3_pieces.json; about 150 s held on the H200)
+    timeout 270 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --sessions 1 32 --sweep whole:codec_queued=0 --sweep-sessions 32 --out "$OUT/q3_pieces.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),
