@@ -352,7 +352,9 @@ case "$run" in
     done
     ;;
   *)
-    echo "usage: scripts/gpu-next.sh [talker|codec|codec-steps|codec-dtype|qwen25|dit-blocks|dit-kernels|vocoder-kernels|qwen3|qwen3-main|qwen3-ab|qwen3-32|host-profile|admission|qwen3-burst|qwen3-modules|prefill-cold] ..." >&2
+    # the runs this script knows are those listed at its head
+    echo "gpu-next: name one of these runs (got '$run'):" >&2
+    sed -n '2,/^# Build the carried/p' "$0" | grep -v '^# Build the carried' >&2
     exit 2
     ;;
 esac
