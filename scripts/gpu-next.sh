@@ -64,12 +64,12 @@
 #   scripts/gpu-next.sh q25-first20 the same with first chunks of 20 frames, at N = 1, 16, 16, 20, 24 (about 400 s held)
 #   scripts/gpu-next.sh q25-conn    the same at N = 16, 20, 20 with CUDA_DEVICE_MAX_CONNECTIONS=32 (about 330 s held)
 #   scripts/gpu-next.sh probe       a long graph beside short steps, whole and in pieces (about 60 s, no model)
-#   scripts/gpu-next.sh q25-pieces  q25-first20's N = 16, 20 with the codec's graphs in pieces, then queued whole
+#   scripts/gpu-next.sh q25-pieces  q25-first20's N = 16, 20 with the codec's graphs in pieces, then all queued at once
 #                                (about 330 s held)
 #   scripts/gpu-next.sh qwen3-align Qwen3 at N = 1, 32, 32, 64, then 32 with the codec's graph pieces
 #                                queued at once (about 200 s held on the H200)
-#   scripts/gpu-next.sh q25-default the same at the defaults (pieces, 4 queued) at N = 1, 16, 16, then 16 queued
-#                                whole (about 300 s held)
+#   scripts/gpu-next.sh q25-default the same at the defaults (pieces, 4 queued) at N = 1, 16, 16, then 16 with all
+#                                pieces queued at once (about 300 s held)
 #   scripts/gpu-next.sh qwen3-pieces Qwen3 at N = 1, 32 at the defaults, then 32 with all pieces queued at once
 #                                (about 150 s held on the H200)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
@@ -298,7 +298,7 @@ case "$run" in
     ;;
   q25-default)
     # q25-first20's settings at the engine's defaults since the seventeenth session (codec graphs in
-    # pieces, 4 queued): N = 1, 16, 16, then 16 with a pass queued whole (codec_queued=0), all warm
+    # pieces, 4 queued): N = 1, 16, 16, then 16 with all pieces queued at once (codec_queued=0), all warm
     # (q25_default.json; about 300 s held; an H100 will do)
     timeout 420 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 1 16 16 --first-frames 20 --ramp-frames 20 24 36 \
       --sweep whole:codec_queued=0 --sweep-sessions 16 --out "$OUT/q25_default.json" 2>&1 \
@@ -311,7 +311,7 @@ case "$run" in
     ;;
   q25-pieces)
     # q25-first20's settings at N = 16 and 20 with the codec's graphs in pieces, two queued at a time
-    # (--codec-queued-pieces 2; the engine's default, 0, keeps one graph per window), then at N = 16
+    # (--codec-queued-pieces 2; the engine's default is 4 since this run), then at N = 16
     # with every piece queued at once, as a whole pass was (codec_queued=0), and with four; each
     # loop's step timeline records its launches (q25_pieces.json; about 300 s held; an H100 will do)
     timeout 450 python3 benchmarks/omni_capacity.py "${q25[@]}" --sessions 16 20 --codec-queued-pieces 2 \

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+
 @contextlib.contextmanager
 def on_stream(stream: Any) -> Iterator[None]:
     """Run a stage's GPU work on its own CUDA stream (``None``: as is).
