@@ -480,7 +480,7 @@ def run_config(path: Path, args) -> dict:
     result: dict = {"config": str(path), "arch": arch, "name": path.parent.name, "frames": frames, "slots": slots,
                     "chunk_frames": args.chunk_frames, "ramp_frames": args.ramp_frames, "first_frames": args.first_frames,
                     "lookahead": args.lookahead, "dit_steps": args.dit_steps, "dit_dtype": args.dit_dtype,
-                    "codec_queued_pieces": args.codec_queued_pieces,
+                    "codec_queued_pieces": args.codec_queued_pieces, "codec_shared_pool": args.codec_shared_pool,
                     "lean_code_predictor": not args.modules_code_predictor,
                     "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     t0 = time.perf_counter()
@@ -491,6 +491,7 @@ def run_config(path: Path, args) -> dict:
                             first_chunk_frames=args.first_frames,
                             ramp_frames=args.ramp_frames, pace_lead_ms=args.pace_ms, dit_steps=args.dit_steps,
                             dit_dtype=args.dit_dtype, codec_queued_pieces=args.codec_queued_pieces,
+                            codec_shared_pool=bool(args.codec_shared_pool),
                             lean_code_predictor=not args.modules_code_predictor,
                             # every level runs, past the capacity too; the estimate is recorded below
                             realtime_admission="off")
@@ -593,6 +594,8 @@ def main(argv=None) -> int:
     ap.add_argument("--codec-queued-pieces", type=int, default=OmniSettings().codec_queued_pieces,
                     help="the codec's window graphs in pieces, at most this many queued on the GPU at once "
                          "(0: each window one graph; a build setting, then swept with codec_queued)")
+    ap.add_argument("--codec-shared-pool", type=int, choices=[0, 1], default=int(OmniSettings().codec_shared_pool),
+                    help="the codec's window graphs in one memory pool (1) or a pool each (0; a build setting)")
     ap.add_argument("--dit-dtype", default="float32", choices=["float32", "bfloat16"],
                     help="Qwen2.5's codec: the DiT transformer's precision (a build setting: one run per value)")
     ap.add_argument("--modules-code-predictor", action="store_true",
@@ -623,7 +626,7 @@ def main(argv=None) -> int:
                "--cache-tokens", str(args.cache_tokens), "--gather-ms", str(args.gather_ms),
                "--lookahead", str(args.lookahead), "--profile", str(args.profile), "--pace-ms", str(args.pace_ms),
                "--dit-steps", str(args.dit_steps), "--dit-dtype", args.dit_dtype,
-               "--codec-queued-pieces", str(args.codec_queued_pieces),
+               "--codec-queued-pieces", str(args.codec_queued_pieces), "--codec-shared-pool", str(args.codec_shared_pool),
                "--sessions", *map(str, args.sessions)]
         if args.sweep:
             cmd += ["--sweep", *args.sweep]

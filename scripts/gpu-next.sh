@@ -72,8 +72,11 @@
 #                                pieces queued at once (about 300 s held)
 #   scripts/gpu-next.sh qwen3-pieces Qwen3 at N = 1, 32 at the defaults, then 32 with all pieces queued at once
 #                                (about 150 s held on the H200)
-#   scripts/gpu-next.sh qwen3-h100 qwen3-pieces on an H100, the thinker cut to 40 of its 48 layers so that
+#   scripts/gpu-next.sh qwen3-h100 qwen3-pieces on an H100, the thinker cut to 32 of its 48 layers so that
 #                                it fits (a proxy, not the target's shape; about 150 s held)
+#   scripts/gpu-next.sh codec-memory what the codec's window graphs hold, whole, in pieces and in one shared
+#                                pool (Qwen3's real codec, the thinker and talker cut to one layer), then the
+#                                GPU tests of the graphs (about 250 s held; an H100 will do)
 #   scripts/gpu-next.sh q25-ab   the same for this tree and an earlier one (.base, carried; about 300 s)
 #   several at once: scripts/gpu-next.sh prefill-cold qwen3
 #   (the codec window profile of 2026-12-05: python3 benchmarks/omni_codec_profile.py --config
@@ -344,19 +347,28 @@ case "$run" in
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
     ;;
   qwen3-h100)
-    # when no H200 comes: qwen3-pieces with the thinker's layers cut from 48 to 40 (about 10 GB of
-    # experts less), so that the model fits an H100's 78 GiB; a 40-layer step reads about what the
-    # H200 reads for 48 in the same time, but it is a proxy: report it as such (q3_h100.json)
-    mkdir -p /tmp/Qwen3-Omni-thinker40
-    python3 - .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/Qwen3-Omni-thinker40/config.json <<'PY'
+    # when no H200 comes: qwen3-pieces with the thinker's layers cut from 48 to 32 (about 20 GB of
+    # experts less), so that the model fits an H100's 78 GiB; a 32-layer step at 3.35 TB/s takes about what the
+    # H200 takes for 48 at 4.8, but it is a proxy: report it as such (q3_h100.json)
+    mkdir -p /tmp/Qwen3-Omni-thinker32
+    python3 - .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/Qwen3-Omni-thinker32/config.json <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-config["thinker_config"]["text_config"]["num_hidden_layers"] = 40
+config["thinker_config"]["text_config"]["num_hidden_layers"] = 32
 json.dump(config, open(sys.argv[2], "w"))
 PY
-    timeout 270 python3 benchmarks/omni_capacity.py --config /tmp/Qwen3-Omni-thinker40/config.json \
+    timeout 270 python3 benchmarks/omni_capacity.py --config /tmp/Qwen3-Omni-thinker32/config.json \
       --sessions 1 32 --sweep whole:codec_queued=0 --sweep-sessions 32 --out "$OUT/q3_h100.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+    ;;
+  codec-memory)
+    # the codec's window graphs at 32 sessions' group buckets: GPU memory after the load and replays
+    # against eager runs, by capture (codec_memory.json); then the graphs' GPU tests
+    timeout 300 python3 benchmarks/codec_graph_memory.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --slots 32 --variants whole:0:0 pieces:4:0 pieces_shared:4:1 --out "$OUT/codec_memory.json" 2>&1 \
+      | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -m gpu \
+      tests/engines/test_omni_graph_pieces.py 2>&1 | tail -15 || true
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),

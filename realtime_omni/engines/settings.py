@@ -66,6 +66,9 @@ class OmniSettings(_Section):
     #: return within 15 ms and no session of 16 had a late chunk, for a pass about 50 ms longer
     #: (docs/benchmarks/omni-codec-pieces.md, omni-qwen25-pieces.md)
     codec_queued_pieces: int = Field(default=4, ge=0, le=64)
+    #: the codec's window graphs capture into one memory pool (they never replay at once), so
+    #: they hold about what the largest one needs instead of the sum of all of them
+    codec_shared_pool: bool = True
     #: longest reply in thinker tokens
     max_new_tokens: int = Field(default=1024, ge=1)
     #: longest spoken reply in codec frames (Qwen2.5: 20 ms, Qwen3: 80 ms each)

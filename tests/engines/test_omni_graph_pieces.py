@@ -83,3 +83,35 @@ def test_codec_windows_in_pieces_render_what_eager_does(arch: str, tmp_path) -> 
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * float(np.abs(want).max()))
     finally:
         model.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pieces", [False, True])
+def test_shapes_in_one_pool_replay_what_each_computes(pieces: bool) -> None:
+    """Window shapes captured into one memory pool (``shared_pool``), replayed in turn from two
+    streams, each return what their eager run returns: no replay clobbers another's outputs."""
+    from realtime_omni.engines.omni.graphs import ShapeGraphs, probing
+
+    gen = torch.Generator().manual_seed(7)
+    w = (torch.randn(256, 256, generator=gen) / 16).cuda()
+    windows = ShapeGraphs(device="cuda", pieces=pieces, queued=2, shared_pool=True)
+    rows = [8, 32, 64]
+    with probing():
+        for n in rows:
+            for _ in range(2):  # captured on the second sight
+                windows.run(n, lambda x: chain(x, w), (torch.randn(n, 256, generator=gen).cuda(),))
+    assert windows.captured == len(rows)
+    side = torch.cuda.Stream()
+    got, want = [], []
+    for i, n in enumerate(rows * 3):
+        x = torch.randn(n, 256, generator=gen).cuda()
+        want.append(chain(x, w))
+        stream = side if i % 2 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            got.append(windows.run(n, lambda x: chain(x, w), (x,)))
+        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    for a, b in zip(got, want, strict=True):
+        assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(a, b, strict=True))

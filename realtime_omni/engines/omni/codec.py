@@ -66,6 +66,8 @@ class CodecSettings:
     #: a window's graph comes in pieces (a DiT evaluation, a vocoder stage: ``piece_boundary``),
     #: at most this many queued on the device at once (0: a pass queued whole, as one graph)
     queued_pieces: int = 4
+    #: every window shape's graph in one memory pool (see graphs.ShapeGraphs)
+    shared_pool: bool = True
 
 
 class OmniCodec:
@@ -84,7 +86,8 @@ class OmniCodec:
         self.last_window_lengths: list[int] = []
         self.windows = ShapeGraphs(device=loaded.device, enabled=settings.cuda_graphs,
                                    name=f"{loaded.arch} codec window", limit=192, **loaded.graph_streams("codec"),
-                                   pieces=settings.queued_pieces > 0, queued=settings.queued_pieces)
+                                   pieces=settings.queued_pieces > 0, queued=settings.queued_pieces,
+                                   shared_pool=settings.shared_pool)
         #: windows of all sessions decoded together (``batching``), or each on its own
         self.batcher: Any = None
         if batch_windows:

@@ -120,6 +120,7 @@ class OmniModel(VoiceModel):
         self.dit_steps = int(settings.dit_steps)
         self.dit_dtype = settings.dit_dtype
         self.codec_queued_pieces = int(settings.codec_queued_pieces)
+        self.codec_shared_pool = bool(settings.codec_shared_pool)
         self.pipelined_steps = bool(settings.pipelined_steps)
         #: benchmarks: build the checkpoint's config with random weights (no weight files read)
         self.random_weights = bool(settings.random_weights)
@@ -196,6 +197,7 @@ class OmniModel(VoiceModel):
             left_context_frames=self.left_context_frames, lookahead_frames=self.lookahead_frames,
             crossfade_ms=self.crossfade_ms, seed=self.seed or 0, cuda_graphs=self.cuda_graphs,
             dit_steps=self.dit_steps, dit_dtype=self.dit_dtype, queued_pieces=self.codec_queued_pieces,
+            shared_pool=self.codec_shared_pool,
         ), batch_windows=self.batching is not None, batch_rows=self.max_sessions)
         if self.batching is not None and self.codec.batcher is not None:
             # the replies of one talker prefill batch reach the codec together (expect_first)
