@@ -16,9 +16,9 @@ Variants are ``NAME:QUEUED_PIECES:SHARED_POOL`` (``pieces_shared:4:1`` is the de
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,8 +92,6 @@ def run_variant(config: Path, slots: int, name: str, queued: int, shared: bool, 
     from realtime_omni.engines.omni import OmniModel
     from realtime_omni.engines.settings import OmniSettings
 
-    gc.collect()
-    torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     t0 = time.perf_counter()
     settings = OmniSettings(device="cuda", dtype="bfloat16", ignore_eos=True, system_prompt="", seed=0,
@@ -108,8 +106,21 @@ def run_variant(config: Path, slots: int, name: str, queued: int, shared: bool, 
     row.update(check_replays(model.codec.windows, sample, seed=1) if model.codec is not None else {})
     print(json.dumps(row), flush=True)
     model.close()
-    del model
     return row
+
+
+def in_own_process(thin: Path, args: argparse.Namespace, spec: str) -> dict:
+    """One variant in a process of its own (each starts from an empty GPU; one that runs out of
+    memory leaves the others' numbers)."""
+    cmd = [sys.executable, __file__, "--config", str(thin), "--slots", str(args.slots), "--sample", str(args.sample),
+           "--variants", spec, "--out", "-", "--one"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode == 0 and rows:
+        return json.loads(rows[-1])
+    name, queued, shared = spec.split(":")
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"variant": name, "queued_pieces": int(queued), "shared_pool": shared == "1", "error": last[:400]}
 
 
 def main() -> int:
@@ -118,22 +129,28 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=32)
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
     ap.add_argument("--sample", type=int, default=12, help="captured windows replayed against eager runs")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--timeout", type=float, default=240, help="seconds each variant may take")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a variant's own process
     args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print("codec_graph_memory: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.one:
+        name, queued, shared = args.variants[0].split(":")
+        run_variant(args.config[0], args.slots, name, int(queued), shared == "1", args.sample)
+        return 0
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "slots": args.slots, "models": []}
     for path in args.config:
         thin = thin_config(path, Path("/tmp/codec_graph_memory") / path.parent.name)
-        rows = []
+        model = {"config": str(path), "variants": []}
+        result["models"].append(model)
         for spec in args.variants:
-            name, queued, shared = spec.split(":")
-            rows.append(run_variant(thin, args.slots, name, int(queued), shared == "1", args.sample))
-        result["models"].append({"config": str(path), "variants": rows})
-        args.out.write_text(json.dumps(result, indent=1))
+            model["variants"].append(in_own_process(thin, args, spec))
+            print(json.dumps(model["variants"][-1]), flush=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 
