@@ -364,8 +364,8 @@ PY
   codec-memory)
     # the codec's window graphs at 32 sessions' group buckets: GPU memory after the load and replays
     # against eager runs, by capture (codec_memory.json); then the graphs' GPU tests
-    timeout 300 python3 benchmarks/codec_graph_memory.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --slots 32 --timeout 120 --out "$OUT/codec_memory.json" 2>&1 \
+    timeout 420 python3 benchmarks/codec_graph_memory.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
+      --slots 32 --timeout 100 --out "$OUT/codec_memory.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
     timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -m gpu \
       tests/engines/test_omni_graph_pieces.py 2>&1 | tail -3 || true
