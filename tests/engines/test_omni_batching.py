@@ -897,7 +897,7 @@ def test_a_codec_pass_mixes_only_the_lengths_whose_padding_costs_less_than_a_pas
     from types import SimpleNamespace
 
     from realtime_omni.engines.omni.codec_mixing import MixedWindows
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     mixer = MixedWindows(SimpleNamespace(windows=ShapeGraphs(device=torch.device("cpu")), key_prefix=("t2w",)),
                          (2, 4, 8, 16, 32))
@@ -926,7 +926,7 @@ def test_after_a_pass_the_codec_waits_for_the_windows_its_sessions_send_next(mix
     after it (sessions whose last window just came back send their next), and all go in one
     pass. Without mixing, the window left queued goes at once, alone."""
     from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     passes: list[list[int]] = []
 
@@ -1281,7 +1281,7 @@ def test_codec_windows_needed_soonest_are_decoded_first():
     then a reply about to run dry, then one seconds ahead of its listener, whatever order they
     came in; a window without a listener goes last."""
     from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.0)
     order: list[str] = []
@@ -1322,7 +1322,7 @@ def test_a_first_window_that_arrives_while_a_group_runs_goes_before_the_groups_l
     arrives while a group runs is decoded next, before the other groups queued with that one;
     windows of a waiting group's shape that arrive meanwhile join its batch."""
     from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.0)
     order: list[tuple[str, int]] = []

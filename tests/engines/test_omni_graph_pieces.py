@@ -91,7 +91,8 @@ def test_codec_windows_in_pieces_render_what_eager_does(arch: str, tmp_path) -> 
 def test_shapes_in_one_pool_replay_what_each_computes(pieces: bool) -> None:
     """Window shapes captured into one memory pool (``shared_pool``), replayed in turn from two
     streams, each return what their eager run returns: no replay clobbers another's outputs."""
-    from realtime_omni.engines.omni.graphs import ShapeGraphs, probing
+    from realtime_omni.engines.omni.graphs import probing
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     gen = torch.Generator().manual_seed(7)
     w = (torch.randn(256, 256, generator=gen) / 16).cuda()

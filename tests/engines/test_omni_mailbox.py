@@ -145,7 +145,7 @@ def _codec(burst_s: float = 0.3):
     import torch
 
     from realtime_omni.engines.omni.batching.codec_windows import CodecBatcher
-    from realtime_omni.engines.omni.graphs import ShapeGraphs
+    from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
     passes: list[list[int]] = []
     batcher = CodecBatcher(ShapeGraphs(device=torch.device("cpu")), None, gather_s=0.005, burst_s=burst_s)

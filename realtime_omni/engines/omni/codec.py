@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .codec_mixing import MixedWindows
-from .graphs import ShapeGraphs
+from .shape_graphs import ShapeGraphs
 from .streams import on_stream
 from .loader import LoadedOmni, samples_per_code
 from .waveform import code2wav, dit_sample, encode_speaker, set_dit_dtype, vocode
@@ -66,7 +66,7 @@ class CodecSettings:
     #: a window's graph comes in pieces (a DiT evaluation, a vocoder stage: ``piece_boundary``),
     #: at most this many queued on the device at once (0: a pass queued whole, as one graph)
     queued_pieces: int = 4
-    #: every window shape's graph in one memory pool (see graphs.ShapeGraphs)
+    #: every window shape's graph in one memory pool (see shape_graphs.ShapeGraphs)
     shared_pool: bool = True
 
 

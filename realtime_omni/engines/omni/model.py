@@ -297,7 +297,7 @@ class OmniModel(VoiceModel):
                 high = codec.max_code + 1
                 groups = () if self.arch == "qwen2_5_omni" else (codec.groups,)
                 # the reply's chunk sizes, far enough to reach the steady window, twice: a window
-                # shape is captured on its second use (and only here, see graphs.ShapeGraphs)
+                # shape is captured on its second use (and only here, see shape_graphs.ShapeGraphs)
                 sizes = [self.first_chunk_frames, *self.ramp_frames] + [self.chunk_frames] * 6
                 for _ in range(2):
                     stream = CodecStream.of(codec, turn=0, speaker=None, seed=0)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graphs import ShapeGraphs
+from ..shape_graphs import ShapeGraphs
 from ..streams import DeviceSpans, on_stream
 from .mailbox import Done, Mailbox
 
