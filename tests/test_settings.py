@@ -86,6 +86,7 @@ def test_every_flat_name_points_into_the_tree():
      ("engines.omni.chunk_frames", "REALTIME_OMNI_ENGINES__OMNI__CHUNK_FRAMES")),
     ({"REALTIME_OMNI_ENGINES__OMNI__CODEC_QUEUED_PIECES": "-1"}, ("engines.omni.codec_queued_pieces",)),
     ({"REALTIME_OMNI_ENGINES__OMNI__CODEC_QUEUED_PIECES": "100000"}, ("engines.omni.codec_queued_pieces",)),
+    ({"REALTIME_OMNI_ENGINES__OMNI__CODEC_SHARED_POOL": "sometimes"}, ("engines.omni.codec_shared_pool",)),
     ({"REALTIME_OMNI_ALLOWED_ORIGINS": "http://a.example"}, ("auth.allowed_origins", "JSON")),
     ({"REALTIME_OMNI_ISOLATE_MODELS": "perhaps"}, ("serving.isolate",)),
 ])
