@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .codec_mixing import MixedWindows
+from .graphs import is_probing
 from .shape_graphs import ShapeGraphs
 from .streams import on_stream
 from .loader import LoadedOmni, samples_per_code
@@ -149,7 +150,7 @@ class OmniCodec:
         whoever waits for it."""
         import torch
 
-        if self.batcher is None or _probing():
+        if self.batcher is None or is_probing():  # (while warming up: captured one by one)
             return PendingWindow(lambda: self._render(codes, start, speaker, seed, noise, steady, deadline, owner))
         with torch.inference_mode():
             key, fn, inputs = self._inputs(codes, start, speaker, seed, noise)
@@ -226,7 +227,7 @@ class OmniCodec:
 
     def _window(self, key, fn, inputs: tuple, steady: bool, deadline: float = math.inf, owner: int | None = None):
         if self.batcher is not None:
-            if not _probing():
+            if not is_probing():
                 return self.batcher.run(key, fn, inputs, steady, deadline, owner)
             if self._group_shapes:
                 self.batcher.remember(key, fn, inputs)  # its group graphs are captured at load
@@ -378,10 +379,3 @@ class PendingWindow:
         if self._request is not None:
             self._batcher.drop(self._request)
         self._render = None
-
-
-def _probing() -> bool:
-    """While the model warms up, windows are captured one by one (never batched)."""
-    from . import graphs
-
-    return bool(getattr(graphs._probing, "on", False))

@@ -45,6 +45,11 @@ def probing() -> Iterator[None]:
         _probing.on = False
 
 
+def is_probing() -> bool:
+    """Whether this thread is inside :func:`probing` (the model is warming up)."""
+    return bool(getattr(_probing, "on", False))
+
+
 def verdicts() -> dict[str, bool]:
     return dict(_verdicts)
 

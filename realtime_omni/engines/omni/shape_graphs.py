@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from .graphs import StepGraph, _probing, graphs_available
+from .graphs import StepGraph, graphs_available, is_probing
 
 
 class ShapeGraphs:
@@ -55,7 +55,7 @@ class ShapeGraphs:
         with self._lock:
             entry = self._graphs.get(key)
             if entry is None:
-                if not capture or not getattr(_probing, "on", False):
+                if not capture or not is_probing():
                     return fn(*inputs)
                 if key not in self._seen:
                     self._seen.add(key)
