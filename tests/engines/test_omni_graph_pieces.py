@@ -116,3 +116,22 @@ def test_shapes_in_one_pool_replay_what_each_computes(pieces: bool) -> None:
     torch.cuda.synchronize()
     for a, b in zip(got, want, strict=True):
         assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(a, b, strict=True))
+    # the load's report finds the pool in the allocator's segments
+    from realtime_omni.engines.omni.graphs import memory_line, pool_bytes
+
+    assert pool_bytes(torch.cuda.memory_snapshot()) > 0
+    assert "GiB of it in CUDA graph pools" in memory_line("cuda")
+
+
+def test_graph_pools_are_the_segments_of_private_pools() -> None:
+    """What the load reports as graph pools: the allocator's segments of a private pool (a pool
+    id other than (0, 0)), not those of the general cache; off CUDA the load reports nothing."""
+    from realtime_omni.engines.omni.graphs import memory_line, pool_bytes
+
+    segments = [{"total_size": 2 << 20, "segment_pool_id": (0, 0)},
+                {"total_size": 20 << 20, "segment_pool_id": (0, 3)},
+                {"total_size": 6 << 20, "segment_pool_id": [1, 0]},
+                {"total_size": 4 << 20}]
+    assert pool_bytes(segments) == 26 << 20
+    assert pool_bytes([]) == 0
+    assert memory_line("cpu") is None

@@ -86,6 +86,27 @@ def _host_sync_in(step: Callable[[], Any]) -> str | None:
         torch.cuda.set_sync_debug_mode(0)
 
 
+def pool_bytes(segments: list[dict[str, Any]]) -> int:
+    """Bytes of the allocator's segments (``torch.cuda.memory_snapshot()``) that belong to CUDA
+    graphs' private pools (a pool id other than ``(0, 0)``)."""
+    return sum(int(seg.get("total_size", 0)) for seg in segments
+               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def memory_line(device: Any) -> str | None:
+    """What the load reports of the GPU's memory once every graph is captured (None off CUDA)."""
+    import torch
+
+    if not graphs_available(device):
+        return None
+    gib = 2**30
+    pools = pool_bytes(torch.cuda.memory_snapshot())
+    total = torch.cuda.get_device_properties(device).total_memory
+    return (f"GPU memory after the load: {torch.cuda.memory_allocated(device) / gib:.1f} GiB allocated, "
+            f"{torch.cuda.memory_reserved(device) / gib:.1f} GiB reserved of {total / gib:.1f} GiB, "
+            f"{pools / gib:.2f} GiB of it in CUDA graph pools")
+
+
 def graphs_available(device: Any) -> bool:
     import torch
 

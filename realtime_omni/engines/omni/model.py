@@ -320,6 +320,9 @@ class OmniModel(VoiceModel):
                          f"({len(added)} captured for them)")
         found = graphs.verdicts()
         progress("CUDA graphs: " + ", ".join(f"{k} {'on' if v else 'off'}" for k, v in found.items()))
+        memory = graphs.memory_line(self.loaded.device)
+        if memory is not None:
+            progress(memory)
         return found
 
     def stats(self) -> dict[str, dict[str, float]]:
