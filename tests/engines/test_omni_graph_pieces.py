@@ -90,7 +90,8 @@ def test_codec_windows_in_pieces_render_what_eager_does(arch: str, tmp_path) -> 
 @pytest.mark.parametrize("pieces", [False, True])
 def test_shapes_in_one_pool_replay_what_each_computes(pieces: bool) -> None:
     """Window shapes captured into one memory pool (``shared_pool``), replayed in turn from two
-    streams, each return what their eager run returns: no replay clobbers another's outputs."""
+    streams that do not wait for each other, each return what their eager run returns: the
+    pool's fence keeps one replay off the memory another is still using."""
     from realtime_omni.engines.omni.graphs import probing
     from realtime_omni.engines.omni.shape_graphs import ShapeGraphs
 
@@ -104,15 +105,14 @@ def test_shapes_in_one_pool_replay_what_each_computes(pieces: bool) -> None:
                 windows.run(n, lambda x: chain(x, w), (torch.randn(n, 256, generator=gen).cuda(),))
     assert windows.captured == len(rows)
     side = torch.cuda.Stream()
-    got, want = [], []
+    xs, got, want = [], [], []  # (inputs kept alive: the side stream may still read them)
     for i, n in enumerate(rows * 3):
-        x = torch.randn(n, 256, generator=gen).cuda()
-        want.append(chain(x, w))
+        xs.append(torch.randn(n, 256, generator=gen).cuda())
+        want.append(chain(xs[-1], w))
         stream = side if i % 2 else torch.cuda.current_stream()
-        stream.wait_stream(torch.cuda.current_stream())
+        stream.wait_stream(torch.cuda.current_stream())  # (its input), not the side's last replay
         with torch.cuda.stream(stream):
-            got.append(windows.run(n, lambda x: chain(x, w), (x,)))
-        torch.cuda.current_stream().wait_stream(stream)
+            got.append(windows.run(n, lambda x: chain(x, w), (xs[-1],)))
     torch.cuda.synchronize()
     for a, b in zip(got, want, strict=True):
         assert all(torch.allclose(p, q, atol=1e-5) for p, q in zip(a, b, strict=True))

@@ -70,7 +70,8 @@ class ShapeGraphs:
                     self._graphs.popitem(last=False)
             self._graphs.move_to_end(key)
             static, graph = entry
-            if self._fence is not None:  # the last replay's memory is this one's (shared_pool)
+            if self._fence is not None:  # the last replay's memory is this one's (shared_pool;
+                # waiting on a fence not yet recorded returns at once)
                 self._current_stream().wait_event(self._fence)
             for dst, src in zip(static, inputs, strict=True):
                 dst.copy_(src)
@@ -78,29 +79,23 @@ class ShapeGraphs:
             if graph.failed:
                 self._failed.add(key)
                 self._graphs.pop(key, None)
-            elif self.shared_pool and graph.captured:
-                self._fence = self._fence or self._event()
+            elif self._fence is not None and graph.captured:
                 self._fence.record()
             return out
 
     def _shared(self) -> Any:
-        """The pool every shape captures into (shared_pool), else None (a pool per graph)."""
+        """The pool every shape captures into, and its fence (shared_pool); else None (a pool
+        per graph, no fence)."""
         if self.shared_pool and self._pool is None:
             import torch
 
-            self._pool = torch.cuda.graph_pool_handle()
+            self._pool, self._fence = torch.cuda.graph_pool_handle(), torch.cuda.Event()
         return self._pool
 
     def _current_stream(self) -> Any:
         import torch
 
         return torch.cuda.current_stream(self.device)
-
-    @staticmethod
-    def _event() -> Any:
-        import torch
-
-        return torch.cuda.Event()
 
     def has(self, key: Hashable) -> bool:
         """Whether ``key`` replays a captured graph."""
