@@ -104,6 +104,12 @@ python3 -c 'import torch; print("stream priorities (least, greatest)", torch.cud
 q25=(--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 16 32
      --chunk-frames 48 --ramp-frames 12 18 24 --dit-dtype bfloat16)
 
+# qwen3-pieces and qwen3-h100: N = 1, 32 at the defaults, then 32 with all pieces queued at once
+qwen3_pieces() {  # CONFIG OUT_NAME
+  timeout 270 python3 benchmarks/omni_capacity.py --config "$1" --sessions 1 32 --sweep whole:codec_queued=0 \
+    --sweep-sessions 32 --out "$OUT/$2.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+}
+
 [ $# -gt 0 ] || set -- usage
 for run in "$@"; do
 case "$run" in
@@ -342,9 +348,7 @@ case "$run" in
   qwen3-pieces)
     # qwen3-align cut to what a short lease holds: N = 1 (the warm-up), 32 at the defaults (pieces, 4
     # queued), then 32 with all pieces queued at once (q3_pieces.json; about 150 s held on the H200)
-    timeout 270 python3 benchmarks/omni_capacity.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
-      --sessions 1 32 --sweep whole:codec_queued=0 --sweep-sessions 32 --out "$OUT/q3_pieces.json" 2>&1 \
-      | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+    qwen3_pieces .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json q3_pieces
     ;;
   qwen3-h100)
     # when no H200 comes: qwen3-pieces with the thinker's layers cut from 48 to 32 (about 20 GB of
@@ -357,9 +361,7 @@ config = json.load(open(sys.argv[1]))
 config["thinker_config"]["text_config"]["num_hidden_layers"] = 32
 json.dump(config, open(sys.argv[2], "w"))
 PY
-    timeout 270 python3 benchmarks/omni_capacity.py --config /tmp/Qwen3-Omni-thinker32/config.json \
-      --sessions 1 32 --sweep whole:codec_queued=0 --sweep-sessions 32 --out "$OUT/q3_h100.json" 2>&1 \
-      | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+    qwen3_pieces /tmp/Qwen3-Omni-thinker32/config.json q3_h100
     ;;
   codec-memory)
     # the codec's window graphs at 32 sessions' group buckets: GPU memory after the load and replays
