@@ -74,6 +74,8 @@
 #                                (about 150 s held on the H200)
 #   scripts/gpu-next.sh qwen3-h100 qwen3-pieces on an H100, the thinker cut to 32 of its 48 layers so that
 #                                it fits (a proxy, not the target's shape; about 150 s held)
+#   scripts/gpu-next.sh qwen3-h100-ab the proxy of qwen3-h100 at N = 1, 32 for an earlier tree (.base, carried)
+#                                and this one, then the GPU tests of the graphs and streams (about 400 s)
 #   scripts/gpu-next.sh codec-memory what the codec's window graphs hold, whole, in pieces and in one shared
 #                                pool (Qwen3's real codec, the thinker and talker cut to one layer), then the
 #                                GPU tests of the graphs (about 250 s held; an H100 will do)
@@ -108,6 +110,24 @@ q25=(--config .omni_cfg/Qwen2.5-Omni-7B/config.reconstructed.json --sessions 8 1
 qwen3_pieces() {  # CONFIG OUT_NAME
   timeout 270 python3 benchmarks/omni_capacity.py --config "$1" --sessions 1 32 --sweep whole:codec_queued=0 \
     --sweep-sessions 32 --out "$OUT/$2.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -6 || true
+}
+
+# the GPU-marked tests of the graphs and the streams
+gpu_tests() {
+  timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -m gpu \
+    tests/engines/test_omni_graph_pieces.py tests/engines/test_omni_streams.py 2>&1 | tail -3 || true
+}
+
+# Qwen3 with the thinker cut to 32 of its 48 layers (fits an H100); prints the config's path
+thinker32_config() {
+  mkdir -p /tmp/Qwen3-Omni-thinker32
+  python3 - .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/Qwen3-Omni-thinker32/config.json <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["thinker_config"]["text_config"]["num_hidden_layers"] = 32
+json.dump(config, open(sys.argv[2], "w"))
+PY
+  echo /tmp/Qwen3-Omni-thinker32/config.json
 }
 
 [ $# -gt 0 ] || set -- usage
@@ -354,14 +374,20 @@ case "$run" in
     # when no H200 comes: qwen3-pieces with the thinker's layers cut from 48 to 32 (about 20 GB of
     # experts less), so that the model fits an H100's 78 GiB; a 32-layer step at 3.35 TB/s takes about what the
     # H200 takes for 48 at 4.8, but it is a proxy: report it as such (q3_h100.json)
-    mkdir -p /tmp/Qwen3-Omni-thinker32
-    python3 - .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json /tmp/Qwen3-Omni-thinker32/config.json <<'PY'
-import json, sys
-config = json.load(open(sys.argv[1]))
-config["thinker_config"]["text_config"]["num_hidden_layers"] = 32
-json.dump(config, open(sys.argv[2], "w"))
-PY
-    qwen3_pieces /tmp/Qwen3-Omni-thinker32/config.json q3_h100
+    qwen3_pieces "$(thinker32_config)" q3_h100
+    ;;
+  qwen3-h100-ab)
+    # the 32-layer proxy of qwen3-h100 at N = 1, 32 for an earlier tree (.base, carried; made as for
+    # qwen3-ab) and this one, earlier first (q3h_ab_base.json, q3h_ab_head.json); then the GPU tests
+    # of the graphs and the streams (about 400 s held)
+    config=$(thinker32_config)
+    for side in base head; do
+      root=$PWD; [ "$side" = base ] && root=$PWD/.base
+      [ -d "$root/realtime_omni" ] || { echo "qwen3-h100-ab: no .base tree carried" >&2; continue; }
+      (cd "$root" && PYTHONPATH="/tmp/site:$root" timeout 200 python3 benchmarks/omni_capacity.py --config "$config" \
+        --sessions 1 32 --out "$OUT/q3h_ab_$side.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -4) || true
+    done
+    gpu_tests
     ;;
   codec-memory)
     # the codec's window graphs at 32 sessions' group buckets: GPU memory after the load and replays
@@ -369,8 +395,7 @@ PY
     timeout 420 python3 benchmarks/codec_graph_memory.py --config .omni_cfg/Qwen3-Omni-30B-A3B-Instruct/config.reconstructed.json \
       --slots 32 --timeout 100 --out "$OUT/codec_memory.json" 2>&1 \
       | grep -v '^\[transformers\]' | cut -c1-300 | tail -8 || true
-    timeout 200 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -m gpu \
-      tests/engines/test_omni_graph_pieces.py 2>&1 | tail -3 || true
+    gpu_tests
     ;;
   q25-ab)
     # qwen25's run of this tree against an earlier one (.base, carried; made as for qwen3-ab),

@@ -1,5 +1,6 @@
 """The omni engine's CUDA streams: each stage's GPU work on a stream of its own
-(:func:`on_stream`), copies other threads may read at once (:func:`settled_copies`), and the
+(:func:`on_stream`), writes queued on a busy stage's stream without waiting for it
+(:func:`queued_on`), copies other threads may read at once (:func:`settled_copies`), and the
 device time of a loop's steps (:class:`DeviceSpans`). Off CUDA every helper runs the work as is.
 """
 
@@ -32,6 +33,46 @@ def on_stream(stream: Any) -> Iterator[None]:
     finally:
         # also on errors: the caller may free what the stage's queued kernels still use
         stream.synchronize()
+
+
+@contextlib.contextmanager
+def queued_on(stream: Any, *device_inputs: Any) -> Iterator[None]:
+    """Queue writes to a stage's state on its stream, behind the steps already there, and return
+    without waiting for them (``None``: run as is).
+
+    For writes made under a stage's state lock: :func:`on_stream` would wait at exit for every
+    step queued on the stream, holding the lock, and so the stage's loop, that long. Stream order
+    alone puts the writes before any step queued after them. Host inputs must come through pinned
+    memory (the caching host allocator keeps a pinned block until its copy has run);
+    ``device_inputs`` made on other streams are kept from reuse until the stream has read them.
+    """
+    if stream is None:
+        yield
+        return
+    import torch
+
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    for tensor in device_inputs:
+        if tensor is not None:
+            tensor.record_stream(stream)
+    with torch.cuda.stream(stream):
+        yield
+
+
+def host_mask(width: int, ids: Any, device: Any) -> Any:
+    """A ``(width,)`` bool row, True at ``ids`` (those in range), built on the host and copied to
+    ``device`` through pinned memory without waiting (:func:`~.device_copy.to_device`): one copy,
+    where indexing a device row with a list of ids copies the list from pageable memory, which
+    makes the host wait for everything queued on the stream first."""
+    import numpy as np
+    import torch
+
+    from .device_copy import to_device
+
+    mask = np.zeros((width,), dtype=bool)
+    picked = np.fromiter((i for i in ids if 0 <= i < width), dtype=np.int64)
+    mask[picked] = True
+    return to_device(torch.from_numpy(mask), device)
 
 
 def settled_copies(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -78,19 +78,14 @@ class ThinkerTokens:
 
     def load(self, slot: int, history: list[int], banned: list[int] | tuple[int, ...] = ()) -> None:
         """At the start of a reply: the ids the repetition penalty covers (the context so far),
-        and the ids the reply may not pick."""
-        import torch
+        and the ids the reply may not pick. Queued behind the thinker's steps without waiting
+        for them (:func:`~..streams.queued_on`): the lock held here also holds the stage's loop."""
+        from ..streams import host_mask, queued_on
 
-        from ..streams import on_stream
-
-        with self.lock, on_stream(self.loaded.stream("thinker")):
-            self.seen[slot].zero_()
-            ids = [i for i in set(history) if 0 <= i < self.seen.shape[1]]
-            if ids:
-                self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
-            self.suppress[slot].zero_()
-            if banned:
-                self.suppress[slot, torch.tensor(list(banned), device=self.seen.device)] = True
+        width = self.seen.shape[1]
+        with self.lock, queued_on(self.loaded.stream("thinker")):
+            self.seen[slot].copy_(host_mask(width, set(history), self.seen.device))
+            self.suppress[slot].copy_(host_mask(width, banned, self.seen.device))
 
     def restrict(self, slot: int, allowed: Any) -> None:
         """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool numpy
@@ -103,7 +98,7 @@ class ThinkerTokens:
         import numpy as np
         import torch
 
-        from ..streams import on_stream
+        from ..streams import queued_on
 
         suppress = np.logical_not(np.asarray(allowed, dtype=bool))
         staged = self._staged.get(slot)
@@ -111,7 +106,7 @@ class ThinkerTokens:
             staged = self._staged[slot] = torch.empty(suppress.shape, dtype=torch.bool,
                                                       pin_memory=self.suppress.is_cuda)
         staged.numpy()[:] = suppress
-        with self.lock, on_stream(self.loaded.stream("thinker")):
+        with self.lock, queued_on(self.loaded.stream("thinker")):
             self.suppress[slot].copy_(staged, non_blocking=self.suppress.is_cuda)
 
     def draws(self, generator: Any) -> DrawBlocks:

@@ -127,19 +127,15 @@ class FusedTalker:
 
     def load(self, slot: int, logits: Any, hidden: Any, seen: list[int]) -> None:
         """After the session's own prefill: its pending logits (and hidden state), and the codes
-        the repetition penalty starts from."""
-        import torch
+        the repetition penalty starts from. Queued behind the talker's steps without waiting for
+        them (:func:`~..streams.queued_on`): the lock held here also holds the stage's loop."""
+        from ..streams import host_mask, queued_on
 
-        from ..streams import on_stream
-
-        with self.batcher.state_lock, on_stream(self.loaded.stream("talker")):
+        with self.batcher.state_lock, queued_on(self.loaded.stream("talker"), logits, hidden):
             self.logits[slot].copy_(logits.reshape(-1))
             if hidden is not None:
                 self.hidden[slot].copy_(hidden.reshape(-1))
-            self.seen[slot].zero_()
-            ids = [i for i in seen if 0 <= i < self.seen.shape[1]]
-            if ids:
-                self.seen[slot, torch.tensor(ids, device=self.seen.device)] = True
+            self.seen[slot].copy_(host_mask(self.seen.shape[1], seen, self.seen.device))
 
     def draws(self, generator: Any) -> DrawBlocks:
         """A session's draws for its frames, each frame's in one row (c0's, then Qwen3's residual

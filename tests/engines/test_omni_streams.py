@@ -1,0 +1,66 @@
+"""Writes to a stage's state queued on its stream (``queued_on``) and the host masks they copy."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from realtime_omni.engines.omni.streams import host_mask, on_stream, queued_on  # noqa: E402
+
+
+def test_a_host_mask_marks_the_ids_in_range_and_nothing_else() -> None:
+    mask = host_mask(6, {0, 3, 5, 6, -1, 99}, torch.device("cpu"))
+    assert mask.dtype == torch.bool
+    assert mask.tolist() == [True, False, False, True, False, True]
+    assert not host_mask(4, (), torch.device("cpu")).any()
+
+
+def test_off_cuda_queued_writes_run_as_is() -> None:
+    state = torch.zeros(3, 5, dtype=torch.bool)
+    with queued_on(None):
+        state[1].copy_(host_mask(5, [2, 4], torch.device("cpu")))
+    assert state.tolist()[1] == [False, False, True, False, True]
+    assert not state[0].any() and not state[2].any()
+
+
+def _busy(stream) -> None:
+    """Keep ``stream`` busy for a while (well over the host's time to queue a few copies)."""
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(2_000_000_000)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_writes_queued_on_a_busy_stream_return_at_once_and_land_before_its_next_step() -> None:
+    stage = torch.cuda.Stream()
+    seen = torch.zeros((4, 1000), dtype=torch.bool, device="cuda")
+    logits = torch.zeros((4, 16), device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # a device input made on another stream, as a prefill's output
+        fresh = torch.arange(16, dtype=torch.float32, device="cuda") + 1
+    torch.cuda.synchronize()
+    lock = threading.Lock()
+    _busy(stage)
+    with lock, queued_on(stage, fresh):
+        seen[2].copy_(host_mask(1000, [7, 999, 1000], seen.device))
+        logits[2].copy_(fresh)
+    assert not stage.query(), "queued_on waited for the stage's stream"
+    del fresh  # its memory stays the stage's until the copy has run (record_stream)
+    with torch.cuda.stream(stage):  # the stage's next step reads the state
+        read = (seen.sum(1), logits.sum(1))
+    stage.synchronize()
+    assert read[0].tolist() == [0, 0, 2, 0]
+    assert read[1].tolist() == [0.0, 0.0, float(sum(range(1, 17))), 0.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_stream_by_contrast_waits_for_the_stream_it_ran_on() -> None:
+    stage = torch.cuda.Stream()
+    _busy(stage)
+    with on_stream(stage):
+        pass
+    assert stage.query()
