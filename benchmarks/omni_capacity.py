@@ -254,6 +254,9 @@ def run_n(model, req, n: int, ahead_ms: float = 0.0, arrive_ms: float = 0.0) -> 
         # first audio by phase: the first thinker token (prefill), the first codes (talker), the audio
         "first_token_ms": _spread([r["first_token_ms"] for r in runs]),
         "first_codes_ms": _spread([r["first_codes_ms"] for r in runs]),
+        # each phase from the thinker prefill's return to the first token, over sessions
+        "reply_start_ms": {phase: _spread([r["reply_start_ms"][phase] for r in runs if r.get("reply_start_ms")])
+                           for phase in ("prompt", "pick", "load")},
         # per session: its median / p95 / worst chunk; then over sessions
         "chunk_rtf": {"p50": _pct(rtf_p50, 50), "p95": _pct(rtf_p95, 95), "max": max(rtf_max) if rtf_max else None},
         "audio_s_per_wall_s": audio / wall if wall else None,
@@ -328,6 +331,7 @@ def level(model, req, n: int, variant: str, ahead_ms: float = 0.0, arrive_ms: fl
     brief["device_ms_per_step"] = {k: v["device_ms_per_step"] and round(v["device_ms_per_step"], 1)
                                    for k, v in res["batches"].items()}
     brief["first_token_ms"], brief["first_codes_ms"] = res["first_token_ms"], res["first_codes_ms"]
+    brief["reply_start_ms"] = res["reply_start_ms"]
     brief["prefill_ms"] = {k: {"prepared": v.get("prepared_ms"), "wait": v["wait_ms"], "done": v["latency_ms"]}
                            for k, v in res["batches"].items() if "wait_ms" in v}
     codec = res["batches"].get("codec", {})

@@ -145,6 +145,21 @@ def test_a_batch_of_sessions_gives_each_what_it_gets_alone(pair):
     assert stats["thinker"]["steps"] > 0 and stats["talker"]["steps"] > 0
 
 
+def test_a_reply_records_where_its_time_went_from_its_prefill_to_its_first_token(pair):
+    for name, model in pair.items():
+        session = model.open_session()
+        try:
+            assert session.last_reply_start is None
+            run_turn(session, request(_turns(0)[0], max_tokens=2))
+            start = session.last_reply_start
+        finally:
+            session.close()
+        assert start is not None and min(start.prompt_s, start.pick_s, start.load_s) >= 0.0
+        assert start.prompt_s + start.pick_s + start.load_s < 30.0
+        if name == "alone":  # no batched state to load
+            assert start.load_s < 0.05
+
+
 def test_prefills_padded_to_their_graph_buckets_give_the_same_replies(pair):
     """On the GPU a batched prefill is padded to a captured (rows, tokens, columns) bucket: extra
     rows that write only to the scratch column, extra tokens per row, more attended columns. Here

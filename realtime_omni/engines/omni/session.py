@@ -20,7 +20,7 @@ from .context import TokenRows
 from .host_time import HostTime
 from .loader import LoadedOmni
 from .talker import CodeChunk, OmniTalker, TalkerSettings
-from .thinker import StreamingThinker, ThinkerSettings
+from .thinker import ReplyStart, StreamingThinker, ThinkerSettings
 
 
 class SessionHost(Protocol):
@@ -219,6 +219,11 @@ class OmniSession(ModelSession):
     @property
     def last_prefill_tokens(self) -> int:
         return self.thinker.last_prefill_tokens
+
+    @property
+    def last_reply_start(self) -> ReplyStart | None:
+        """Where the last reply's time went from its prefill to its first token."""
+        return self.thinker.last_start
 
     @property
     def cache_length(self) -> int:

@@ -104,6 +104,17 @@ def thinker_sampling(loaded: LoadedOmni, settings: ThinkerSettings) -> CodeSampl
     )
 
 
+@dataclass(frozen=True)
+class ReplyStart:
+    """Where a reply's time went from its prefill's return to its first token (seconds): the
+    talker prompt's snapshot, the first token's pick, and the batched state's load (0 alone).
+    Read by the capacity benchmark, where sessions started together queue for one another."""
+
+    prompt_s: float
+    pick_s: float
+    load_s: float
+
+
 class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
     """Per-session thinker: ``run(request)`` streams :class:`ThinkerOutput` per token."""
 
@@ -126,6 +137,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
         #: tokens evaluated by the last prefill (not reused from the cache)
         self.last_prefill_tokens = 0
         self.last_prompt_tokens = 0
+        self.last_start: ReplyStart | None = None
         tcfg = loaded.config.thinker_config
         self._talker_reads = TalkerReads.of(loaded)
         text_cfg = tcfg.get_text_config() if hasattr(tcfg, "get_text_config") else tcfg.text_config
@@ -289,12 +301,15 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
             self.preparing_since = time.perf_counter()  # (under the lock: a prefill ahead sets it too)
             self._drain_ahead()  # an earlier reply's generator left unclosed: nothing of it may run now
             prefilled, prompt, reply, logits = self._prefill(request, turn)
+            back = time.perf_counter()
             self.last_prefill_tokens = prefilled
             self.last_prompt_tokens = prompt
             snapshot = talker_prompt(self.ctx, self.loaded, turn)
+            prompted = time.perf_counter()
             mode = call_mode(request, loaded.tools)
             banned = self._banned(request)
             token = self._first_token(logits, mode, request)
+            picked = time.perf_counter()
         log.info("omni thinker turn %d: prefilled %d of %d prompt tokens", turn, prefilled, prompt)
 
         def out(text: str, hidden: TokenHidden) -> ThinkerOutput:
@@ -319,6 +334,7 @@ class StreamingThinker(ThinkerPrefill, ThinkerCalls, ThinkerSteps):
         rows_stream = loaded.stream("token rows")  # where the talker's rows are copied (see settled_copies)
         if batched:  # later tokens are picked on the device, with the context as the penalty's history
             self.rows.state.load(self.rows.slot, self.ctx.ids, banned)
+        self.last_start = ReplyStart(prompted - back, picked - prompted, time.perf_counter() - picked)
         try:
             if mode != "none" and token == loaded.tools.open:  # the reply is a function call
                 yield from self._call(request, turn, reply, {"prefilled_tokens": prefilled, "prompt_tokens": prompt},
