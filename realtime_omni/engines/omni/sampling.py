@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .device_copy import to_device
 from .streams import same_device
 
 
@@ -51,16 +52,20 @@ class TokenSampler:
         """``logits``: (1, V) float; ``history``: (1, H) long ids the penalty looks at."""
         import torch
 
+        # host inputs reach the device through pinned memory, and the suppressed ids are cut to
+        # the vocabulary on the host: each pageable copy or device-side mask would wait for the
+        # stream's queue, which other sessions' threads share; the pick's read is the one wait
         scores = logits.float()
+        if history is not None:
+            history = to_device(history, scores.device)
         if len(self._pre) and history is not None and history.numel():
-            scores = self._pre(history.to(scores.device), scores)
-        if self._suppress.numel():
-            idx = self._suppress.to(scores.device)
-            idx = idx[idx < scores.shape[-1]]
-            scores = scores.index_fill(-1, idx, -float("inf"))
+            scores = self._pre(history, scores)
+        idx = self._suppress[self._suppress < scores.shape[-1]]
+        if idx.numel():
+            scores = scores.index_fill(-1, to_device(idx, scores.device), -float("inf"))
         if not self.do_sample:
             return int(torch.argmax(scores, dim=-1)[0])
-        scores = self._warp(history.to(scores.device) if history is not None else None, scores)
+        scores = self._warp(history, scores)
         probs = torch.softmax(scores, dim=-1)
         gen = self.generator
         if gen is not None and not same_device(gen.device, probs.device):

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..base import ThinkerOutput, ThinkRequest, ToolCall, TurnMessage
 from .context import ReplyState
+from .device_copy import to_device
 from .prompt import fingerprint
 
 
@@ -163,4 +164,4 @@ def ban_ids(logits: Any, banned: list[int]) -> Any:
 
     if not banned:
         return logits
-    return logits.index_fill(-1, torch.tensor(banned, device=logits.device), -float("inf"))
+    return logits.index_fill(-1, to_device(torch.tensor(banned), logits.device), -float("inf"))
