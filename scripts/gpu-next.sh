@@ -378,14 +378,16 @@ case "$run" in
     ;;
   qwen3-h100-ab)
     # the 32-layer proxy of qwen3-h100 at N = 1, 32 for an earlier tree (.base, carried; made as for
-    # qwen3-ab) and this one, earlier first (q3h_ab_base.json, q3h_ab_head.json); then the GPU tests
-    # of the graphs and the streams (about 400 s held)
+    # qwen3-ab) and this one, earlier first (q3h_ab_base.json, q3h_ab_head.json; this one also at 32
+    # with the interpreter's switch interval at 1 ms); then the GPU tests of the graphs and the
+    # streams (about 400 s held). Without .base: this tree only
     config=$(thinker32_config)
     for side in base head; do
       root=$PWD; [ "$side" = base ] && root=$PWD/.base
       [ -d "$root/realtime_omni" ] || { echo "qwen3-h100-ab: no .base tree carried" >&2; continue; }
+      extra=(); [ "$side" = head ] && extra=(--sweep switch1:switch_ms=1 --sweep-sessions 32)
       (cd "$root" && PYTHONPATH="/tmp/site:$root" timeout 200 python3 benchmarks/omni_capacity.py --config "$config" \
-        --sessions 1 32 --out "$OUT/q3h_ab_$side.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -4) || true
+        --sessions 1 32 "${extra[@]}" --out "$OUT/q3h_ab_$side.json" 2>&1 | grep -v '^\[transformers\]' | cut -c1-300 | tail -4) || true
     done
     gpu_tests
     ;;
