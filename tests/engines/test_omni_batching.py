@@ -751,8 +751,8 @@ def test_greedy_rows_hand_their_draws_as_host_values_and_the_loop_stacks_them_on
         assert isinstance(draws, list) and set(draws) == {0.0}
         reqs = [type("R", (), {"inputs": batcher._row(row)})() for row in
                 [tuple(spec_value(spec, draws) for spec in batcher.row_inputs) for _ in range(3)]]
-        stacked = batcher._stacked(len(batcher.row_inputs) - 1, reqs)
-        assert stacked.shape == (3, len(draws)) and not stacked.any()
+        stacked = batcher._stacked(len(batcher.row_inputs) - 1, reqs, torch.float32)
+        assert stacked.shape == (3, len(draws)) and stacked.dtype == torch.float32 and not stacked.any()
 
 
 def test_a_sessions_draws_come_a_block_of_steps_at_a_time_from_its_generator():

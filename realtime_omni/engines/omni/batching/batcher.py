@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..device_copy import to_device
 from ..graphs import StepGraph, graphs_available
 from ..streams import DeviceSpans, on_stream
 from .mailbox import Done, Mailbox
@@ -339,10 +340,12 @@ class StepBatcher(Mailbox):
                 write = [self.scratch] * size  # rows without work write to the scratch column
                 for req, row in zip(take, rows, strict=True):
                     write[row] = req.write_pos
-                bucket.write_pos.copy_(torch.tensor(write, dtype=torch.long))
-                device_index = torch.tensor(rows, dtype=torch.long).to(self.device)
+                # through pinned memory: a pageable copy waits for the stream, where the last
+                # step may still run, and gives the interpreter away while it waits
+                bucket.write_pos.copy_(to_device(torch.tensor(write, dtype=torch.long), self.device))
+                device_index = to_device(torch.tensor(rows, dtype=torch.long), self.device)
                 for k, buf in enumerate(bucket.inputs):
-                    buf.index_copy_(0, device_index, self._stacked(k, take).to(device=buf.device, dtype=buf.dtype))
+                    buf.index_copy_(0, device_index, self._stacked(k, take, buf.dtype))
                 with self.state_lock:
                     outputs = tuple(self._read_back(o) if i in self.host_outputs else o.clone()
                                     for i, o in enumerate(bucket.graph()))
@@ -373,16 +376,17 @@ class StepBatcher(Mailbox):
             ms = 1000 * elapsed
             self.step_ms[size] = ms if size not in self.step_ms else 0.9 * self.step_ms[size] + 0.1 * ms
 
-    def _stacked(self, k: int, take: list[_Request]) -> Any:
-        """Input ``k`` of every row of a step as one tensor: host values in one call."""
+    def _stacked(self, k: int, take: list[_Request], dtype: Any) -> Any:
+        """Input ``k`` of every row of a step as one ``dtype`` tensor on the device: host values
+        in one call, copied through pinned memory (:func:`~..device_copy.to_device`)."""
         import torch
 
         values = [req.inputs[k] for req in take]
         if all(isinstance(v, list) for v in values):
-            return torch.tensor(values, dtype=self.row_inputs[k].torch_dtype)
+            return to_device(torch.tensor(values, dtype=dtype), self.device)
         spec = self.row_inputs[k]
-        return torch.stack([torch.tensor(v, dtype=spec.torch_dtype, device=self.device) if isinstance(v, list)
-                            else v.to(self.device) for v in values])
+        return torch.stack([to_device(torch.tensor(v, dtype=spec.torch_dtype) if isinstance(v, list) else v, self.device)
+                            for v in values]).to(dtype)
 
     def _read_back(self, output: Any) -> Any:
         """A host copy of a step output, queued on the stage's stream behind the step (pinned
