@@ -189,8 +189,8 @@ class ThinkerContext:
             self.embed_later.clear()
             data = self.src.data
             with torch.inference_mode():
-                vectors = embed(torch.tensor(ids, dtype=torch.long, device=data.device)).to(data.dtype)
-                data.index_copy_(0, torch.tensor(rows, dtype=torch.long, device=data.device), vectors)
+                vectors = embed(to_device(torch.tensor(ids, dtype=torch.long), data.device)).to(data.dtype)
+                data.index_copy_(0, to_device(torch.tensor(rows, dtype=torch.long), data.device), vectors)
         return self.src.view(0, n)
 
     def crop(self, n: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .context import TalkerPrompt, TokenHidden
+from .device_copy import to_device
 from .graphs import StaticDecoder
 from .loader import LoadedOmni, samples_per_code
 from .talker_stream import CodeSampling, TalkerSettings, TalkerStream
@@ -59,7 +60,7 @@ class Qwen25Stream(TalkerStream):
         loaded, prompt, cfg = self.loaded, self.prompt, self.loaded.config.talker_config
         spk = loaded.speakers[self.speaker]
         embed_tokens = loaded.thinker.get_input_embeddings()
-        bos_embed = embed_tokens(torch.tensor([spk["bos_token"]], device=self.device))
+        bos_embed = embed_tokens(to_device(torch.tensor([spk["bos_token"]]), self.device))
         inputs = torch.cat([prompt.src, bos_embed.to(prompt.src.dtype), self.vecs[0][None]], dim=0)[None].clone()
         codec = self.codec_embed(torch.tensor([int(cfg.tts_codec_pad_token_id),
                                                int(cfg.tts_codec_start_token_id)], device=self.device))

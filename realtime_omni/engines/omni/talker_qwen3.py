@@ -78,7 +78,7 @@ class Qwen3Stream(TalkerStream):
             self.assistant.append(int(hidden.token_id))
             return
         with torch.inference_mode():
-            emb = self.embed_tokens(torch.tensor([hidden.token_id], device=self.device))[0]
+            emb = self.embed_tokens(to_device(torch.tensor([hidden.token_id]), self.device))[0]
         self.assistant.append(emb)
 
     def _embedding(self, entry: Any) -> Any:
@@ -86,7 +86,7 @@ class Qwen3Stream(TalkerStream):
         import torch
 
         if isinstance(entry, int):
-            return self.embed_tokens(torch.tensor([entry], device=self.device))[0]
+            return self.embed_tokens(to_device(torch.tensor([entry]), self.device))[0]
         return entry
 
     def _can_prefill(self) -> bool:
@@ -144,9 +144,9 @@ class Qwen3Stream(TalkerStream):
         text_part = torch.cat([head[:3], self.tts_pad.expand(4, -1).to(dtype), self.tts_bos[None].to(dtype),
                                head[3:4]], dim=0)
         speaker_id = int(loaded.speakers.get(self.speaker, next(iter(loaded.speakers.values()))))
-        specials = torch.tensor([int(tcfg.codec_nothink_id), int(tcfg.codec_think_bos_id),
-                                 int(tcfg.codec_think_eos_id), speaker_id, int(tcfg.codec_pad_id),
-                                 int(tcfg.codec_bos_id)], device=self.device)
+        specials = to_device(torch.tensor([int(tcfg.codec_nothink_id), int(tcfg.codec_think_bos_id),
+                                           int(tcfg.codec_think_eos_id), speaker_id, int(tcfg.codec_pad_id),
+                                           int(tcfg.codec_bos_id)]), self.device)
         codec_part = torch.cat([torch.zeros((3, text_part.shape[1]), device=self.device, dtype=dtype),
                                 talker.model.codec_embedding(specials).to(dtype)], dim=0)
         parts.append(text_part + codec_part)
