@@ -64,3 +64,29 @@ def test_on_stream_by_contrast_waits_for_the_stream_it_ran_on() -> None:
     with on_stream(stage):
         pass
     assert stage.query()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_stage_loop_launches_its_step_while_the_stream_is_still_busy() -> None:
+    """The step's inputs reach the device without waiting for the stream: its launch returns
+    long before the work queued ahead of it ends, and the step still reads its own inputs."""
+    from realtime_omni.engines.omni.batching.batcher import RowInput, StepBatcher
+
+    def make(bucket, columns, write_pos, inputs):
+        (x,) = inputs
+        return lambda: (x + write_pos[:, None].to(x.dtype),)
+
+    stage = torch.cuda.Stream()
+    batcher = StepBatcher("toy", make, [RowInput((2,), "float32")], capacity=4, device="cuda", scratch=99,
+                          graphs=False, gather_s=0.0, stream=stage)
+    try:
+        batcher.result(batcher.submit(([1.0, 2.0],), 0, write_pos=0))  # the bucket, built
+        _busy(stage)
+        req = batcher.submit(([3.0, 4.0],), 2, write_pos=5)
+        (out,) = batcher.result(req)
+        started, launched = batcher.launches[-1]
+        assert launched - started < 0.3, "the launch waited for the stream"
+        assert out.tolist() == [8.0, 9.0]
+    finally:
+        batcher.close()
