@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .codec_mixing import MixedWindows
+from .device_copy import to_device
 from .graphs import is_probing
 from .shape_graphs import ShapeGraphs
 from .streams import on_stream
@@ -182,7 +183,7 @@ class OmniCodec:
         codes = torch.as_tensor(codes, dtype=torch.long)
         if codes.ndim == 1:
             codes = codes[:, None]
-        return codes.clamp(0, self.max_code).t()[None].to(self.loaded.device)
+        return to_device(codes.clamp(0, self.max_code).t()[None].contiguous(), self.loaded.device)
 
     def _q3_call(self, codes) -> tuple[tuple, Callable[..., Any], tuple]:
         """A window of ``codes`` (B, G, n): its graph key, its function and its inputs."""
@@ -306,7 +307,7 @@ class OmniCodec:
         if bad.any():
             log.debug("omni codec: %d out-of-range codes replaced by 0", int(bad.sum()))
             codes = codes.masked_fill(bad, 0)
-        codes = codes.to(device)
+        codes = to_device(codes, device)
         frames = codes.shape[1] * self.repeats
         if noise is None:
             noise = self.noise(start * self.repeats, start * self.repeats + frames, seed)
@@ -321,7 +322,7 @@ class OmniCodec:
         def window(codes, noise, cond, enc):
             return self.q25_vocode(self.q25_dit(codes, noise, cond, enc))
 
-        noise = noise.to(device).float()[None]
+        noise = to_device(noise, device).float()[None]
         # the speaker is an input like the codes: one graph per window shape serves every speaker,
         # and windows of different speakers decode in one batch
         return (*self.key_prefix, codes.shape[1]), window, (codes, noise, cond, enc)

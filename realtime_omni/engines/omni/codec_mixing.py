@@ -21,6 +21,7 @@ import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from .device_copy import to_device
 from .streams import on_stream
 
 #: rows of the vocoder's passes (one length of a mixed pass each; a single row included)
@@ -116,7 +117,7 @@ class MixedWindows:
         noise = torch.cat([F.pad(inputs[i][1], (0, 0, 0, pad[i] * codec.repeats)) for i in order])
         speaker = torch.cat([inputs[i][2] for i in order])
         encoding = torch.cat([inputs[i][3] for i in order])
-        own = torch.tensor([lengths[i] for i in order], dtype=torch.long, device=codes.device)
+        own = to_device(torch.tensor([lengths[i] for i in order], dtype=torch.long), codes.device)
         replayed = self.windows.has(dit_key)
         mel = self.windows.run(dit_key, codec.q25_dit, (codes, noise, speaker, encoding, own), capture=False)
         out: list[Any] = [None] * rows
@@ -125,7 +126,7 @@ class MixedWindows:
             by_length[m].append(i)
         for m, picked in by_length.items():
             vsize = self._bucket(VOCODER_BUCKETS, len(picked), lambda b, m=m: ("vocoder", *codec.key_prefix, m, b))
-            index = torch.tensor(picked + [picked[0]] * (vsize - len(picked)), device=mel.device)
+            index = to_device(torch.tensor(picked + [picked[0]] * (vsize - len(picked))), mel.device)
             wav = self.windows.run(("vocoder", *codec.key_prefix, m, vsize), codec.q25_vocode,
                                    (mel[index, :, : m * codec.repeats].contiguous(),), capture=False)
             for j, i in enumerate(picked):
