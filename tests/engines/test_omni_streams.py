@@ -1,4 +1,4 @@
-"""Writes to a stage's state queued on its stream (``queued_on``) and the host masks they copy."""
+"""Writes to a stage's state queued on its stream (``queued_on``) and the pinned host rows they copy."""
 
 from __future__ import annotations
 
@@ -8,20 +8,25 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from realtime_omni.engines.omni.streams import host_mask, on_stream, queued_on  # noqa: E402
+from realtime_omni.engines.omni.streams import PinnedRows, on_stream, queued_on  # noqa: E402
 
 
-def test_a_host_mask_marks_the_ids_in_range_and_nothing_else() -> None:
-    mask = host_mask(6, {0, 3, 5, 6, -1, 99}, torch.device("cpu"))
-    assert mask.dtype == torch.bool
-    assert mask.tolist() == [True, False, False, True, False, True]
-    assert not host_mask(4, (), torch.device("cpu")).any()
+def test_a_staged_row_marks_the_ids_in_range_and_nothing_left_from_before() -> None:
+    rows = PinnedRows(3, 6, torch.device("cpu"))
+    rows.stage(1, {0, 3, 5, 6, -1, 99})
+    assert rows.rows[1].tolist() == [True, False, False, True, False, True]
+    rows.stage(1, [2])
+    assert rows.rows[1].tolist() == [False, False, True, False, False, False]
+    rows.stage(0, ())
+    assert not rows.rows[0].any() and not rows.rows[2].any()
 
 
 def test_off_cuda_queued_writes_run_as_is() -> None:
     state = torch.zeros(3, 5, dtype=torch.bool)
+    rows = PinnedRows(3, 5, torch.device("cpu"))
+    rows.stage(1, [2, 4])
     with queued_on(None):
-        state[1].copy_(host_mask(5, [2, 4], torch.device("cpu")))
+        rows.copy_to(state[1], 1)
     assert state.tolist()[1] == [False, False, True, False, True]
     assert not state[0].any() and not state[2].any()
 
@@ -43,9 +48,12 @@ def test_writes_queued_on_a_busy_stream_return_at_once_and_land_before_its_next_
         fresh = torch.arange(16, dtype=torch.float32, device="cuda") + 1
     torch.cuda.synchronize()
     lock = threading.Lock()
+    rows = PinnedRows(4, 1000, seen.device)
+    assert rows.rows.is_pinned()
+    rows.stage(2, [7, 999, 1000])
     _busy(stage)
     with lock, queued_on(stage, fresh):
-        seen[2].copy_(host_mask(1000, [7, 999, 1000], seen.device))
+        rows.copy_to(seen[2], 2)
         logits[2].copy_(fresh)
     assert not stage.query(), "queued_on waited for the stage's stream"
     del fresh  # its memory stays the stage's until the copy has run (record_stream)
@@ -54,6 +62,8 @@ def test_writes_queued_on_a_busy_stream_return_at_once_and_land_before_its_next_
     stage.synchronize()
     assert read[0].tolist() == [0, 0, 2, 0]
     assert read[1].tolist() == [0.0, 0.0, float(sum(range(1, 17))), 0.0]
+    rows.stage(2, [1])  # restaged once the last copy ran: the state already read keeps its value
+    assert rows.rows[2].nonzero().flatten().tolist() == [1]
 
 
 @pytest.mark.gpu

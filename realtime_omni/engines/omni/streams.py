@@ -1,7 +1,8 @@
 """The omni engine's CUDA streams: each stage's GPU work on a stream of its own
 (:func:`on_stream`), writes queued on a busy stage's stream without waiting for it
-(:func:`queued_on`), copies other threads may read at once (:func:`settled_copies`), and the
-device time of a loop's steps (:class:`DeviceSpans`). Off CUDA every helper runs the work as is.
+(:func:`queued_on`, from host rows pinned once: :class:`PinnedRows`), copies other threads may
+read at once (:func:`settled_copies`), and the device time of a loop's steps
+(:class:`DeviceSpans`). Off CUDA every helper runs the work as is.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def queued_on(stream: Any, *device_inputs: Any) -> Iterator[None]:
     For writes made under a stage's state lock: :func:`on_stream` would wait at exit for every
     step queued on the stream, holding the lock, and so the stage's loop, that long. Stream order
     alone puts the writes before any step queued after them. Host inputs must come through pinned
-    memory (the caching host allocator keeps a pinned block until its copy has run);
-    ``device_inputs`` made on other streams are kept from reuse until the stream has read them.
+    memory kept until their copy has run (:class:`PinnedRows`, or the caching host allocator's
+    blocks); ``device_inputs`` made on other streams are kept from reuse until the stream has read
+    them.
     """
     if stream is None:
         yield
@@ -59,20 +61,42 @@ def queued_on(stream: Any, *device_inputs: Any) -> Iterator[None]:
         yield
 
 
-def host_mask(width: int, ids: Any, device: Any) -> Any:
-    """A ``(width,)`` bool row, True at ``ids`` (those in range), built on the host and copied to
-    ``device`` through pinned memory without waiting (:func:`~.device_copy.to_device`): one copy,
-    where indexing a device row with a list of ids copies the list from pageable memory, which
-    makes the host wait for everything queued on the stream first."""
-    import numpy as np
-    import torch
+class PinnedRows:
+    """A bool mask row per slot on the host, pinned once on CUDA, to stage a slot's mask for a
+    copy queued on a stage's stream (:func:`queued_on`): staging allocates nothing (pinning
+    memory on demand costs a driver call, slow when dozens of replies start at once), and the
+    pinned row lets the copy queue without waiting. A row is rewritten only once its last copy
+    has run (a reply ago, as a rule: the wait is for a copy long done)."""
 
-    from .device_copy import to_device
+    def __init__(self, slots: int, width: int, device: Any) -> None:
+        import torch
 
-    mask = np.zeros((width,), dtype=bool)
-    picked = np.fromiter((i for i in ids if 0 <= i < width), dtype=np.int64)
-    mask[picked] = True
-    return to_device(torch.from_numpy(mask), device)
+        self.cuda = torch.device(device).type == "cuda"
+        self.rows = torch.zeros((slots, width), dtype=torch.bool, pin_memory=self.cuda)
+        self._copied: dict[int, Any] = {}
+
+    def stage(self, slot: int, ids: Any) -> None:
+        """Row ``slot``: True at ``ids`` (those in range), False elsewhere. Outside any lock: it
+        may wait for the row's last copy."""
+        import numpy as np
+
+        done = self._copied.pop(slot, None)
+        if done is not None:
+            done.synchronize()
+        row = self.rows[slot].numpy()
+        row[:] = False
+        picked = np.fromiter((i for i in ids if 0 <= i < row.shape[0]), dtype=np.int64)
+        row[picked] = True
+
+    def copy_to(self, target: Any, slot: int) -> None:
+        """Queue the copy of row ``slot`` into ``target`` on the current stream."""
+        import torch
+
+        target.copy_(self.rows[slot], non_blocking=self.cuda)
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self._copied[slot] = event
 
 
 def settled_copies(stream: Any, tensors: tuple[Any, ...]) -> tuple[Any, ...]:

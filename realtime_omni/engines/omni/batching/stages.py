@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from ..loader import LoadedOmni
+from ..streams import PinnedRows
 from ..talker_qwen3 import Qwen3Stream
 from ..talker_qwen25 import Qwen25Stream
 from ..talker_reads import TalkerReads
@@ -75,17 +76,21 @@ class ThinkerTokens:
         self.suppress = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
         #: per slot, the host buffer a call's masks are staged in (see :meth:`restrict`)
         self._staged: dict[int, Any] = {}
+        #: per slot, the host rows a reply's start stages its masks in (see :meth:`load`)
+        self._seen_rows = PinnedRows(pool.slots, vocab, device)
+        self._suppress_rows = PinnedRows(pool.slots, vocab, device)
 
     def load(self, slot: int, history: list[int], banned: list[int] | tuple[int, ...] = ()) -> None:
         """At the start of a reply: the ids the repetition penalty covers (the context so far),
         and the ids the reply may not pick. Queued behind the thinker's steps without waiting
         for them (:func:`~..streams.queued_on`): the lock held here also holds the stage's loop."""
-        from ..streams import host_mask, queued_on
+        from ..streams import queued_on
 
-        width = self.seen.shape[1]
+        self._seen_rows.stage(slot, set(history))  # (outside the lock: the rows are the slot's)
+        self._suppress_rows.stage(slot, banned)
         with self.lock, queued_on(self.loaded.stream("thinker")):
-            self.seen[slot].copy_(host_mask(width, set(history), self.seen.device))
-            self.suppress[slot].copy_(host_mask(width, banned, self.seen.device))
+            self._seen_rows.copy_to(self.seen[slot], slot)
+            self._suppress_rows.copy_to(self.suppress[slot], slot)
 
     def restrict(self, slot: int, allowed: Any) -> None:
         """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool numpy

@@ -23,6 +23,7 @@ from typing import Any
 from ..code_predictor import CodePredictorSpec, frame_step
 from ..sampling import sample_top_k_top_p
 from ..loader import LoadedOmni
+from ..streams import PinnedRows
 from ..talker_stream import CodeSampling
 from .batcher import RowInput, StepBatcher
 from .rows import DrawBlocks
@@ -100,6 +101,7 @@ class FusedTalker:
         self.logits = torch.zeros((slots, vocab), dtype=torch.float32, device=device)
         self.hidden = torch.zeros((slots, width), dtype=dtype, device=device)
         self.seen = torch.zeros((slots, vocab), dtype=torch.bool, device=device)
+        self._seen_rows = PinnedRows(slots, vocab, device)  # where a reply's start stages its row
         self.suppress = torch.zeros((vocab,), dtype=torch.bool, device=device)
         ids = [i for i in rule.suppress if i < vocab]
         if ids:
@@ -129,13 +131,14 @@ class FusedTalker:
         """After the session's own prefill: its pending logits (and hidden state), and the codes
         the repetition penalty starts from. Queued behind the talker's steps without waiting for
         them (:func:`~..streams.queued_on`): the lock held here also holds the stage's loop."""
-        from ..streams import host_mask, queued_on
+        from ..streams import queued_on
 
+        self._seen_rows.stage(slot, seen)  # (outside the lock: the row is the slot's)
         with self.batcher.state_lock, queued_on(self.loaded.stream("talker"), logits, hidden):
             self.logits[slot].copy_(logits.reshape(-1))
             if hidden is not None:
                 self.hidden[slot].copy_(hidden.reshape(-1))
-            self.seen[slot].copy_(host_mask(self.seen.shape[1], seen, self.seen.device))
+            self._seen_rows.copy_to(self.seen[slot], slot)
 
     def draws(self, generator: Any) -> DrawBlocks:
         """A session's draws for its frames, each frame's in one row (c0's, then Qwen3's residual
