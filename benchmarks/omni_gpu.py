@@ -185,7 +185,7 @@ def stream_once(model, req, session=None, start=None, t0=None):
         th.join()
     t_end = time.perf_counter()
     outputs_prefill = session.last_prefill_tokens
-    start = session.last_reply_start
+    reply_start = session.last_reply_start
     graphs = graph_status(model, session)
     if own:
         session.close()
@@ -220,8 +220,8 @@ def stream_once(model, req, session=None, start=None, t0=None):
         "frames": frames_total,
         "prefilled_tokens": outputs_prefill,
         # from the prefill's return to the first token: the talker prompt, the pick, the state's load
-        "reply_start_ms": None if start is None else {
-            "prompt": 1000 * start.prompt_s, "pick": 1000 * start.pick_s, "load": 1000 * start.load_s},
+        "reply_start_ms": None if reply_start is None else {
+            "prompt": 1000 * reply_start.prompt_s, "pick": 1000 * reply_start.pick_s, "load": 1000 * reply_start.load_s},
         "overall_rtf": (t_end - t0 - rel.get("first_audio", 0.0)) / max(1e-9, sum(audio_s[1:]))
         if len(audio_s) > 1 else None,
         "chunk_rtf_p50": _pct(rtf, 50), "chunk_rtf_p95": _pct(rtf, 95), "chunk_rtf_max": max(rtf) if rtf else None,

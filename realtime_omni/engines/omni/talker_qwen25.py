@@ -62,8 +62,8 @@ class Qwen25Stream(TalkerStream):
         embed_tokens = loaded.thinker.get_input_embeddings()
         bos_embed = embed_tokens(to_device(torch.tensor([spk["bos_token"]]), self.device))
         inputs = torch.cat([prompt.src, bos_embed.to(prompt.src.dtype), self.vecs[0][None]], dim=0)[None].clone()
-        codec = self.codec_embed(torch.tensor([int(cfg.tts_codec_pad_token_id),
-                                               int(cfg.tts_codec_start_token_id)], device=self.device))
+        codec = self.codec_embed(to_device(torch.tensor([int(cfg.tts_codec_pad_token_id),
+                                                         int(cfg.tts_codec_start_token_id)]), self.device))
         inputs[:, -2, :] += codec[0]
         inputs[:, -1, :] += codec[1]
         p = prompt.next_pos
