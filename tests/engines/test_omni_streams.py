@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,6 +20,9 @@ def test_a_staged_row_marks_the_ids_in_range_and_nothing_left_from_before() -> N
     assert rows.rows[1].tolist() == [False, False, True, False, False, False]
     rows.stage(0, ())
     assert not rows.rows[0].any() and not rows.rows[2].any()
+    rows.stage_mask(2, np.array([False, True, True, False, False, True]))
+    assert rows.rows[2].tolist() == [False, True, True, False, False, True]
+    assert rows.rows[1].tolist() == [False, False, True, False, False, False]
 
 
 def test_off_cuda_queued_writes_run_as_is() -> None:

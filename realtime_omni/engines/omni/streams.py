@@ -80,13 +80,22 @@ class PinnedRows:
         may wait for the row's last copy."""
         import numpy as np
 
-        done = self._copied.pop(slot, None)
-        if done is not None:
-            done.synchronize()
-        row = self.rows[slot].numpy()
+        row = self._writable(slot)
         row[:] = False
         picked = np.fromiter((i for i in ids if 0 <= i < row.shape[0]), dtype=np.int64)
         row[picked] = True
+
+    def stage_mask(self, slot: int, mask: Any) -> None:
+        """Row ``slot``: ``mask`` (a bool array of the row's width). Outside any lock, as
+        :meth:`stage`."""
+        self._writable(slot)[:] = mask
+
+    def _writable(self, slot: int) -> Any:
+        """Row ``slot`` as a numpy view, once its last copy has run."""
+        done = self._copied.pop(slot, None)
+        if done is not None:
+            done.synchronize()
+        return self.rows[slot].numpy()
 
     def copy_to(self, target: Any, slot: int) -> None:
         """Queue the copy of row ``slot`` into ``target`` on the current stream."""

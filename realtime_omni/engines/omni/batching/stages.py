@@ -74,9 +74,8 @@ class ThinkerTokens:
         self.last = torch.zeros((pool.slots,), dtype=torch.long, device=device)
         self.seen = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
         self.suppress = torch.zeros((pool.slots, vocab), dtype=torch.bool, device=device)
-        #: per slot, the host buffer a call's masks are staged in (see :meth:`restrict`)
-        self._staged: dict[int, Any] = {}
-        #: per slot, the host rows a reply's start stages its masks in (see :meth:`load`)
+        #: per slot, the host rows a reply's start (:meth:`load`) and a call's grammar
+        #: (:meth:`restrict`) stage their masks in
         self._seen_rows = PinnedRows(pool.slots, vocab, device)
         self._suppress_rows = PinnedRows(pool.slots, vocab, device)
 
@@ -96,23 +95,15 @@ class ThinkerTokens:
         """The slot's next picks may take only the ids ``allowed`` marks (a (vocab,) bool numpy
         array, padded with False to the head's size); before the step that picks them is queued.
 
-        On CUDA the mask goes through a pinned buffer of the slot's, copied without waiting on
-        the thinker stream, which may be running a step: a pageable copy there would hold this
-        lock, and so the stage's loop, until that step ended. The buffer is written again only
-        after the step that used it has been read back (the session's next token)."""
+        Staged in the slot's pinned row and queued behind the thinker's steps without waiting
+        for them, as :meth:`load` does."""
         import numpy as np
-        import torch
 
         from ..streams import queued_on
 
-        suppress = np.logical_not(np.asarray(allowed, dtype=bool))
-        staged = self._staged.get(slot)
-        if staged is None:
-            staged = self._staged[slot] = torch.empty(suppress.shape, dtype=torch.bool,
-                                                      pin_memory=self.suppress.is_cuda)
-        staged.numpy()[:] = suppress
+        self._suppress_rows.stage_mask(slot, np.logical_not(np.asarray(allowed, dtype=bool)))
         with self.lock, queued_on(self.loaded.stream("thinker")):
-            self.suppress[slot].copy_(staged, non_blocking=self.suppress.is_cuda)
+            self._suppress_rows.copy_to(self.suppress[slot], slot)
 
     def draws(self, generator: Any) -> DrawBlocks:
         """A session's draws for its steps (zeros as host values when the rule is greedy)."""
